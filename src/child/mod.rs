@@ -1,0 +1,3 @@
+//! The child room: run rows, the chunk log, progress and milestones.
+
+pub mod runs;

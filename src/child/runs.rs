@@ -1,0 +1,433 @@
+//! The child's run rows and chunk log.
+//!
+//! A child keeps, per run: a row with its status and result, every chunk of its stream with an
+//! index from 0 (progress excepted: only the latest snapshot is kept on the row), and its
+//! milestones with a per-run sequence from 0. A tail reads the log after an index, so a parent
+//! can resume exactly where it stopped.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::protocol::tail::{ChunkKind, OutcomeStatus, RunOutcome};
+use crate::store::{Row, Sql, StoreError, Value as V};
+
+/// The child's tables. Safe to run on every activation.
+pub const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS agent_tool_child_runs (
+  run_id TEXT PRIMARY KEY,
+  status TEXT NOT NULL,
+  input_json TEXT,
+  summary TEXT,
+  output_json TEXT,
+  error_message TEXT,
+  started_at INTEGER NOT NULL,
+  completed_at INTEGER,
+  progress_json TEXT,
+  last_signal_at INTEGER,
+  event_delivery TEXT NOT NULL DEFAULT 'full'
+);
+CREATE TABLE IF NOT EXISTS agent_tool_child_milestones (
+  run_id TEXT NOT NULL,
+  sequence INTEGER NOT NULL,
+  name TEXT NOT NULL,
+  data_json TEXT,
+  at INTEGER NOT NULL,
+  PRIMARY KEY (run_id, sequence)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS agent_tool_child_chunks (
+  run_id TEXT NOT NULL,
+  idx INTEGER NOT NULL,
+  kind TEXT NOT NULL,
+  body TEXT NOT NULL,
+  PRIMARY KEY (run_id, idx)
+) WITHOUT ROWID;
+";
+
+/// A child run's status. A child is never `interrupted`: that word belongs to the parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChildStatus {
+    /// Accepted; the turn has not begun.
+    Starting,
+    /// The turn is under way.
+    Running,
+    /// Finished.
+    Completed,
+    /// Failed.
+    Error,
+    /// Cancelled.
+    Aborted,
+}
+
+impl ChildStatus {
+    fn parse(s: &str) -> Self {
+        match s {
+            "starting" => Self::Starting,
+            "running" => Self::Running,
+            "completed" => Self::Completed,
+            "aborted" => Self::Aborted,
+            _ => Self::Error,
+        }
+    }
+
+    /// Whether the run has ended.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Error | Self::Aborted)
+    }
+}
+
+/// A child run row.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChildRun {
+    /// Run id.
+    pub run_id: String,
+    /// Status.
+    pub status: ChildStatus,
+    /// The input the parent sent.
+    #[serde(skip)]
+    pub input: Value,
+    /// Summary (completed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    /// Structured output (completed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+    /// Error or abort reason.
+    #[serde(rename = "error", skip_serializing_if = "Option::is_none")]
+    pub error_message: Option<String>,
+    /// Epoch ms.
+    pub started_at: i64,
+    /// Epoch ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<i64>,
+    /// Latest progress snapshot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Value>,
+    /// Last progress or milestone, epoch ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_signal_at: Option<i64>,
+    /// Whether ordinary chunks are broadcast (`full`) or only kept (`terminal`).
+    #[serde(skip)]
+    pub terminal_only: bool,
+}
+
+const COLUMNS: &str = "run_id, status, input_json, summary, output_json, error_message, started_at, \
+    completed_at, progress_json, last_signal_at, event_delivery";
+
+impl ChildRun {
+    fn from_row(r: &Row) -> Self {
+        let json = |i| r.text(i).and_then(|s| serde_json::from_str(&s).ok());
+        Self {
+            run_id: r.text(0).unwrap_or_default(),
+            status: ChildStatus::parse(&r.text(1).unwrap_or_default()),
+            input: json(2).unwrap_or(Value::Null),
+            summary: r.text(3),
+            output: json(4),
+            error_message: r.text(5),
+            started_at: r.int(6).unwrap_or(0),
+            completed_at: r.int(7),
+            progress: json(8),
+            last_signal_at: r.int(9),
+            terminal_only: r.text(10).as_deref() == Some("terminal"),
+        }
+    }
+
+    /// The outcome, for a terminal run.
+    pub fn outcome(&self) -> Option<RunOutcome> {
+        let status = match self.status {
+            ChildStatus::Completed => OutcomeStatus::Completed,
+            ChildStatus::Error => OutcomeStatus::Error,
+            ChildStatus::Aborted => OutcomeStatus::Aborted,
+            ChildStatus::Starting | ChildStatus::Running => return None,
+        };
+        Some(RunOutcome {
+            status,
+            summary: self.summary.clone(),
+            output: self.output.clone(),
+            error: self.error_message.clone(),
+        })
+    }
+}
+
+/// One milestone.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Milestone {
+    /// Per-run sequence from 0.
+    pub sequence: i64,
+    /// Name.
+    pub name: String,
+    /// Payload.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+    /// Epoch ms.
+    pub at: i64,
+}
+
+/// What `inspect` answers: the row, its milestones and the size of its log.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Inspection {
+    /// The run.
+    #[serde(flatten)]
+    pub run: ChildRun,
+    /// Its milestones, by sequence.
+    pub milestones: Vec<Milestone>,
+    /// Number of chunks in its log.
+    pub chunk_count: i64,
+}
+
+/// A stored chunk.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredChunk {
+    /// Index in the log.
+    pub index: i64,
+    /// Stored or milestone.
+    pub kind: ChunkKind,
+    /// The UIMessageChunk JSON.
+    pub body: String,
+}
+
+/// The child run store over any [`Sql`].
+pub struct ChildRuns<'a, S: Sql + ?Sized> {
+    sql: &'a S,
+}
+
+impl<'a, S: Sql + ?Sized> ChildRuns<'a, S> {
+    /// A store over `sql`; call [`ChildRuns::migrate`] once per activation.
+    pub fn new(sql: &'a S) -> Self {
+        Self { sql }
+    }
+
+    /// Creates the tables if missing.
+    pub fn migrate(&self) -> Result<(), StoreError> {
+        self.sql.batch(SCHEMA)
+    }
+
+    /// Creates the run, or returns the existing one. The flag says whether it was created: only
+    /// then may the caller begin a turn, so a repeated start never runs the model twice.
+    pub fn start(
+        &self,
+        run_id: &str,
+        input: &Value,
+        terminal_only: bool,
+        now: i64,
+    ) -> Result<(ChildRun, bool), StoreError> {
+        let created = self.sql.exec(
+            "INSERT INTO agent_tool_child_runs (run_id, status, input_json, started_at, event_delivery) \
+             VALUES (?, 'starting', ?, ?, ?) ON CONFLICT (run_id) DO NOTHING RETURNING 1",
+            &[
+                V::from(run_id),
+                V::from(input.to_string()),
+                V::Int(now),
+                V::from(if terminal_only { "terminal" } else { "full" }),
+            ],
+        )?;
+        let run = self.get(run_id)?.ok_or_else(|| StoreError { message: format!("child run {run_id} vanished") })?;
+        Ok((run, !created.is_empty()))
+    }
+
+    /// One run, if known.
+    pub fn get(&self, run_id: &str) -> Result<Option<ChildRun>, StoreError> {
+        let row = self
+            .sql
+            .one(&format!("SELECT {COLUMNS} FROM agent_tool_child_runs WHERE run_id = ?"), &[V::from(run_id)])?;
+        Ok(row.as_ref().map(ChildRun::from_row))
+    }
+
+    /// `starting` → `running`.
+    pub fn mark_running(&self, run_id: &str) -> Result<bool, StoreError> {
+        let rows = self.sql.exec(
+            "UPDATE agent_tool_child_runs SET status = 'running' WHERE run_id = ? AND status = 'starting' RETURNING 1",
+            &[V::from(run_id)],
+        )?;
+        Ok(!rows.is_empty())
+    }
+
+    /// The index the next stored chunk takes.
+    pub fn next_index(&self, run_id: &str) -> Result<i64, StoreError> {
+        let row = self.sql.one(
+            "SELECT COALESCE(MAX(idx) + 1, 0) FROM agent_tool_child_chunks WHERE run_id = ?",
+            &[V::from(run_id)],
+        )?;
+        Ok(row.and_then(|r| r.int(0)).unwrap_or(0))
+    }
+
+    /// Appends a chunk at `index` (the caller owns the counter; see [`ChildRuns::next_index`]).
+    pub fn append_chunk(&self, run_id: &str, index: i64, kind: ChunkKind, body: &str) -> Result<(), StoreError> {
+        let kind = match kind {
+            ChunkKind::Milestone => "milestone",
+            ChunkKind::Stored | ChunkKind::Progress => "stored",
+        };
+        self.sql.exec(
+            "INSERT OR IGNORE INTO agent_tool_child_chunks (run_id, idx, kind, body) VALUES (?, ?, ?, ?)",
+            &[V::from(run_id), V::Int(index), V::from(kind), V::from(body)],
+        )?;
+        Ok(())
+    }
+
+    /// Stored chunks with an index greater than `after`, in order.
+    pub fn chunks_after(&self, run_id: &str, after: i64) -> Result<Vec<StoredChunk>, StoreError> {
+        let rows = self.sql.exec(
+            "SELECT idx, kind, body FROM agent_tool_child_chunks WHERE run_id = ? AND idx > ? ORDER BY idx",
+            &[V::from(run_id), V::Int(after)],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| StoredChunk {
+                index: r.int(0).unwrap_or(0),
+                kind: if r.text(1).as_deref() == Some("milestone") { ChunkKind::Milestone } else { ChunkKind::Stored },
+                body: r.text(2).unwrap_or_default(),
+            })
+            .collect())
+    }
+
+    /// Records the outcome unless the run already ended. Returns whether it was written.
+    pub fn finish(&self, run_id: &str, outcome: &RunOutcome, now: i64) -> Result<bool, StoreError> {
+        let rows = self.sql.exec(
+            "UPDATE agent_tool_child_runs SET status = ?, summary = ?, output_json = ?, error_message = ?, \
+             completed_at = ? WHERE run_id = ? AND status IN ('starting','running') RETURNING 1",
+            &[
+                V::from(outcome.status.as_str()),
+                V::from(outcome.summary.clone()),
+                V::from(outcome.output.as_ref().map(Value::to_string)),
+                V::from(outcome.error.clone()),
+                V::Int(now),
+                V::from(run_id),
+            ],
+        )?;
+        Ok(!rows.is_empty())
+    }
+
+    /// Stores the latest progress snapshot.
+    pub fn record_progress(&self, run_id: &str, snapshot: &Value, now: i64) -> Result<(), StoreError> {
+        self.sql.exec(
+            "UPDATE agent_tool_child_runs SET progress_json = ?, last_signal_at = ? WHERE run_id = ?",
+            &[V::from(snapshot.to_string()), V::Int(now), V::from(run_id)],
+        )?;
+        Ok(())
+    }
+
+    /// Adds a milestone with the next per-run sequence and returns it.
+    pub fn add_milestone(&self, run_id: &str, name: &str, data: Option<&Value>, at: i64) -> Result<i64, StoreError> {
+        let row = self.sql.one(
+            "INSERT INTO agent_tool_child_milestones (run_id, sequence, name, data_json, at) \
+             SELECT ?, COALESCE(MAX(sequence) + 1, 0), ?, ?, ? FROM agent_tool_child_milestones WHERE run_id = ? \
+             RETURNING sequence",
+            &[V::from(run_id), V::from(name), V::from(data.map(Value::to_string)), V::Int(at), V::from(run_id)],
+        )?;
+        self.sql.exec(
+            "UPDATE agent_tool_child_runs SET last_signal_at = ? WHERE run_id = ?",
+            &[V::Int(at), V::from(run_id)],
+        )?;
+        row.and_then(|r| r.int(0)).ok_or_else(|| StoreError { message: "milestone insert returned nothing".into() })
+    }
+
+    /// The run, its milestones and its log size; `None` when the run is unknown.
+    pub fn inspect(&self, run_id: &str) -> Result<Option<Inspection>, StoreError> {
+        let Some(run) = self.get(run_id)? else { return Ok(None) };
+        let milestones = self
+            .sql
+            .exec(
+                "SELECT sequence, name, data_json, at FROM agent_tool_child_milestones WHERE run_id = ? ORDER BY sequence",
+                &[V::from(run_id)],
+            )?
+            .iter()
+            .map(|r| Milestone {
+                sequence: r.int(0).unwrap_or(0),
+                name: r.text(1).unwrap_or_default(),
+                data: r.text(2).and_then(|s| serde_json::from_str(&s).ok()),
+                at: r.int(3).unwrap_or(0),
+            })
+            .collect();
+        let chunk_count = self.next_index(run_id)?;
+        Ok(Some(Inspection { run, milestones, chunk_count }))
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::*;
+    use crate::store::sqlite;
+    use serde_json::json;
+
+    fn db() -> rusqlite::Connection {
+        let db = sqlite::memory();
+        ChildRuns::new(&db).migrate().unwrap();
+        db
+    }
+
+    #[test]
+    fn start_is_idempotent() {
+        let db = db();
+        let runs = ChildRuns::new(&db);
+        let (run, created) = runs.start("r", &json!({"query": "x"}), false, 10).unwrap();
+        assert!(created);
+        assert_eq!(run.status, ChildStatus::Starting);
+        assert_eq!(run.input, json!({"query": "x"}));
+        let (again, created) = runs.start("r", &json!({"query": "other"}), false, 20).unwrap();
+        assert!(!created, "a second start must not begin a second turn");
+        assert_eq!(again.input, json!({"query": "x"}));
+        assert_eq!(again.started_at, 10);
+    }
+
+    #[test]
+    fn inspect_is_none_for_an_unknown_run() {
+        let db = db();
+        assert_eq!(ChildRuns::new(&db).inspect("nope").unwrap(), None);
+    }
+
+    #[test]
+    fn log_reads_after_a_cursor() {
+        let db = db();
+        let runs = ChildRuns::new(&db);
+        runs.start("r", &json!("q"), false, 1).unwrap();
+        for i in 0..5 {
+            let kind = if i == 3 { ChunkKind::Milestone } else { ChunkKind::Stored };
+            runs.append_chunk("r", i, kind, &format!("{{\"n\":{i}}}")).unwrap();
+        }
+        assert_eq!(runs.next_index("r").unwrap(), 5);
+        let after = runs.chunks_after("r", 2).unwrap();
+        assert_eq!(after.iter().map(|c| c.index).collect::<Vec<_>>(), vec![3, 4]);
+        assert_eq!(after[0].kind, ChunkKind::Milestone);
+        assert_eq!(runs.chunks_after("r", -1).unwrap().len(), 5);
+        // Re-appending an index is ignored, never a duplicate.
+        runs.append_chunk("r", 4, ChunkKind::Stored, "{\"dup\":1}").unwrap();
+        assert_eq!(runs.chunks_after("r", 3).unwrap()[0].body, "{\"n\":4}");
+    }
+
+    #[test]
+    fn finish_once() {
+        let db = db();
+        let runs = ChildRuns::new(&db);
+        runs.start("r", &json!("q"), false, 1).unwrap();
+        runs.mark_running("r").unwrap();
+        let done = RunOutcome {
+            status: OutcomeStatus::Completed,
+            summary: Some("s".into()),
+            output: Some(json!({"k": 1})),
+            error: None,
+        };
+        assert!(runs.finish("r", &done, 5).unwrap());
+        let abort = RunOutcome { status: OutcomeStatus::Aborted, summary: None, output: None, error: Some("x".into()) };
+        assert!(!runs.finish("r", &abort, 6).unwrap());
+        let run = runs.get("r").unwrap().unwrap();
+        assert_eq!(run.outcome(), Some(done));
+        assert_eq!(run.completed_at, Some(5));
+    }
+
+    #[test]
+    fn milestones_are_sequenced_from_zero() {
+        let db = db();
+        let runs = ChildRuns::new(&db);
+        runs.start("r", &json!("q"), false, 1).unwrap();
+        assert_eq!(runs.add_milestone("r", "a", None, 2).unwrap(), 0);
+        assert_eq!(runs.add_milestone("r", "b", Some(&json!({"n": 2})), 3).unwrap(), 1);
+        runs.record_progress("r", &json!({"fraction": 0.5}), 4).unwrap();
+        let i = runs.inspect("r").unwrap().unwrap();
+        assert_eq!(i.milestones.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), vec!["a", "b"]);
+        assert_eq!(i.milestones[1].data, Some(json!({"n": 2})));
+        assert_eq!(i.run.progress, Some(json!({"fraction": 0.5})));
+        assert_eq!(i.run.last_signal_at, Some(4));
+    }
+}

@@ -1,0 +1,627 @@
+//! The parent's run registry: one SQL row per child run, its frames, and the state machine.
+//!
+//! ```text
+//! starting ──► running ──► completed | error | aborted      (hard: never overwritten)
+//!     │            │
+//!     └────────────┴─────► interrupted                        (soft: a real result repairs it)
+//! ```
+//!
+//! Every frame a run ever sends has a sequence drawn from the row's `next_seq`, and every frame
+//! a client may need again (started, stored chunks, milestones, the latest progress, the
+//! terminal frame) is kept here, so replay is two queries and never calls a child.
+
+use serde_json::Value;
+
+use crate::protocol::tail::ChunkKind;
+use crate::protocol::{AgentToolEvent, EventFrame, InterruptedReason};
+use crate::store::{Row, Sql, StoreError, Value as V};
+
+/// The registry's tables. Safe to run on every activation.
+pub const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS agent_tool_runs (
+  run_id TEXT PRIMARY KEY,
+  parent_tool_call_id TEXT,
+  agent_type TEXT NOT NULL,
+  input_preview TEXT,
+  status TEXT NOT NULL,
+  summary TEXT,
+  output_json TEXT,
+  error_message TEXT,
+  interrupted_reason TEXT,
+  child_still_running INTEGER,
+  display_json TEXT,
+  display_order INTEGER NOT NULL DEFAULT 0,
+  started_at INTEGER NOT NULL,
+  completed_at INTEGER,
+  detached INTEGER NOT NULL DEFAULT 0,
+  on_finish TEXT,
+  notify_source TEXT,
+  on_milestones_json TEXT,
+  max_budget_at INTEGER,
+  no_progress_budget_ms INTEGER,
+  last_signal_at INTEGER,
+  finish_claimed_at INTEGER,
+  finish_delivered_at INTEGER,
+  finish_attempts INTEGER NOT NULL DEFAULT 0,
+  give_up_claimed_at INTEGER,
+  give_up_delivered_at INTEGER,
+  give_up_attempts INTEGER NOT NULL DEFAULT 0,
+  event_delivery TEXT NOT NULL DEFAULT 'full',
+  next_seq INTEGER NOT NULL DEFAULT 1,
+  child_cursor INTEGER NOT NULL DEFAULT -1,
+  terminal_seq INTEGER,
+  progress_json TEXT,
+  progress_seq INTEGER
+);
+CREATE INDEX IF NOT EXISTS agent_tool_runs_by_call
+  ON agent_tool_runs (parent_tool_call_id, display_order);
+CREATE TABLE IF NOT EXISTS agent_tool_frames (
+  run_id TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  body TEXT NOT NULL,
+  PRIMARY KEY (run_id, seq)
+) WITHOUT ROWID;
+";
+
+/// Where a run is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunStatus {
+    /// Row inserted; the child has not accepted the run yet.
+    Starting,
+    /// The child accepted the run.
+    Running,
+    /// Finished with a result.
+    Completed,
+    /// Failed.
+    Error,
+    /// Cancelled.
+    Aborted,
+    /// The parent stopped waiting without a logical outcome; repairable.
+    Interrupted,
+}
+
+impl RunStatus {
+    /// The SQL spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Running => "running",
+            Self::Completed => "completed",
+            Self::Error => "error",
+            Self::Aborted => "aborted",
+            Self::Interrupted => "interrupted",
+        }
+    }
+
+    /// Parses the SQL spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "starting" => Self::Starting,
+            "running" => Self::Running,
+            "completed" => Self::Completed,
+            "error" => Self::Error,
+            "aborted" => Self::Aborted,
+            "interrupted" => Self::Interrupted,
+            _ => return None,
+        })
+    }
+
+    /// `completed`, `error` and `aborted`: final, never overwritten.
+    pub fn is_hard_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Error | Self::Aborted)
+    }
+
+    /// `starting` and `running`: holds a concurrency slot.
+    pub fn is_live(self) -> bool {
+        matches!(self, Self::Starting | Self::Running)
+    }
+}
+
+/// Whether a run's ordinary chunks reach clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EventDelivery {
+    /// Every chunk is forwarded and replayed.
+    #[default]
+    Full,
+    /// Only lifecycle, progress and milestone frames.
+    Terminal,
+}
+
+impl EventDelivery {
+    /// The SQL spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Full => "full",
+            Self::Terminal => "terminal",
+        }
+    }
+}
+
+/// What a caller knows about a run before it starts.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NewRun {
+    /// Run id (the caller's, or a fresh one).
+    pub run_id: String,
+    /// The parent tool call that spawned it.
+    pub parent_tool_call_id: Option<String>,
+    /// Child class name.
+    pub agent_type: String,
+    /// Input preview (see [`input_preview`]).
+    pub input_preview: Option<String>,
+    /// UI metadata.
+    pub display: Option<Value>,
+    /// Sibling order.
+    pub display_order: i64,
+    /// Chunk delivery mode.
+    pub event_delivery: EventDelivery,
+}
+
+/// A terminal result to record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Terminal {
+    /// The child finished.
+    Completed {
+        /// Its summary.
+        summary: String,
+        /// Its structured output, if any.
+        output: Option<Value>,
+    },
+    /// The run failed.
+    Error {
+        /// What went wrong.
+        message: String,
+    },
+    /// The run was cancelled.
+    Aborted {
+        /// Why.
+        reason: Option<String>,
+    },
+    /// The parent stopped waiting.
+    Interrupted {
+        /// Human-readable cause.
+        error: String,
+        /// Machine-readable cause.
+        reason: Option<InterruptedReason>,
+        /// Whether the child still runs.
+        child_still_running: Option<bool>,
+    },
+}
+
+impl Terminal {
+    /// The status this terminal writes.
+    pub fn status(&self) -> RunStatus {
+        match self {
+            Self::Completed { .. } => RunStatus::Completed,
+            Self::Error { .. } => RunStatus::Error,
+            Self::Aborted { .. } => RunStatus::Aborted,
+            Self::Interrupted { .. } => RunStatus::Interrupted,
+        }
+    }
+}
+
+/// One registry row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRecord {
+    /// Run id.
+    pub run_id: String,
+    /// Spawning tool call.
+    pub parent_tool_call_id: Option<String>,
+    /// Child class name.
+    pub agent_type: String,
+    /// Input preview.
+    pub input_preview: Option<String>,
+    /// Status.
+    pub status: RunStatus,
+    /// Summary (completed).
+    pub summary: Option<String>,
+    /// Structured output JSON (completed).
+    pub output_json: Option<String>,
+    /// Error message (error), abort reason (aborted) or cause (interrupted).
+    pub error_message: Option<String>,
+    /// Interrupted reason.
+    pub interrupted_reason: Option<InterruptedReason>,
+    /// Interrupted: whether the child still runs.
+    pub child_still_running: Option<bool>,
+    /// UI metadata.
+    pub display: Option<Value>,
+    /// Sibling order.
+    pub display_order: i64,
+    /// Epoch ms.
+    pub started_at: i64,
+    /// Epoch ms.
+    pub completed_at: Option<i64>,
+    /// Chunk delivery mode.
+    pub event_delivery: EventDelivery,
+    /// The next frame sequence to hand out.
+    pub next_seq: i64,
+    /// Index of the last child chunk forwarded (-1: none); a re-attach tails after it.
+    pub child_cursor: i64,
+    /// Sequence of the current terminal frame.
+    pub terminal_seq: Option<i64>,
+    /// The latest progress chunk and its sequence.
+    pub progress: Option<(i64, String)>,
+}
+
+const COLUMNS: &str = "run_id, parent_tool_call_id, agent_type, input_preview, status, summary, \
+    output_json, error_message, interrupted_reason, child_still_running, display_json, \
+    display_order, started_at, completed_at, event_delivery, next_seq, child_cursor, \
+    terminal_seq, progress_json, progress_seq";
+
+impl RunRecord {
+    fn from_row(r: &Row) -> Self {
+        Self {
+            run_id: r.text(0).unwrap_or_default(),
+            parent_tool_call_id: r.text(1),
+            agent_type: r.text(2).unwrap_or_default(),
+            input_preview: r.text(3),
+            status: r.text(4).and_then(|s| RunStatus::parse(&s)).unwrap_or(RunStatus::Error),
+            summary: r.text(5),
+            output_json: r.text(6),
+            error_message: r.text(7),
+            interrupted_reason: r.text(8).and_then(|s| InterruptedReason::parse(&s)),
+            child_still_running: r.int(9).map(|v| v != 0),
+            display: r.text(10).and_then(|s| serde_json::from_str(&s).ok()),
+            display_order: r.int(11).unwrap_or(0),
+            started_at: r.int(12).unwrap_or(0),
+            completed_at: r.int(13),
+            event_delivery: match r.text(14).as_deref() {
+                Some("terminal") => EventDelivery::Terminal,
+                _ => EventDelivery::Full,
+            },
+            next_seq: r.int(15).unwrap_or(1),
+            child_cursor: r.int(16).unwrap_or(-1),
+            terminal_seq: r.int(17),
+            progress: match (r.int(19), r.text(18)) {
+                (Some(seq), Some(body)) => Some((seq, body)),
+                _ => None,
+            },
+        }
+    }
+
+    /// The `started` event (always sequence 0).
+    pub fn started_event(&self) -> AgentToolEvent {
+        AgentToolEvent::Started {
+            run_id: self.run_id.clone(),
+            agent_type: self.agent_type.clone(),
+            input_preview: self.input_preview.clone(),
+            order: self.display_order,
+            display: self.display.clone(),
+        }
+    }
+
+    /// The terminal event, for a run that has one.
+    pub fn terminal_event(&self) -> Option<AgentToolEvent> {
+        let run_id = self.run_id.clone();
+        Some(match self.status {
+            RunStatus::Starting | RunStatus::Running => return None,
+            RunStatus::Completed => {
+                AgentToolEvent::Finished { run_id, summary: self.summary.clone().unwrap_or_default() }
+            }
+            RunStatus::Error => AgentToolEvent::Error { run_id, error: self.error_message.clone().unwrap_or_default() },
+            RunStatus::Aborted => AgentToolEvent::Aborted { run_id, reason: self.error_message.clone() },
+            RunStatus::Interrupted => AgentToolEvent::Interrupted {
+                run_id,
+                error: self.error_message.clone().unwrap_or_default(),
+                reason: self.interrupted_reason,
+                child_still_running: self.child_still_running,
+            },
+        })
+    }
+
+    /// The terminal frame, with its recorded sequence.
+    pub fn terminal_frame(&self) -> Option<EventFrame> {
+        let seq = self.terminal_seq?;
+        Some(EventFrame::new(self.parent_tool_call_id.clone(), seq, self.terminal_event()?))
+    }
+
+    /// The `started` frame.
+    pub fn started_frame(&self) -> EventFrame {
+        EventFrame::new(self.parent_tool_call_id.clone(), 0, self.started_event())
+    }
+
+    /// A chunk frame of this run.
+    pub fn chunk_frame(&self, seq: i64, body: String) -> EventFrame {
+        EventFrame::new(
+            self.parent_tool_call_id.clone(),
+            seq,
+            AgentToolEvent::Chunk { run_id: self.run_id.clone(), body },
+        )
+    }
+}
+
+/// Registry failures.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RegistryError {
+    /// The database failed.
+    Store(StoreError),
+    /// The run id exists for another child class.
+    AgentTypeMismatch {
+        /// The run id.
+        run_id: String,
+        /// The class it belongs to.
+        existing: String,
+        /// The class that was asked for.
+        requested: String,
+    },
+}
+
+impl std::fmt::Display for RegistryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Store(e) => e.fmt(f),
+            Self::AgentTypeMismatch { run_id, existing, requested } => write!(
+                f,
+                "run id {run_id:?} already belongs to a {existing} run; it cannot be dispatched as {requested}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RegistryError {}
+
+impl From<StoreError> for RegistryError {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+/// The result of [`Registry::insert`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Inserted {
+    /// A new row, status `starting`.
+    New(RunRecord),
+    /// The run id was already known; nothing was written.
+    Existing(RunRecord),
+}
+
+/// One chunk to forward: its kind, its index in the child's log, its body.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Forward<'b> {
+    /// How the chunk is kept.
+    pub kind: ChunkKind,
+    /// The UIMessageChunk JSON.
+    pub body: &'b str,
+}
+
+/// The default input preview: a string's first 500 characters; any other input as JSON, cut
+/// to 497 characters plus `...` when longer than 500; nothing for `null`.
+pub fn input_preview(input: &Value) -> Option<String> {
+    const MAX: usize = 500;
+    match input {
+        Value::Null => None,
+        Value::String(s) => Some(s.chars().take(MAX).collect()),
+        other => {
+            let json = other.to_string();
+            if json.chars().count() > MAX {
+                let mut cut: String = json.chars().take(MAX - 3).collect();
+                cut.push_str("...");
+                Some(cut)
+            } else {
+                Some(json)
+            }
+        }
+    }
+}
+
+/// The run registry over any [`Sql`].
+pub struct Registry<'a, S: Sql + ?Sized> {
+    sql: &'a S,
+}
+
+const LIVE_STATUSES: &str = "('starting','running')";
+const HARD_TERMINALS: &str = "('completed','error','aborted')";
+
+impl<'a, S: Sql + ?Sized> Registry<'a, S> {
+    /// A registry over `sql`; call [`Registry::migrate`] once per activation.
+    pub fn new(sql: &'a S) -> Self {
+        Self { sql }
+    }
+
+    /// Creates the tables if missing.
+    pub fn migrate(&self) -> Result<(), StoreError> {
+        self.sql.batch(SCHEMA)
+    }
+
+    /// Inserts a `starting` row, or returns the existing row for this run id. A run id that
+    /// belongs to another child class is refused.
+    pub fn insert(&self, run: &NewRun, now: i64) -> Result<Inserted, RegistryError> {
+        let written = self.sql.exec(
+            "INSERT INTO agent_tool_runs (run_id, parent_tool_call_id, agent_type, input_preview, \
+             status, display_json, display_order, started_at, event_delivery) \
+             VALUES (?, ?, ?, ?, 'starting', ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
+            &[
+                V::from(&run.run_id),
+                V::from(run.parent_tool_call_id.clone()),
+                V::from(&run.agent_type),
+                V::from(run.input_preview.clone()),
+                V::from(run.display.as_ref().map(Value::to_string)),
+                V::Int(run.display_order),
+                V::Int(now),
+                V::from(run.event_delivery.as_str()),
+            ],
+        )?;
+        let record = self
+            .get(&run.run_id)?
+            .ok_or_else(|| StoreError { message: format!("run {} vanished right after insert", run.run_id) })?;
+        if !written.is_empty() {
+            return Ok(Inserted::New(record));
+        }
+        if record.agent_type != run.agent_type {
+            return Err(RegistryError::AgentTypeMismatch {
+                run_id: run.run_id.clone(),
+                existing: record.agent_type,
+                requested: run.agent_type.clone(),
+            });
+        }
+        Ok(Inserted::Existing(record))
+    }
+
+    /// One run, if known.
+    pub fn get(&self, run_id: &str) -> Result<Option<RunRecord>, StoreError> {
+        let row =
+            self.sql.one(&format!("SELECT {COLUMNS} FROM agent_tool_runs WHERE run_id = ?"), &[V::from(run_id)])?;
+        Ok(row.as_ref().map(RunRecord::from_row))
+    }
+
+    /// Every run, in display order: oldest first, then sibling order, then id.
+    pub fn all(&self) -> Result<Vec<RunRecord>, StoreError> {
+        let rows = self
+            .sql
+            .exec(&format!("SELECT {COLUMNS} FROM agent_tool_runs ORDER BY started_at, display_order, run_id"), &[])?;
+        Ok(rows.iter().map(RunRecord::from_row).collect())
+    }
+
+    /// Whether `run_id` is a known run of `agent_type` (the default drill-in gate).
+    pub fn has_run(&self, agent_type: &str, run_id: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .sql
+            .one(
+                "SELECT 1 FROM agent_tool_runs WHERE run_id = ? AND agent_type = ?",
+                &[V::from(run_id), V::from(agent_type)],
+            )?
+            .is_some())
+    }
+
+    /// Runs that hold a concurrency slot (`starting` or `running`).
+    pub fn live_count(&self) -> Result<i64, StoreError> {
+        let row =
+            self.sql.one(&format!("SELECT COUNT(*) FROM agent_tool_runs WHERE status IN {LIVE_STATUSES}"), &[])?;
+        Ok(row.and_then(|r| r.int(0)).unwrap_or(0))
+    }
+
+    /// `starting` → `running` once the child accepted the run. Returns whether it changed.
+    pub fn mark_running(&self, run_id: &str) -> Result<bool, StoreError> {
+        let rows = self.sql.exec(
+            "UPDATE agent_tool_runs SET status = 'running' WHERE run_id = ? AND status = 'starting' RETURNING 1",
+            &[V::from(run_id)],
+        )?;
+        Ok(!rows.is_empty())
+    }
+
+    /// Records forwarded chunks of a live run and hands out their sequences, in order.
+    ///
+    /// Stored chunks and milestones are kept for replay; progress replaces the run's latest
+    /// snapshot. `cursor`, when given, is the child log index of the last chunk read (also for
+    /// chunks not forwarded under [`EventDelivery::Terminal`]). Returns `None`, writing nothing,
+    /// when the run is not live (a late chunk after a cancel, say).
+    pub fn append(
+        &self,
+        run_id: &str,
+        chunks: &[Forward<'_>],
+        cursor: Option<i64>,
+        now: i64,
+    ) -> Result<Option<Vec<i64>>, StoreError> {
+        let n = chunks.len() as i64;
+        let signalled = chunks.iter().any(|c| c.kind != ChunkKind::Stored);
+        let row = self.sql.one(
+            &format!(
+                "UPDATE agent_tool_runs SET next_seq = next_seq + ?, \
+                 child_cursor = MAX(child_cursor, ?), \
+                 last_signal_at = CASE WHEN ? THEN ? ELSE last_signal_at END \
+                 WHERE run_id = ? AND status IN {LIVE_STATUSES} RETURNING next_seq - ?"
+            ),
+            &[V::Int(n), V::Int(cursor.unwrap_or(-1)), V::from(signalled), V::Int(now), V::from(run_id), V::Int(n)],
+        )?;
+        let Some(first) = row.and_then(|r| r.int(0)) else { return Ok(None) };
+        let mut seqs = Vec::with_capacity(chunks.len());
+        let mut latest_progress = None;
+        for (offset, chunk) in chunks.iter().enumerate() {
+            let seq = first + offset as i64;
+            seqs.push(seq);
+            match chunk.kind {
+                ChunkKind::Progress => latest_progress = Some((seq, chunk.body)),
+                ChunkKind::Stored | ChunkKind::Milestone => {
+                    self.sql.exec(
+                        "INSERT OR IGNORE INTO agent_tool_frames (run_id, seq, body) VALUES (?, ?, ?)",
+                        &[V::from(run_id), V::Int(seq), V::from(chunk.body)],
+                    )?;
+                }
+            }
+        }
+        if let Some((seq, body)) = latest_progress {
+            self.sql.exec(
+                "UPDATE agent_tool_runs SET progress_json = ?, progress_seq = ? WHERE run_id = ?",
+                &[V::from(body), V::Int(seq), V::from(run_id)],
+            )?;
+        }
+        Ok(Some(seqs))
+    }
+
+    /// Records a terminal result unless the run already has a hard terminal. Returns the
+    /// updated row when it was written (its `terminal_seq` names the terminal frame), `None`
+    /// when the row was already final or is unknown.
+    pub fn finish(&self, run_id: &str, terminal: &Terminal, now: i64) -> Result<Option<RunRecord>, StoreError> {
+        let (summary, output, error, reason, still_running) = match terminal {
+            Terminal::Completed { summary, output } => {
+                (Some(summary.clone()), output.as_ref().map(Value::to_string), None, None, None)
+            }
+            Terminal::Error { message } => (None, None, Some(message.clone()), None, None),
+            Terminal::Aborted { reason } => (None, None, reason.clone(), None, None),
+            Terminal::Interrupted { error, reason, child_still_running } => {
+                (None, None, Some(error.clone()), reason.map(InterruptedReason::as_str), *child_still_running)
+            }
+        };
+        let row = self.sql.one(
+            &format!(
+                "UPDATE agent_tool_runs SET status = ?, summary = ?, output_json = ?, error_message = ?, \
+                 interrupted_reason = ?, child_still_running = ?, completed_at = ?, \
+                 terminal_seq = next_seq, next_seq = next_seq + 1 \
+                 WHERE run_id = ? AND status NOT IN {HARD_TERMINALS} RETURNING {COLUMNS}"
+            ),
+            &[
+                V::from(terminal.status().as_str()),
+                V::from(summary),
+                V::from(output),
+                V::from(error),
+                V::from(reason),
+                V::from(still_running),
+                V::Int(now),
+                V::from(run_id),
+            ],
+        )?;
+        Ok(row.as_ref().map(RunRecord::from_row))
+    }
+
+    /// Deletes runs and their frames.
+    pub fn delete(&self, run_ids: &[String]) -> Result<(), StoreError> {
+        for id in run_ids {
+            self.sql.exec("DELETE FROM agent_tool_frames WHERE run_id = ?", &[V::from(id)])?;
+            self.sql.exec("DELETE FROM agent_tool_runs WHERE run_id = ?", &[V::from(id)])?;
+        }
+        Ok(())
+    }
+
+    /// Every frame a newly connected client needs, marked `replay`: for each retained run in
+    /// display order, `started`, its stored chunks and milestones and the latest progress (by
+    /// sequence), then its terminal frame. Two queries, whatever the number of runs.
+    pub fn replay(&self) -> Result<Vec<EventFrame>, StoreError> {
+        let runs = self.all()?;
+        let frames = self.sql.exec("SELECT run_id, seq, body FROM agent_tool_frames ORDER BY run_id, seq", &[])?;
+        let mut by_run: std::collections::HashMap<String, Vec<(i64, String)>> = Default::default();
+        for f in &frames {
+            if let (Some(id), Some(seq), Some(body)) = (f.text(0), f.int(1), f.text(2)) {
+                by_run.entry(id).or_default().push((seq, body));
+            }
+        }
+        let mut out = Vec::new();
+        for run in runs {
+            out.push(run.started_frame().replayed());
+            let mut chunks = by_run.remove(&run.run_id).unwrap_or_default();
+            if let Some(progress) = run.progress.clone() {
+                let at = chunks.partition_point(|(seq, _)| *seq < progress.0);
+                chunks.insert(at, progress);
+            }
+            for (seq, body) in chunks {
+                out.push(run.chunk_frame(seq, body).replayed());
+            }
+            if let Some(t) = run.terminal_frame() {
+                out.push(t.replayed());
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests;

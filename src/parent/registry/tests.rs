@@ -1,0 +1,243 @@
+use super::*;
+use crate::store::sqlite;
+use serde_json::json;
+
+fn registry_db() -> rusqlite::Connection {
+    let db = sqlite::memory();
+    Registry::new(&db).migrate().unwrap();
+    db
+}
+
+fn new_run(id: &str) -> NewRun {
+    NewRun {
+        run_id: id.into(),
+        parent_tool_call_id: Some("call_1".into()),
+        agent_type: "Researcher".into(),
+        input_preview: Some("HTTP/3".into()),
+        display: Some(json!({"name": "Researcher"})),
+        display_order: 0,
+        event_delivery: EventDelivery::Full,
+    }
+}
+
+fn stored(body: &str) -> Forward<'_> {
+    Forward { kind: ChunkKind::Stored, body }
+}
+
+#[test]
+fn insert_is_idempotent_by_run_id() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    let first = reg.insert(&new_run("r1"), 100).unwrap();
+    let Inserted::New(rec) = first else { panic!("first insert must be new") };
+    assert_eq!(rec.status, RunStatus::Starting);
+    assert_eq!(rec.next_seq, 1);
+    let mut again = new_run("r1");
+    again.input_preview = Some("other".into());
+    match reg.insert(&again, 200).unwrap() {
+        Inserted::Existing(r) => {
+            assert_eq!(r.started_at, 100, "the existing row is untouched");
+            assert_eq!(r.input_preview.as_deref(), Some("HTTP/3"));
+        }
+        Inserted::New(_) => panic!("second insert must find the existing row"),
+    }
+    assert_eq!(reg.all().unwrap().len(), 1);
+}
+
+#[test]
+fn a_run_id_of_another_agent_type_is_refused() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    reg.insert(&new_run("r1"), 1).unwrap();
+    let mut other = new_run("r1");
+    other.agent_type = "Summarizer".into();
+    let err = reg.insert(&other, 2).unwrap_err();
+    assert!(matches!(err, RegistryError::AgentTypeMismatch { .. }));
+    assert!(err.to_string().contains("already belongs to a Researcher run"));
+}
+
+#[test]
+fn running_only_from_starting() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    reg.insert(&new_run("r1"), 1).unwrap();
+    assert!(reg.mark_running("r1").unwrap());
+    assert!(!reg.mark_running("r1").unwrap());
+    reg.finish("r1", &Terminal::Error { message: "x".into() }, 2).unwrap();
+    assert!(!reg.mark_running("r1").unwrap());
+    assert_eq!(reg.get("r1").unwrap().unwrap().status, RunStatus::Error);
+}
+
+#[test]
+fn sequences_start_after_started_and_are_never_reused() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    reg.insert(&new_run("r1"), 1).unwrap();
+    reg.mark_running("r1").unwrap();
+    let a = reg.append("r1", &[stored("{\"a\":1}"), stored("{\"a\":2}")], Some(1), 5).unwrap();
+    assert_eq!(a, Some(vec![1, 2]));
+    let progress = Forward { kind: ChunkKind::Progress, body: "{\"type\":\"data-agent-progress\"}" };
+    let b = reg.append("r1", &[progress, stored("{\"a\":3}")], Some(2), 6).unwrap();
+    assert_eq!(b, Some(vec![3, 4]));
+    let done = reg.finish("r1", &Terminal::Completed { summary: "ok".into(), output: None }, 7).unwrap().unwrap();
+    assert_eq!(done.terminal_seq, Some(5));
+    assert_eq!(done.next_seq, 6);
+    assert_eq!(done.child_cursor, 2);
+    assert_eq!(done.progress.as_ref().map(|p| p.0), Some(3));
+    // A late chunk after the terminal gets no sequence and writes nothing.
+    assert_eq!(reg.append("r1", &[stored("{\"late\":1}")], Some(3), 8).unwrap(), None);
+    assert_eq!(reg.get("r1").unwrap().unwrap().next_seq, 6);
+}
+
+#[test]
+fn hard_terminals_are_never_overwritten() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    for (id, first) in [
+        ("c", Terminal::Completed { summary: "s".into(), output: Some(json!({"k": 1})) }),
+        ("e", Terminal::Error { message: "boom".into() }),
+        ("a", Terminal::Aborted { reason: Some("user".into()) }),
+    ] {
+        reg.insert(&new_run(id), 1).unwrap();
+        let written = reg.finish(id, &first, 2).unwrap().unwrap();
+        assert_eq!(written.status, first.status());
+        for later in [
+            Terminal::Completed { summary: "other".into(), output: None },
+            Terminal::Error { message: "late".into() },
+            Terminal::Aborted { reason: None },
+            Terminal::Interrupted { error: "x".into(), reason: None, child_still_running: None },
+        ] {
+            assert_eq!(reg.finish(id, &later, 3).unwrap(), None, "{id}: {later:?} must not overwrite");
+        }
+        let row = reg.get(id).unwrap().unwrap();
+        assert_eq!(row, written, "{id}: row unchanged");
+    }
+    assert_eq!(reg.get("c").unwrap().unwrap().output_json.as_deref(), Some("{\"k\":1}"));
+}
+
+#[test]
+fn interrupted_is_soft_and_repaired_by_a_real_result() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    reg.insert(&new_run("r"), 1).unwrap();
+    let i = reg
+        .finish(
+            "r",
+            &Terminal::Interrupted {
+                error: "silent".into(),
+                reason: Some(InterruptedReason::NoProgress),
+                child_still_running: Some(true),
+            },
+            2,
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(i.interrupted_reason, Some(InterruptedReason::NoProgress));
+    assert_eq!(i.child_still_running, Some(true));
+    let done = reg.finish("r", &Terminal::Completed { summary: "late".into(), output: None }, 3).unwrap().unwrap();
+    assert_eq!(done.status, RunStatus::Completed);
+    assert_eq!(done.interrupted_reason, None, "repair clears the reason fields");
+    assert_eq!(done.child_still_running, None);
+    assert_eq!(done.error_message, None);
+    assert!(done.terminal_seq > i.terminal_seq, "the repaired terminal is a new frame");
+}
+
+#[test]
+fn live_count_counts_starting_and_running() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    for id in ["a", "b", "c", "d"] {
+        reg.insert(&new_run(id), 1).unwrap();
+    }
+    reg.mark_running("b").unwrap();
+    reg.finish("c", &Terminal::Error { message: "x".into() }, 2).unwrap();
+    reg.finish("d", &Terminal::Interrupted { error: "x".into(), reason: None, child_still_running: Some(false) }, 2)
+        .unwrap();
+    assert_eq!(reg.live_count().unwrap(), 2);
+}
+
+#[test]
+fn replay_repeats_the_live_sequences() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    reg.insert(&new_run("r1"), 1).unwrap();
+    let mut second = new_run("r2");
+    second.display_order = 1;
+    reg.insert(&second, 1).unwrap();
+    let progress_a = "{\"type\":\"data-agent-progress\",\"id\":\"p1\"}";
+    let progress_b = "{\"type\":\"data-agent-progress\",\"id\":\"p2\"}";
+    let milestone = "{\"type\":\"data-agent-milestone\",\"data\":{\"name\":\"m\",\"sequence\":0}}";
+    let live = reg
+        .append(
+            "r1",
+            &[
+                stored("{\"n\":0}"),
+                Forward { kind: ChunkKind::Progress, body: progress_a },
+                Forward { kind: ChunkKind::Milestone, body: milestone },
+                Forward { kind: ChunkKind::Progress, body: progress_b },
+                stored("{\"n\":1}"),
+            ],
+            Some(2),
+            3,
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(live, vec![1, 2, 3, 4, 5]);
+    reg.finish("r1", &Terminal::Completed { summary: "done".into(), output: None }, 4).unwrap();
+
+    let frames = reg.replay().unwrap();
+    let got: Vec<(String, i64, String)> = frames
+        .iter()
+        .map(|f| {
+            let body = match &f.event {
+                AgentToolEvent::Chunk { body, .. } => body.clone(),
+                other => serde_json::to_value(other).unwrap()["kind"].as_str().unwrap().to_owned(),
+            };
+            (f.event.run_id().to_owned(), f.sequence, body)
+        })
+        .collect();
+    let expect = vec![
+        ("r1", 0, "started"),
+        ("r1", 1, "{\"n\":0}"),
+        ("r1", 3, milestone),
+        ("r1", 4, progress_b),
+        ("r1", 5, "{\"n\":1}"),
+        ("r1", 6, "finished"),
+        ("r2", 0, "started"),
+    ];
+    let expect: Vec<(String, i64, String)> =
+        expect.into_iter().map(|(a, b, c)| (a.to_owned(), b, c.to_owned())).collect();
+    assert_eq!(got, expect, "only the latest progress, everything else with its live sequence");
+    assert!(frames.iter().all(|f| f.replay == Some(true)));
+    assert!(frames.iter().all(|f| f.parent_tool_call_id.as_deref() == Some("call_1")));
+}
+
+#[test]
+fn delete_removes_rows_and_frames() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    reg.insert(&new_run("r1"), 1).unwrap();
+    reg.append("r1", &[stored("{}")], Some(0), 2).unwrap();
+    reg.delete(&["r1".to_owned()]).unwrap();
+    assert!(reg.get("r1").unwrap().is_none());
+    assert!(reg.replay().unwrap().is_empty());
+}
+
+#[test]
+fn input_preview_rules() {
+    assert_eq!(input_preview(&json!(null)), None);
+    assert_eq!(input_preview(&json!("short")), Some("short".into()));
+    let long = "é".repeat(600);
+    assert_eq!(input_preview(&json!(long)).unwrap().chars().count(), 500);
+    assert_eq!(input_preview(&json!({"query": "x"})), Some("{\"query\":\"x\"}".into()));
+    let big = json!({ "text": "a".repeat(600) });
+    let p = input_preview(&big).unwrap();
+    assert_eq!(p.chars().count(), 500);
+    assert!(p.ends_with("..."));
+    assert!(p.starts_with("{\"text\":\"aaa"));
+    // `["` + 496 + `"]` is exactly 500 characters: kept whole. One more is cut.
+    let at_limit = json!(["b".repeat(496)]);
+    assert_eq!(input_preview(&at_limit).unwrap(), at_limit.to_string());
+    let over = input_preview(&json!(["b".repeat(497)])).unwrap();
+    assert_eq!((over.len(), over.ends_with("...")), (500, true));
+}

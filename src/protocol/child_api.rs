@@ -1,0 +1,56 @@
+//! The parent → child requests (internal: the Worker entry never routes to a child).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Base of every internal child URL.
+pub const BASE: &str = "https://agent-tools.internal/_agent_tools";
+
+/// `POST {BASE}/start`: begin a run (idempotent by run id).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StartRequest {
+    /// Run id.
+    pub run_id: String,
+    /// The input, as given to `run_agent_tool`.
+    #[serde(default)]
+    pub input: Value,
+    /// The parent's class.
+    pub parent_class: String,
+    /// The parent's name.
+    pub parent_name: String,
+    /// `true` for `event_delivery: terminal`.
+    #[serde(default)]
+    pub terminal_only: bool,
+}
+
+/// The child's answer to a start.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StartReply {
+    /// Whether this request created the run (and began its turn).
+    pub created: bool,
+    /// The run's status now.
+    pub status: String,
+}
+
+/// `POST {BASE}/cancel`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CancelRequest {
+    /// Run id.
+    pub run_id: String,
+    /// Why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `GET {BASE}/tail?runId=..&after=..` streams NDJSON [`super::tail::TailLine`]s.
+pub fn tail_url(run_id: &str, after: i64) -> String {
+    format!("{BASE}/tail?runId={}&after={after}", crate::routing::percent_encode(run_id))
+}
+
+/// `GET {BASE}/inspect?runId=..` answers the inspection JSON, or `null` for an unknown run.
+pub fn inspect_url(run_id: &str) -> String {
+    format!("{BASE}/inspect?runId={}", crate::routing::percent_encode(run_id))
+}

@@ -1,0 +1,133 @@
+//! AI SDK `UIMessageChunk` bodies (the `ai` package's UI message stream), built and classified.
+//!
+//! Bodies travel as JSON strings; these helpers build the ones this crate emits and recognise
+//! the two reserved data parts of agent tools.
+
+use serde_json::{json, Map, Value};
+
+/// Reserved chunk type for transient progress (`reportProgress` without a milestone).
+pub const PROGRESS_PART: &str = "data-agent-progress";
+/// Reserved chunk type for a durable milestone.
+pub const MILESTONE_PART: &str = "data-agent-milestone";
+
+/// `{"type":"start","messageId":..}`: a new assistant message begins.
+pub fn start(message_id: &str) -> String {
+    json!({ "type": "start", "messageId": message_id }).to_string()
+}
+/// `{"type":"start-step"}`.
+pub fn start_step() -> String {
+    json!({ "type": "start-step" }).to_string()
+}
+/// `{"type":"text-start","id":..}`.
+pub fn text_start(id: &str) -> String {
+    json!({ "type": "text-start", "id": id }).to_string()
+}
+/// `{"type":"text-delta","id":..,"delta":..}`.
+pub fn text_delta(id: &str, delta: &str) -> String {
+    json!({ "type": "text-delta", "id": id, "delta": delta }).to_string()
+}
+/// `{"type":"text-end","id":..}`.
+pub fn text_end(id: &str) -> String {
+    json!({ "type": "text-end", "id": id }).to_string()
+}
+/// `{"type":"finish-step"}`.
+pub fn finish_step() -> String {
+    json!({ "type": "finish-step" }).to_string()
+}
+/// `{"type":"finish"}`, with the finish reason when known.
+pub fn finish(reason: Option<&str>) -> String {
+    match reason {
+        Some(r) => json!({ "type": "finish", "finishReason": r }).to_string(),
+        None => json!({ "type": "finish" }).to_string(),
+    }
+}
+/// `{"type":"error","errorText":..}`.
+pub fn error(text: &str) -> String {
+    json!({ "type": "error", "errorText": text }).to_string()
+}
+/// `{"type":"abort"}`, with a reason when given.
+pub fn abort(reason: Option<&str>) -> String {
+    match reason {
+        Some(r) => json!({ "type": "abort", "reason": r }).to_string(),
+        None => json!({ "type": "abort" }).to_string(),
+    }
+}
+
+/// A progress report from a child (`report_progress`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Progress {
+    /// 0..1, drives a progress bar.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<f64>,
+    /// Human-readable status line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Coarse phase label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Present: a durable milestone with this name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub milestone: Option<String>,
+    /// App-specific payload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+}
+
+impl Progress {
+    fn wire_fields(&self, into: &mut Map<String, Value>) {
+        if let Some(f) = self.fraction {
+            into.insert("fraction".into(), json!(f));
+        }
+        if let Some(m) = &self.message {
+            into.insert("message".into(), json!(m));
+        }
+        if let Some(p) = &self.phase {
+            into.insert("phase".into(), json!(p));
+        }
+        if let Some(d) = &self.data {
+            into.insert("data".into(), d.clone());
+        }
+    }
+}
+
+/// The transient progress chunk: `{"type":"data-agent-progress","id","transient":true,"data":{..}}`.
+pub fn progress(id: &str, p: &Progress) -> String {
+    let mut data = Map::new();
+    p.wire_fields(&mut data);
+    json!({ "type": PROGRESS_PART, "id": id, "transient": true, "data": data }).to_string()
+}
+
+/// The durable milestone chunk: `{"type":"data-agent-milestone","data":{name,sequence,at,..}}`.
+pub fn milestone(name: &str, sequence: i64, at: i64, p: &Progress) -> String {
+    let mut data = Map::new();
+    data.insert("name".into(), json!(name));
+    data.insert("sequence".into(), json!(sequence));
+    data.insert("at".into(), json!(at));
+    p.wire_fields(&mut data);
+    json!({ "type": MILESTONE_PART, "data": data }).to_string()
+}
+
+/// The `type` of a chunk body, when it parses.
+pub fn chunk_type(body: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(body).ok()?;
+    v.get("type")?.as_str().map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_and_milestone_shapes() {
+        let p = Progress { fraction: Some(0.5), phase: Some("reading".into()), ..Default::default() };
+        assert_eq!(
+            progress("p1", &p),
+            r#"{"data":{"fraction":0.5,"phase":"reading"},"id":"p1","transient":true,"type":"data-agent-progress"}"#
+        );
+        let m = milestone("sources", 0, 42, &Progress::default());
+        assert_eq!(chunk_type(&m).as_deref(), Some(MILESTONE_PART));
+        let v: Value = serde_json::from_str(&m).unwrap();
+        assert_eq!(v["data"]["name"], "sources");
+        assert_eq!(v["data"]["sequence"], 0);
+    }
+}

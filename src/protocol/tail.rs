@@ -1,0 +1,155 @@
+//! The child → parent stream: one JSON object per line (NDJSON) on a streamed response body.
+//!
+//! A tail sends the stored chunks after the parent's cursor, then live chunks as the child
+//! produces them, then one `end` line with the outcome. Stored chunks carry their index in the
+//! child's log so a parent can resume a tail exactly where it stopped.
+
+use serde::{Deserialize, Serialize};
+
+/// How a chunk travels and is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChunkKind {
+    /// An ordinary `UIMessageChunk`, stored in the child's log.
+    Stored,
+    /// A `data-agent-milestone` chunk: stored, and durable on both sides.
+    Milestone,
+    /// A transient `data-agent-progress` chunk: not in the log; only the latest counts.
+    Progress,
+}
+
+/// The terminal state of a child run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutcomeStatus {
+    /// The turn finished.
+    Completed,
+    /// The turn failed.
+    Error,
+    /// The turn was cancelled.
+    Aborted,
+}
+
+impl OutcomeStatus {
+    /// The status as stored in SQL.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::Error => "error",
+            Self::Aborted => "aborted",
+        }
+    }
+}
+
+/// How a child run ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunOutcome {
+    /// Terminal status.
+    pub status: OutcomeStatus,
+    /// The summary (completed runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    /// Structured output (completed runs whose agent provides one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<serde_json::Value>,
+    /// The error or abort reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// One line of a tail.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "t", rename_all = "lowercase")]
+pub enum TailLine {
+    /// A chunk. `i` is its index in the child's log (absent for progress).
+    Chunk {
+        /// Index in the child's log.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        i: Option<i64>,
+        /// How it is kept.
+        k: ChunkKind,
+        /// The `UIMessageChunk` JSON.
+        b: String,
+    },
+    /// The run ended; the last line.
+    End {
+        /// The outcome.
+        outcome: RunOutcome,
+    },
+}
+
+impl TailLine {
+    /// The line, newline-terminated.
+    pub fn to_line(&self) -> String {
+        let mut s = serde_json::to_string(self).unwrap_or_default();
+        s.push('\n');
+        s
+    }
+}
+
+/// Splits a byte stream into lines, across read boundaries.
+#[derive(Debug, Default)]
+pub struct LineSplitter {
+    pending: Vec<u8>,
+}
+
+impl LineSplitter {
+    /// Feeds bytes; returns the complete lines they finish, parsed. A line that is not a valid
+    /// [`TailLine`] is returned as an error string.
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<Result<TailLine, String>> {
+        self.pending.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        let mut start = 0;
+        while let Some(pos) = self.pending[start..].iter().position(|&b| b == b'\n') {
+            let line = &self.pending[start..start + pos];
+            if !line.is_empty() {
+                out.push(serde_json::from_slice(line).map_err(|e| e.to_string()));
+            }
+            start += pos + 1;
+        }
+        self.pending.drain(..start);
+        out
+    }
+
+    /// Whether bytes are left that did not end in a newline.
+    pub fn has_partial(&self) -> bool {
+        !self.pending.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_survive_arbitrary_splits() {
+        let lines = [
+            TailLine::Chunk { i: Some(0), k: ChunkKind::Stored, b: r#"{"type":"start"}"#.into() },
+            TailLine::Chunk { i: None, k: ChunkKind::Progress, b: r#"{"type":"data-agent-progress"}"#.into() },
+            TailLine::End {
+                outcome: RunOutcome {
+                    status: OutcomeStatus::Completed,
+                    summary: Some("done\nok".into()),
+                    output: None,
+                    error: None,
+                },
+            },
+        ];
+        let bytes: String = lines.iter().map(TailLine::to_line).collect();
+        for split in 0..bytes.len() {
+            let mut s = LineSplitter::default();
+            let mut got = s.push(&bytes.as_bytes()[..split]);
+            got.extend(s.push(&bytes.as_bytes()[split..]));
+            let got: Vec<TailLine> = got.into_iter().map(Result::unwrap).collect();
+            assert_eq!(got, lines);
+            assert!(!s.has_partial());
+        }
+    }
+
+    #[test]
+    fn a_garbled_line_is_an_error_not_a_panic() {
+        let mut s = LineSplitter::default();
+        let got = s.push(b"{\"t\":\"chunk\"}\n");
+        assert!(got[0].is_err());
+    }
+}

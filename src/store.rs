@@ -1,0 +1,202 @@
+//! The storage seam: the few SQL operations the run registry and the child run log need.
+//!
+//! Durable Object SQLite and a native SQLite connection (`rusqlite`, used by the unit tests)
+//! both implement [`Sql`], so every query in this crate runs unchanged in both places.
+//!
+//! Durable Object storage applies all writes made in one synchronous stretch of code (no
+//! `.await` in between) atomically, and refuses `BEGIN`/`COMMIT`. The logic modules therefore
+//! keep every multi-statement change inside one synchronous function.
+
+use std::fmt;
+
+/// One SQL value, as SQLite stores it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// SQL `NULL`.
+    Null,
+    /// A 64-bit integer (Durable Object storage returns integers within the JavaScript safe range).
+    Int(i64),
+    /// A double.
+    Real(f64),
+    /// UTF-8 text.
+    Text(String),
+    /// Raw bytes.
+    Blob(Vec<u8>),
+}
+
+impl From<i64> for Value {
+    fn from(v: i64) -> Self {
+        Value::Int(v)
+    }
+}
+impl From<bool> for Value {
+    fn from(v: bool) -> Self {
+        Value::Int(v as i64)
+    }
+}
+impl From<&str> for Value {
+    fn from(v: &str) -> Self {
+        Value::Text(v.to_owned())
+    }
+}
+impl From<String> for Value {
+    fn from(v: String) -> Self {
+        Value::Text(v)
+    }
+}
+impl From<&String> for Value {
+    fn from(v: &String) -> Self {
+        Value::Text(v.clone())
+    }
+}
+impl<T: Into<Value>> From<Option<T>> for Value {
+    fn from(v: Option<T>) -> Self {
+        v.map_or(Value::Null, Into::into)
+    }
+}
+
+/// One result row, its values in the order of the query's columns.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Row(pub Vec<Value>);
+
+impl Row {
+    /// The value at column `i` (`Null` past the end).
+    pub fn get(&self, i: usize) -> &Value {
+        self.0.get(i).unwrap_or(&Value::Null)
+    }
+    /// Column `i` as text; `None` for `NULL` or a non-text value.
+    pub fn text(&self, i: usize) -> Option<String> {
+        match self.get(i) {
+            Value::Text(s) => Some(s.clone()),
+            _ => None,
+        }
+    }
+    /// Column `i` as an integer; `None` for `NULL`. Reals are truncated (Durable Object storage
+    /// hands back numbers outside the safe integer range as doubles).
+    pub fn int(&self, i: usize) -> Option<i64> {
+        match self.get(i) {
+            Value::Int(v) => Some(*v),
+            Value::Real(v) => Some(*v as i64),
+            _ => None,
+        }
+    }
+}
+
+/// A storage failure, with the statement that caused it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreError {
+    /// What the database said.
+    pub message: String,
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "storage error: {}", self.message)
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// SQL access: Durable Object SQLite in the Worker, `rusqlite` in native tests.
+pub trait Sql {
+    /// Runs one statement with `?` placeholders bound to `params`, returning every row.
+    fn exec(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError>;
+
+    /// Runs several `;`-separated statements without parameters (schema set-up).
+    fn batch(&self, sql: &str) -> Result<(), StoreError>;
+
+    /// Runs a query expected to return at most one row.
+    fn one(&self, sql: &str, params: &[Value]) -> Result<Option<Row>, StoreError> {
+        Ok(self.exec(sql, params)?.into_iter().next())
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+pub(crate) mod sqlite {
+    //! `rusqlite` behind [`Sql`], for the native unit tests.
+    use super::{Row, Sql, StoreError, Value};
+    use rusqlite::types::{ToSqlOutput, ValueRef};
+
+    /// A fresh in-memory database.
+    pub fn memory() -> rusqlite::Connection {
+        rusqlite::Connection::open_in_memory().expect("open in-memory sqlite")
+    }
+
+    impl rusqlite::ToSql for Value {
+        fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+            Ok(match self {
+                Value::Null => ToSqlOutput::Borrowed(ValueRef::Null),
+                Value::Int(v) => ToSqlOutput::Borrowed(ValueRef::Integer(*v)),
+                Value::Real(v) => ToSqlOutput::Borrowed(ValueRef::Real(*v)),
+                Value::Text(s) => ToSqlOutput::Borrowed(ValueRef::Text(s.as_bytes())),
+                Value::Blob(b) => ToSqlOutput::Borrowed(ValueRef::Blob(b)),
+            })
+        }
+    }
+
+    fn err(e: rusqlite::Error) -> StoreError {
+        StoreError { message: e.to_string() }
+    }
+
+    impl Sql for rusqlite::Connection {
+        fn exec(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError> {
+            let mut stmt = self.prepare_cached(sql).map_err(err)?;
+            let columns = stmt.column_count();
+            let mut rows = stmt.query(rusqlite::params_from_iter(params.iter())).map_err(err)?;
+            let mut out = Vec::new();
+            while let Some(row) = rows.next().map_err(err)? {
+                let mut values = Vec::with_capacity(columns);
+                for i in 0..columns {
+                    values.push(match row.get_ref(i).map_err(err)? {
+                        ValueRef::Null => Value::Null,
+                        ValueRef::Integer(v) => Value::Int(v),
+                        ValueRef::Real(v) => Value::Real(v),
+                        ValueRef::Text(t) => Value::Text(String::from_utf8_lossy(t).into_owned()),
+                        ValueRef::Blob(b) => Value::Blob(b.to_vec()),
+                    });
+                }
+                out.push(Row(values));
+            }
+            Ok(out)
+        }
+
+        fn batch(&self, sql: &str) -> Result<(), StoreError> {
+            self.execute_batch(sql).map_err(err)
+        }
+    }
+}
+
+/// A small key-value table for an agent's own identity (its class and name), which an alarm
+/// wake-up cannot recover from the Durable Object id.
+pub mod meta {
+    use super::{Sql, StoreError, Value};
+
+    /// The table.
+    pub const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS agent_tool_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)";
+
+    /// Reads a key.
+    pub fn get(sql: &(impl Sql + ?Sized), key: &str) -> Result<Option<String>, StoreError> {
+        Ok(sql.one("SELECT value FROM agent_tool_meta WHERE key = ?", &[Value::from(key)])?.and_then(|r| r.text(0)))
+    }
+
+    /// Writes a key.
+    pub fn set(sql: &(impl Sql + ?Sized), key: &str, value: &str) -> Result<(), StoreError> {
+        sql.exec(
+            "INSERT INTO agent_tool_meta (key, value) VALUES (?, ?) \
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            &[Value::from(key), Value::from(value)],
+        )?;
+        Ok(())
+    }
+
+    #[cfg(all(test, not(target_arch = "wasm32")))]
+    #[test]
+    fn set_then_get() {
+        let db = super::sqlite::memory();
+        db.batch(SCHEMA).unwrap();
+        assert_eq!(get(&db, "name").unwrap(), None);
+        set(&db, "name", "a").unwrap();
+        set(&db, "name", "b").unwrap();
+        assert_eq!(get(&db, "name").unwrap().as_deref(), Some("b"));
+    }
+}

@@ -1,0 +1,315 @@
+//! Test harness: builds the Worker once, runs `wrangler dev` (real workerd) over the prebuilt
+//! build on a free port with its own `--persist-to` directory, and talks to it over HTTP and
+//! WebSocket.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime};
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn newest_mtime(dir: &Path) -> SystemTime {
+    let mut newest = SystemTime::UNIX_EPOCH;
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            let t =
+                if p.is_dir() { newest_mtime(&p) } else { e.metadata().and_then(|m| m.modified()).unwrap_or(newest) };
+            newest = newest.max(t);
+        }
+    }
+    newest
+}
+
+/// Builds the Worker unless `build/` is newer than every source file. Once per test process.
+pub fn ensure_built() {
+    static BUILT: Mutex<bool> = Mutex::new(false);
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if *built {
+        return;
+    }
+    let wasm = root().join("build/index_bg.wasm");
+    let fresh = wasm
+        .metadata()
+        .and_then(|m| m.modified())
+        .map(|t| {
+            t >= newest_mtime(&root().join("src"))
+                && t >= root().join("Cargo.toml").metadata().unwrap().modified().unwrap()
+        })
+        .unwrap_or(false);
+    if !fresh || !root().join("build/index.js").exists() {
+        let status = Command::new(root().join("scripts/build.sh")).status().expect("run scripts/build.sh");
+        assert!(status.success(), "building the worker failed");
+    }
+    *built = true;
+}
+
+/// The `wrangler.toml` of the repository without its `[build]` section, so `wrangler dev`
+/// serves the prebuilt `build/` instead of building again.
+pub fn prebuilt_config() -> PathBuf {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(write_prebuilt_config).clone()
+}
+
+fn write_prebuilt_config() -> PathBuf {
+    let source = std::fs::read_to_string(root().join("wrangler.toml")).expect("read wrangler.toml");
+    let mut out = String::new();
+    let mut in_build = false;
+    for line in source.lines() {
+        let trimmed = line.trim();
+        if trimmed.starts_with('[') {
+            in_build = trimmed == "[build]";
+        }
+        if in_build {
+            continue;
+        }
+        // Paths in the config are relative to it; this copy lives elsewhere, so make them absolute.
+        let relative = ["main", "directory"].into_iter().find_map(|key| {
+            let value = trimmed.strip_prefix(key)?.trim_start().strip_prefix('=')?.trim().trim_matches('"');
+            Some((key, value))
+        });
+        if let Some((key, value)) = relative {
+            out.push_str(&format!("{key} = \"{}\"\n", root().join(value).display()));
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    let dir = root().join(".wrangler-test");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Written under a unique name, then renamed: concurrent test processes never read half a file.
+    let path = dir.join("wrangler.toml");
+    let partial = dir.join(format!("wrangler.toml.{}", std::process::id()));
+    std::fs::write(&partial, out).unwrap();
+    std::fs::rename(&partial, &path).unwrap();
+    path
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A running `wrangler dev`.
+pub struct Worker {
+    child: Option<Child>,
+    pub port: u16,
+    pub persist: PathBuf,
+    log: PathBuf,
+    _temp: Option<tempfile::TempDir>,
+}
+
+impl Worker {
+    /// Starts a Worker with fresh state.
+    pub async fn start() -> Worker {
+        Self::start_with(None, &[]).await
+    }
+
+    /// Starts a Worker on `persist` (fresh temp dir when `None`), with extra `--var`s.
+    pub async fn start_with(persist: Option<&Path>, vars: &[(&str, &str)]) -> Worker {
+        ensure_built();
+        let temp = tempfile::tempdir().unwrap();
+        let persist = persist.map(Path::to_path_buf).unwrap_or_else(|| temp.path().join("state"));
+        let port = free_port();
+        let log = temp.path().join("wrangler.log");
+        let log_file = std::fs::File::create(&log).unwrap();
+        let mut cmd = Command::new(root().join("node_modules/.bin/wrangler"));
+        cmd.args(["dev", "--local", "--ip", "127.0.0.1", "--show-interactive-dev-session=false"])
+            .args(["--port", &port.to_string(), "--inspector-port", &free_port().to_string()])
+            .arg("--persist-to")
+            .arg(&persist)
+            .arg("-c")
+            .arg(prebuilt_config())
+            .env("CLOUDFLARE_CF_FETCH_ENABLED", "false")
+            .env("WRANGLER_SEND_METRICS", "false")
+            .env("WRANGLER_LOG_PATH", temp.path().join("logs"))
+            .env("NO_COLOR", "1")
+            .current_dir(root())
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().unwrap())
+            .stderr(log_file);
+        for (k, v) in vars {
+            cmd.arg("--var").arg(format!("{k}:{v}"));
+        }
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let child = cmd.spawn().expect("spawn wrangler");
+        let worker = Worker { child: Some(child), port, persist, log, _temp: Some(temp) };
+        worker.wait_ready().await;
+        worker
+    }
+
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let client = reqwest::Client::new();
+        while Instant::now() < deadline {
+            if client.get(self.http("/")).timeout(Duration::from_secs(2)).send().await.is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("wrangler dev did not start in 90 s:\n{}", self.log_text());
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn http(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    pub fn ws(&self, path: &str) -> String {
+        format!("ws://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// Connects a client to `/agents/assistant/<name>`.
+    pub async fn client(&self, name: &str) -> Client {
+        Client::connect(&self.ws(&format!("/agents/assistant/{name}"))).await
+    }
+
+    /// Stops wrangler and workerd (the whole process group), keeping the persisted state.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let group = format!("-{}", child.id());
+            let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the runtime without a chance to clean up (SIGKILL to the group).
+    #[allow(dead_code)] // used by the recovery tests
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).status();
+            let _ = child.wait();
+        }
+    }
+
+    /// Keeps the temp dir (and so the persisted state) alive beyond this worker.
+    pub fn take_temp(&mut self) -> Option<tempfile::TempDir> {
+        self._temp.take()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A WebSocket client that records every frame it receives.
+pub struct Client {
+    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    /// Every frame received, in order.
+    pub frames: Vec<Value>,
+    next_id: u64,
+}
+
+pub const WAIT: Duration = Duration::from_secs(30);
+
+impl Client {
+    pub async fn connect(url: &str) -> Client {
+        let (ws, _) = tokio_tungstenite::connect_async(url).await.unwrap_or_else(|e| panic!("connect {url}: {e}"));
+        Client { ws, frames: Vec::new(), next_id: 0 }
+    }
+
+    pub async fn send_text(&mut self, text: &str) {
+        self.ws.send(Message::Text(text.to_owned())).await.unwrap();
+    }
+
+    pub async fn send_binary(&mut self, bytes: &[u8]) {
+        self.ws.send(Message::Binary(bytes.to_vec())).await.unwrap();
+    }
+
+    /// Receives one text frame (recorded), or `None` on timeout or close.
+    pub async fn recv(&mut self, timeout: Duration) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let msg = tokio::time::timeout_at(deadline, self.ws.next()).await.ok()??.ok()?;
+            if let Message::Text(t) = msg {
+                let v: Value = serde_json::from_str(&t).unwrap_or_else(|e| panic!("non-JSON frame {t:?}: {e}"));
+                self.frames.push(v.clone());
+                return Some(v);
+            }
+        }
+    }
+
+    /// Waits until a recorded frame satisfies `pred` (checking frames already received first).
+    pub async fn wait_for(&mut self, timeout: Duration, pred: impl Fn(&Value) -> bool) -> Value {
+        if let Some(v) = self.frames.iter().find(|f| pred(f)) {
+            return v.clone();
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.recv(left).await {
+                Some(v) if pred(&v) => return v,
+                Some(_) => {}
+                None => panic!("no matching frame within {timeout:?}; got {:#?}", self.frames),
+            }
+        }
+    }
+
+    /// Reads frames until none arrives for `quiet`.
+    pub async fn drain(&mut self, quiet: Duration) {
+        while self.recv(quiet).await.is_some() {}
+    }
+
+    /// Calls an RPC method, recording every other frame meanwhile.
+    pub async fn call(&mut self, method: &str, args: Value) -> Result<Value, String> {
+        self.next_id += 1;
+        let id = format!("call-{}", self.next_id);
+        let frame = json!({ "type": "rpc", "id": id, "method": method, "args": args });
+        self.send_text(&frame.to_string()).await;
+        let reply = self.wait_for(WAIT * 4, |f| f["type"] == "rpc" && f["id"] == id.as_str()).await;
+        if reply["success"] == true {
+            Ok(reply["result"].clone())
+        } else {
+            Err(reply["error"].as_str().unwrap_or_default().to_owned())
+        }
+    }
+
+    /// The `agent-tool-event` frames received so far.
+    pub fn events(&self) -> Vec<Value> {
+        self.frames.iter().filter(|f| f["type"] == "agent-tool-event").cloned().collect()
+    }
+
+    /// The events of one run, in arrival order.
+    pub fn run_events(&self, run_id: &str) -> Vec<Value> {
+        self.events().into_iter().filter(|f| f["event"]["runId"] == run_id).collect()
+    }
+}
+
+/// The concatenated `text-delta`s among a run's chunk events.
+pub fn streamed_text(events: &[Value]) -> String {
+    events
+        .iter()
+        .filter(|e| e["event"]["kind"] == "chunk")
+        .filter_map(|e| serde_json::from_str::<Value>(e["event"]["body"].as_str()?).ok())
+        .filter(|c| c["type"] == "text-delta")
+        .map(|c| c["delta"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// A unique agent name per test.
+pub fn unique(prefix: &str) -> String {
+    let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos();
+    format!("{prefix}-{nanos}")
+}
