@@ -13,11 +13,13 @@
 //!   streams and stubs.
 
 pub mod cancel;
+pub mod chat;
 pub mod child;
 pub mod model;
 pub mod parent;
 pub mod protocol;
 pub mod routing;
+pub mod schema;
 pub mod store;
 
 #[cfg(target_arch = "wasm32")]

@@ -2,12 +2,14 @@
 //!
 //! A child keeps, per run: a row with its status and result, every chunk of its stream with an
 //! index from 0 (progress excepted: only the latest snapshot is kept on the row), and its
-//! milestones with a per-run sequence from 0. A tail reads the log after an index, so a parent
-//! can resume exactly where it stopped.
+//! milestones with a per-run sequence from 0. The run's chunks are the chat stream whose id is
+//! the run id ([`StreamLog`]), so a drill-in client resumes from the same log a parent tails.
 
 use serde::Serialize;
 use serde_json::Value;
 
+pub use crate::chat::store::StoredChunk;
+use crate::chat::store::StreamLog;
 use crate::protocol::tail::{ChunkKind, OutcomeStatus, RunOutcome};
 use crate::store::{Row, Sql, StoreError, Value as V};
 
@@ -33,13 +35,6 @@ CREATE TABLE IF NOT EXISTS agent_tool_child_milestones (
   data_json TEXT,
   at INTEGER NOT NULL,
   PRIMARY KEY (run_id, sequence)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS agent_tool_child_chunks (
-  run_id TEXT NOT NULL,
-  idx INTEGER NOT NULL,
-  kind TEXT NOT NULL,
-  body TEXT NOT NULL,
-  PRIMARY KEY (run_id, idx)
 ) WITHOUT ROWID;
 ";
 
@@ -177,17 +172,6 @@ pub struct Inspection {
     pub chunk_count: i64,
 }
 
-/// A stored chunk.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoredChunk {
-    /// Index in the log.
-    pub index: i64,
-    /// Stored or milestone.
-    pub kind: ChunkKind,
-    /// The UIMessageChunk JSON.
-    pub body: String,
-}
-
 /// The child run store over any [`Sql`].
 pub struct ChildRuns<'a, S: Sql + ?Sized> {
     sql: &'a S,
@@ -199,9 +183,10 @@ impl<'a, S: Sql + ?Sized> ChildRuns<'a, S> {
         Self { sql }
     }
 
-    /// Creates the tables if missing.
+    /// Creates the tables (and the chat stream log's) if missing.
     pub fn migrate(&self) -> Result<(), StoreError> {
-        self.sql.batch(SCHEMA)
+        self.sql.batch(SCHEMA)?;
+        self.sql.batch(crate::chat::store::SCHEMA)
     }
 
     /// Creates the run, or returns the existing one. The flag says whether it was created: only
@@ -246,40 +231,17 @@ impl<'a, S: Sql + ?Sized> ChildRuns<'a, S> {
 
     /// The index the next stored chunk takes.
     pub fn next_index(&self, run_id: &str) -> Result<i64, StoreError> {
-        let row = self.sql.one(
-            "SELECT COALESCE(MAX(idx) + 1, 0) FROM agent_tool_child_chunks WHERE run_id = ?",
-            &[V::from(run_id)],
-        )?;
-        Ok(row.and_then(|r| r.int(0)).unwrap_or(0))
+        StreamLog::new(self.sql).next_index(run_id)
     }
 
     /// Appends a chunk at `index` (the caller owns the counter; see [`ChildRuns::next_index`]).
     pub fn append_chunk(&self, run_id: &str, index: i64, kind: ChunkKind, body: &str) -> Result<(), StoreError> {
-        let kind = match kind {
-            ChunkKind::Milestone => "milestone",
-            ChunkKind::Stored | ChunkKind::Progress => "stored",
-        };
-        self.sql.exec(
-            "INSERT OR IGNORE INTO agent_tool_child_chunks (run_id, idx, kind, body) VALUES (?, ?, ?, ?)",
-            &[V::from(run_id), V::Int(index), V::from(kind), V::from(body)],
-        )?;
-        Ok(())
+        StreamLog::new(self.sql).append(run_id, index, kind, body)
     }
 
     /// Stored chunks with an index greater than `after`, in order.
     pub fn chunks_after(&self, run_id: &str, after: i64) -> Result<Vec<StoredChunk>, StoreError> {
-        let rows = self.sql.exec(
-            "SELECT idx, kind, body FROM agent_tool_child_chunks WHERE run_id = ? AND idx > ? ORDER BY idx",
-            &[V::from(run_id), V::Int(after)],
-        )?;
-        Ok(rows
-            .iter()
-            .map(|r| StoredChunk {
-                index: r.int(0).unwrap_or(0),
-                kind: if r.text(1).as_deref() == Some("milestone") { ChunkKind::Milestone } else { ChunkKind::Stored },
-                body: r.text(2).unwrap_or_default(),
-            })
-            .collect())
+        StreamLog::new(self.sql).after(run_id, after)
     }
 
     /// Records the outcome unless the run already ended. Returns whether it was written.

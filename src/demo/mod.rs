@@ -1,21 +1,34 @@
-//! The demo Worker: a parent `Assistant` that dispatches `Researcher` children.
+//! The demo Worker: a parent `Assistant` whose model calls `Researcher` children as a tool.
 //!
-//! Both run on the built-in offline model. `OFFLINE_WORDS` and `OFFLINE_DELAY_MS` (vars in
-//! `wrangler.toml`) set the length and pace of a researcher's answer; a run's input may
-//! override them with `words` and `delayMs`.
+//! Both are chat agents on the model the settings select (the offline model by default:
+//! "Research HTTP/3 and gRPC" makes two `research` calls in one step). `OFFLINE_WORDS` and
+//! `OFFLINE_DELAY_MS` set the length and pace of the offline model's answers; a run's input may
+//! override them with `words` and `delayMs`. A researcher reports progress and one milestone
+//! (`sources-gathered`) before it writes.
 
 use futures::future::join_all;
+use schemars::JsonSchema;
 use serde_json::{json, Value};
 use worker::{
     durable_object, event, Context, DurableObject, Env, Request, Response, State, WebSocket, WebSocketIncomingMessage,
 };
 
-use crate::model::offline::{self, OfflinePace};
-use crate::parent::RunOptions;
+use crate::model::ModelError;
+use crate::parent::{AgentTool, RunOptions};
 use crate::platform::child::{ChildAgent, ChildHost, Turn, TurnOutput};
+use crate::platform::model::ModelProvider;
 use crate::platform::parent::{ChildClass, ParentAgent, ParentHost};
 use crate::platform::route::route_agent_request;
-use crate::protocol::chunk;
+use crate::protocol::chunk::Progress;
+
+/// The input of the `research` tool.
+#[derive(JsonSchema, serde::Deserialize)]
+#[allow(dead_code)] // read by the child's model, not by Rust
+pub struct ResearchInput {
+    /// The topic to research, e.g. "HTTP/3".
+    #[schemars(length(min = 3))]
+    query: String,
+}
 
 /// The parent's logic.
 pub struct AssistantAgent;
@@ -23,6 +36,21 @@ pub struct AssistantAgent;
 impl ParentAgent for AssistantAgent {
     const CLASS: &'static str = "Assistant";
     const CHILDREN: &'static [ChildClass] = &[ChildClass { class: "Researcher", binding: "Researcher" }];
+
+    fn system_prompt(&self) -> Option<String> {
+        Some(
+            "You are a helpful assistant. For each topic the user wants researched, call the research tool \
+              once per topic, all in the same step, then summarise what the researchers found."
+                .into(),
+        )
+    }
+
+    fn tools(&self) -> Vec<AgentTool> {
+        vec![AgentTool::new("research", "Researcher", "Research one topic in depth and report the findings.")
+            .input::<ResearchInput>()
+            .display_name("Researcher")
+            .icon("🔎")]
+    }
 
     async fn call(&self, parent: &ParentHost<Self>, method: &str, args: Vec<Value>) -> Result<Value, String> {
         match method {
@@ -77,40 +105,49 @@ fn run_json(r: &crate::parent::RunRecord) -> Value {
     })
 }
 
-/// The child's logic: researches `input.query` with the offline model.
+/// The child's logic: a chat agent that researches what it is asked.
 pub struct ResearcherAgent;
-
-fn pace(turn: &Turn) -> OfflinePace {
-    let var = |name: &str| turn.env().var(name).ok().and_then(|v| v.to_string().parse::<u64>().ok());
-    let input = |name: &str| turn.input().get(name).and_then(Value::as_u64);
-    let default = OfflinePace::default();
-    OfflinePace {
-        words: input("words").or_else(|| var("OFFLINE_WORDS")).map_or(default.words, |w| w.min(5000) as usize),
-        delay_ms: input("delayMs").or_else(|| var("OFFLINE_DELAY_MS")).map_or(default.delay_ms, |d| d.min(60_000)),
-    }
-}
 
 impl ChildAgent for ResearcherAgent {
     const CLASS: &'static str = "Researcher";
 
-    async fn run(&self, turn: &Turn) -> Result<TurnOutput, String> {
-        let query = match turn.input() {
-            Value::String(s) => s.clone(),
-            Value::Object(o) => o.get("query").and_then(Value::as_str).unwrap_or_default().to_owned(),
-            other => other.to_string(),
-        };
-        let pace = pace(turn);
-        let text = offline::research_answer(&query, pace.words);
-        let text_id = "text-0";
-        turn.emit(chunk::start(&format!("msg-{}", turn.run_id())));
-        turn.emit(chunk::text_start(text_id));
-        for delta in offline::deltas(&text) {
-            turn.pause(pace.delay_ms).await;
-            turn.emit(chunk::text_delta(text_id, &delta));
+    fn system_prompt(&self) -> Option<String> {
+        Some("You are a researcher. Research the topic you are given and answer with concise findings.".into())
+    }
+
+    /// The configured model; an offline run's input may set its `words` and `delayMs`.
+    fn model(&self, env: &Env, input: Option<&Value>) -> Result<ModelProvider, ModelError> {
+        let mut provider = ModelProvider::from_env(env)?;
+        if let (ModelProvider::Offline(pace), Some(input)) = (&mut provider, input) {
+            if let Some(words) = input.get("words").and_then(Value::as_u64) {
+                pace.words = words.min(5000) as usize;
+            }
+            if let Some(delay) = input.get("delayMs").and_then(Value::as_u64) {
+                pace.delay_ms = delay.min(60_000);
+            }
         }
-        turn.emit(chunk::text_end(text_id));
-        turn.emit(chunk::finish(Some("stop")));
-        Ok(TurnOutput { summary: text, output: None })
+        Ok(provider)
+    }
+
+    async fn run(&self, turn: &Turn) -> Result<TurnOutput, String> {
+        let pause = turn.input().get("delayMs").and_then(Value::as_u64).unwrap_or(60).min(1000) * 2;
+        let step = |fraction: f64, phase: &str, message: &str| Progress {
+            fraction: Some(fraction),
+            phase: Some(phase.into()),
+            message: Some(message.into()),
+            ..Default::default()
+        };
+        turn.report_progress(step(0.1, "searching", "Looking for sources"), false);
+        turn.pause(pause).await;
+        turn.report_progress(
+            Progress { milestone: Some("sources-gathered".into()), ..step(0.4, "reading", "Sources gathered") },
+            false,
+        );
+        turn.pause(pause).await;
+        turn.report_progress(step(0.6, "writing", "Writing the findings"), false);
+        let out = turn.chat(self).await?;
+        turn.report_progress(step(1.0, "done", "Done"), false);
+        Ok(out)
     }
 }
 
@@ -147,6 +184,12 @@ impl DurableObject for Researcher {
     }
     async fn fetch(&self, req: Request) -> worker::Result<Response> {
         self.host.fetch(req).await
+    }
+    async fn websocket_message(&self, ws: WebSocket, message: WebSocketIncomingMessage) -> worker::Result<()> {
+        self.host.websocket_message(ws, message).await
+    }
+    async fn websocket_close(&self, ws: WebSocket, code: usize, reason: String, _clean: bool) -> worker::Result<()> {
+        self.host.websocket_close(ws, code, reason).await
     }
 }
 

@@ -1,3 +1,147 @@
-//! Models that drive a turn. The built-in offline model needs no network and no keys.
+//! Models that drive a turn: the provider-neutral request, the events a model streams, and the
+//! providers' wire formats (the HTTP itself lives in `platform`).
+//!
+//! - [`offline`]: the built-in deterministic model (the default; no network, no keys).
+//! - [`openai`]: OpenAI-compatible Chat Completions with streaming and tool calls (OpenAI,
+//!   Workers AI's OpenAI-compatible endpoint, llama.cpp, vLLM, Ollama…).
+//! - [`sse`]: the server-sent-events decoder both streaming providers use.
 
 pub mod offline;
+pub mod openai;
+pub mod sse;
+pub mod workers_ai;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A tool call the model made.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// Provider-assigned id (`call_…`), unique within the conversation.
+    pub id: String,
+    /// Tool name.
+    pub name: String,
+    /// Parsed arguments.
+    pub input: Value,
+}
+
+/// One message of the conversation, in the shape every provider maps from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelMessage {
+    /// Instructions.
+    System(String),
+    /// What the user said.
+    User(String),
+    /// What the model said in one step: text and the tool calls it made.
+    Assistant {
+        /// Text.
+        text: String,
+        /// Tool calls.
+        tool_calls: Vec<ToolCall>,
+    },
+    /// A tool's result.
+    Tool {
+        /// The call it answers.
+        call_id: String,
+        /// The tool name.
+        name: String,
+        /// The result (a string is sent as is, anything else as JSON).
+        output: Value,
+    },
+}
+
+/// A tool as the model sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolSpec {
+    /// Name the model calls it by.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// JSON Schema of its input.
+    pub input_schema: Value,
+}
+
+/// What a model is asked.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ModelRequest {
+    /// The conversation so far.
+    pub messages: Vec<ModelMessage>,
+    /// The tools it may call.
+    pub tools: Vec<ToolSpec>,
+}
+
+/// What a model streams.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelEvent {
+    /// A piece of text.
+    TextDelta(String),
+    /// A tool call began.
+    ToolCallStart {
+        /// Call id.
+        id: String,
+        /// Tool name.
+        name: String,
+    },
+    /// A piece of a tool call's JSON arguments.
+    ToolCallDelta {
+        /// Call id.
+        id: String,
+        /// Argument text.
+        delta: String,
+    },
+    /// A tool call is complete. Arguments that are not valid JSON arrive as `Err` with the raw
+    /// text, so the call fails on its own without ending the turn.
+    ToolCallReady(Result<ToolCall, InvalidToolCall>),
+    /// The step ended (`stop`, `tool-calls`, `length`, …).
+    Finish(String),
+}
+
+/// A tool call whose arguments were not valid JSON.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InvalidToolCall {
+    /// Call id.
+    pub id: String,
+    /// Tool name.
+    pub name: String,
+    /// The raw argument text.
+    pub raw: String,
+    /// The parse error.
+    pub error: String,
+}
+
+/// Why a model call failed. Each ends the turn with an error part.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelError {
+    /// The provider answered with an HTTP error.
+    Http {
+        /// Status code.
+        status: u16,
+        /// The start of its body.
+        body: String,
+    },
+    /// The stream did not follow the protocol.
+    Protocol(String),
+    /// Nothing arrived for this long.
+    Stalled {
+        /// Milliseconds without a byte.
+        after_ms: u64,
+    },
+    /// The request could not be made.
+    Network(String),
+    /// The configuration is incomplete.
+    Config(String),
+}
+
+impl std::fmt::Display for ModelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Http { status, body } => write!(f, "model provider answered HTTP {status}: {body}"),
+            Self::Protocol(e) => write!(f, "model provider sent a malformed stream: {e}"),
+            Self::Stalled { after_ms } => write!(f, "model provider sent nothing for {after_ms} ms"),
+            Self::Network(e) => write!(f, "model provider unreachable: {e}"),
+            Self::Config(e) => write!(f, "model provider misconfigured: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ModelError {}

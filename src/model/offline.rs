@@ -1,7 +1,16 @@
 //! The built-in offline model: deterministic text, streamed word by word at a set pace.
 //!
-//! The same prompt always yields the same answer, so tests can assert it exactly, and the demo
-//! works with no network and no API keys.
+//! The same conversation always yields the same answer, so tests can assert it exactly, and the
+//! demo works with no network and no API keys. It behaves like a small tool-using model:
+//!
+//! 1. The last message is the user's and tools are offered: it reads **topics** from the text
+//!    (a JSON object's `query`/`topic`, else the text without a leading "research", "compare"
+//!    or "look into", split on commas, "and", "vs") and calls the first tool once per topic, all
+//!    in one step, with `{"query": topic}` (or `topic`/`text`, whichever the tool's schema has).
+//! 2. The last messages are tool results: it answers with one line per result.
+//! 3. Otherwise it answers the user's text with [`research_answer`] of its topics.
+
+use super::{ModelEvent, ModelMessage, ModelRequest, ToolCall, ToolSpec};
 
 /// How long and how fast the offline model answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,9 +95,176 @@ pub fn deltas(text: &str) -> Vec<String> {
     out
 }
 
+/// Reads the topics of a user message (see the module docs).
+pub fn topics(text: &str) -> Vec<String> {
+    if let Ok(serde_json::Value::Object(o)) = serde_json::from_str::<serde_json::Value>(text) {
+        if let Some(q) = ["query", "topic", "text"].iter().find_map(|k| o.get(*k).and_then(|v| v.as_str())) {
+            return vec![q.trim().to_owned()];
+        }
+    }
+    let mut rest = text.trim();
+    for lead in ["please ", "research ", "compare ", "look into ", "find out about "] {
+        if rest.len() >= lead.len() && rest[..lead.len()].eq_ignore_ascii_case(lead) {
+            rest = rest[lead.len()..].trim_start();
+        }
+    }
+    let rest = rest.trim_end_matches(['.', '?', '!']);
+    let mut out = vec![rest.to_owned()];
+    for sep in [",", " and ", " vs ", " vs. ", " & "] {
+        out = out.iter().flat_map(|t| t.split(sep).map(str::to_owned).collect::<Vec<_>>()).collect();
+    }
+    out.into_iter().map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()).collect()
+}
+
+fn tool_input(tool: &ToolSpec, topic: &str) -> serde_json::Value {
+    let props = tool.input_schema.get("properties");
+    let key = ["query", "topic", "text"].into_iter().find(|k| props.and_then(|p| p.get(*k)).is_some());
+    match key {
+        Some(k) => serde_json::json!({ k: topic }),
+        None => serde_json::json!({}),
+    }
+}
+
+/// One step of the offline model: every event it streams for `request`. Call ids are
+/// `offline_call_<step>_<n>` so they are unique within a conversation.
+pub fn respond(request: &ModelRequest, words: usize) -> Vec<ModelEvent> {
+    let step = request.messages.iter().filter(|m| matches!(m, ModelMessage::Assistant { .. })).count();
+    let last_user = request.messages.iter().rev().find_map(|m| match m {
+        ModelMessage::User(t) => Some(t.as_str()),
+        _ => None,
+    });
+    let mut events = Vec::new();
+    match request.messages.last() {
+        Some(ModelMessage::User(text)) if !request.tools.is_empty() && !topics(text).is_empty() => {
+            let tool = &request.tools[0];
+            for (n, topic) in topics(text).iter().enumerate() {
+                let id = format!("offline_call_{step}_{n}");
+                let input = tool_input(tool, topic);
+                events.push(ModelEvent::ToolCallStart { id: id.clone(), name: tool.name.clone() });
+                events.push(ModelEvent::ToolCallDelta { id: id.clone(), delta: input.to_string() });
+                events.push(ModelEvent::ToolCallReady(Ok(ToolCall { id, name: tool.name.clone(), input })));
+            }
+            events.push(ModelEvent::Finish("tool-calls".into()));
+            return events;
+        }
+        Some(ModelMessage::Tool { .. }) => {
+            let calls: Vec<&ToolCall> = request
+                .messages
+                .iter()
+                .filter_map(|m| match m {
+                    ModelMessage::Assistant { tool_calls, .. } => Some(tool_calls.iter()),
+                    _ => None,
+                })
+                .flatten()
+                .collect();
+            let mut text = String::from("Here is what I found:");
+            for m in request
+                .messages
+                .iter()
+                .rev()
+                .take_while(|m| matches!(m, ModelMessage::Tool { .. }))
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+            {
+                if let ModelMessage::Tool { call_id, output, .. } = m {
+                    let label = calls
+                        .iter()
+                        .find(|c| &c.id == call_id)
+                        .and_then(|c| c.input.as_object()?.values().find_map(|v| v.as_str().map(str::to_owned)))
+                        .unwrap_or_else(|| call_id.clone());
+                    let result = match output {
+                        serde_json::Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    };
+                    text.push_str(&format!("\n- {label}: {result}"));
+                }
+            }
+            events.extend(deltas(&text).into_iter().map(ModelEvent::TextDelta));
+        }
+        _ => {
+            let topic = last_user.map(|t| topics(t).join(" and ")).unwrap_or_default();
+            events.extend(deltas(&research_answer(&topic, words)).into_iter().map(ModelEvent::TextDelta));
+        }
+    }
+    events.push(ModelEvent::Finish("stop".into()));
+    events
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn topics_are_read_like_a_person_would() {
+        assert_eq!(topics("Research HTTP/3 and gRPC"), vec!["HTTP/3", "gRPC"]);
+        assert_eq!(topics("compare Rust, Go and Zig."), vec!["Rust", "Go", "Zig"]);
+        assert_eq!(topics("{\n  \"query\": \"WebTransport\"\n}"), vec!["WebTransport"]);
+        assert_eq!(topics("QUIC"), vec!["QUIC"]);
+        assert!(topics("  ").is_empty());
+    }
+
+    fn research_tool() -> ToolSpec {
+        ToolSpec {
+            name: "research".into(),
+            description: "d".into(),
+            input_schema: json!({"type": "object", "properties": {"query": {"type": "string"}}}),
+        }
+    }
+
+    #[test]
+    fn two_topics_make_two_tool_calls_in_one_step() {
+        let req = ModelRequest {
+            messages: vec![ModelMessage::User("Research HTTP/3 and gRPC".into())],
+            tools: vec![research_tool()],
+        };
+        let calls: Vec<ToolCall> = respond(&req, 10)
+            .into_iter()
+            .filter_map(|e| match e {
+                ModelEvent::ToolCallReady(Ok(c)) => Some(c),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].input, json!({"query": "HTTP/3"}));
+        assert_eq!(calls[1].input, json!({"query": "gRPC"}));
+        assert_ne!(calls[0].id, calls[1].id);
+    }
+
+    #[test]
+    fn tool_results_become_the_answer() {
+        let call = ToolCall { id: "c".into(), name: "research".into(), input: json!({"query": "QUIC"}) };
+        let req = ModelRequest {
+            messages: vec![
+                ModelMessage::User("Research QUIC".into()),
+                ModelMessage::Assistant { text: String::new(), tool_calls: vec![call] },
+                ModelMessage::Tool { call_id: "c".into(), name: "research".into(), output: json!("fast") },
+            ],
+            tools: vec![research_tool()],
+        };
+        let text: String = respond(&req, 10)
+            .into_iter()
+            .filter_map(|e| match e {
+                ModelEvent::TextDelta(t) => Some(t),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(text, "Here is what I found:\n- QUIC: fast");
+    }
+
+    #[test]
+    fn without_tools_it_researches_the_text() {
+        let req = ModelRequest { messages: vec![ModelMessage::User("{\"query\":\"QUIC\"}".into())], tools: vec![] };
+        let text: String = respond(&req, 9)
+            .into_iter()
+            .filter_map(|e| match e {
+                ModelEvent::TextDelta(t) => Some(t),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(text, research_answer("QUIC", 9));
+    }
 
     #[test]
     fn answers_are_deterministic_and_sized() {

@@ -1,10 +1,12 @@
 //! The parent room: the run registry, dispatch options and results.
 
+pub mod agent_tool;
 pub mod registry;
 
 use serde::Serialize;
 use serde_json::Value;
 
+pub use agent_tool::AgentTool;
 pub use registry::{EventDelivery, Inserted, NewRun, Registry, RunRecord, RunStatus, Terminal};
 
 use crate::protocol::InterruptedReason;

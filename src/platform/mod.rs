@@ -3,7 +3,9 @@
 //! Durable Object SQL behind [`crate::store::Sql`], the clock, ids, JSON responses, and the two
 //! hosts that bind the parent and child logic to Durable Objects, WebSockets and stubs.
 
+pub mod chat;
 pub mod child;
+pub mod model;
 pub mod parent;
 pub mod route;
 

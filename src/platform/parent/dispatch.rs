@@ -1,209 +1,21 @@
-//! The parent host: binds the registry to a Durable Object, its WebSocket clients and the
-//! children's stubs.
-//!
-//! A dispatch inserts the row, sends `started`, starts the child (idempotent), tails it, and
-//! for every batch of lines read stores the frames and broadcasts them in one synchronous step.
-//! A client that connects is accepted and replayed in one synchronous step too, so every frame
-//! reaches it exactly once: in the replay if it was stored before, live if after.
-
-use std::cell::RefCell;
-use std::collections::HashMap;
-use std::rc::Rc;
+//! Dispatch: insert the row, start the child, tail it to its outcome, conclude; and cancel.
 
 use futures::channel::oneshot;
 use futures::StreamExt;
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 use wasm_bindgen::JsValue;
-use worker::{
-    Env, Method, Request, RequestInit, Response, State, Stub, WebSocket, WebSocketIncomingMessage, WebSocketPair,
-};
+use worker::{Method, Request, RequestInit, Response, Stub};
 
-use super::{json_error, now_ms, random_id, DoSql};
+use super::{ChildClass, ParentAgent, ParentHost};
 use crate::parent::registry::Forward;
-use crate::parent::{
-    validate_run_id, EventDelivery, Inserted, NewRun, Registry, RunOptions, RunRecord, RunResult, Terminal,
-};
-use crate::protocol::child_api::{self, StartRequest};
-use crate::protocol::rpc::{self, ClientFrame, FrameError, RpcResponse};
+use crate::parent::{validate_run_id, EventDelivery, Inserted, NewRun, RunOptions, RunRecord, RunResult, Terminal};
+use crate::platform::{now_ms, random_id};
+use crate::protocol::child_api::{self, CancelRequest, StartRequest};
 use crate::protocol::tail::{ChunkKind, LineSplitter, OutcomeStatus, RunOutcome, TailLine};
-use crate::protocol::{EventFrame, InterruptedReason};
-use crate::routing::{kebab_case, parse_agent_path};
-use crate::store::{meta, Sql};
-
-/// A child class this parent may dispatch, and the Durable Object binding that hosts it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ChildClass {
-    /// The class name, which is also the runs' `agentType` (`Researcher`).
-    pub class: &'static str,
-    /// The `[[durable_objects.bindings]]` name in `wrangler.toml`.
-    pub binding: &'static str,
-}
-
-/// A parent agent: declares its children and the methods clients may call.
-#[allow(async_fn_in_trait)] // Workers are single-threaded; no `Send` bound is wanted.
-pub trait ParentAgent: Sized + 'static {
-    /// The class name (`Assistant`); clients address it as its kebab-case (`assistant`).
-    const CLASS: &'static str;
-    /// The child classes this parent dispatches.
-    const CHILDREN: &'static [ChildClass];
-
-    /// Serves an RPC call (`agent.call(method, args)`). The default knows no methods. Return
-    /// `Err(message)` to reject the call with that message.
-    async fn call(&self, parent: &ParentHost<Self>, method: &str, args: Vec<Value>) -> Result<Value, String> {
-        let _ = (parent, args);
-        Err(format!("Method {method} does not exist"))
-    }
-}
-
-struct Inner<A> {
-    state: State,
-    env: Env,
-    sql: DoSql,
-    agent: A,
-    /// Runs this instance is driving, with the callers waiting on them.
-    inflight: RefCell<HashMap<String, Vec<oneshot::Sender<RunResult>>>>,
-}
-
-/// The parent's runtime. Clone is cheap (a shared handle). Hold one in your Durable Object and
-/// delegate `fetch`, `websocket_message` and `websocket_close` to it.
-pub struct ParentHost<A: ParentAgent>(Rc<Inner<A>>);
-
-impl<A: ParentAgent> Clone for ParentHost<A> {
-    fn clone(&self) -> Self {
-        Self(self.0.clone())
-    }
-}
-
-const CLIENT_TAG: &str = "agent-client";
+use crate::protocol::InterruptedReason;
 
 impl<A: ParentAgent> ParentHost<A> {
-    /// Creates the runtime and its tables.
-    pub fn new(state: State, env: Env, agent: A) -> Self {
-        let sql = DoSql(state.storage().sql());
-        if let Err(e) = Registry::new(&sql).migrate().and_then(|_| sql.batch(meta::SCHEMA)) {
-            worker::console_error!("agent-tools: parent schema failed: {e}");
-        }
-        Self(Rc::new(Inner { state, env, sql, agent, inflight: RefCell::new(HashMap::new()) }))
-    }
-
-    /// The agent.
-    pub fn agent(&self) -> &A {
-        &self.0.agent
-    }
-
-    /// The Worker environment.
-    pub fn env(&self) -> &Env {
-        &self.0.env
-    }
-
-    /// The run registry.
-    pub fn registry(&self) -> Registry<'_, DoSql> {
-        Registry::new(&self.0.sql)
-    }
-
-    /// This instance's name, learned from its first request and kept in SQL (an alarm wakes a
-    /// Durable Object without one).
-    pub fn name(&self) -> Option<String> {
-        meta::get(&self.0.sql, "name").ok().flatten()
-    }
-
-    /// Whether `run_id` is a known run of `agent_type`.
-    pub fn has_agent_tool_run(&self, agent_type: &str, run_id: &str) -> bool {
-        self.registry().has_run(agent_type, run_id).unwrap_or(false)
-    }
-
-    /// Sends a text frame to every connected client.
-    pub fn broadcast(&self, text: &str) {
-        for ws in self.0.state.get_websockets_with_tag(CLIENT_TAG) {
-            let _ = ws.send_with_str(text);
-        }
-    }
-
-    fn broadcast_frame(&self, frame: &EventFrame) {
-        self.broadcast(&frame.to_json());
-    }
-
-    /// Serves HTTP and WebSocket requests routed to this agent.
-    pub async fn fetch(&self, req: Request) -> worker::Result<Response> {
-        let url = req.url()?;
-        let Some(path) = parse_agent_path(url.path()) else {
-            return json_error(404, format!("{} serves /agents/{}/<name>", A::CLASS, kebab_case(A::CLASS)));
-        };
-        if self.name().is_none() {
-            meta::set(&self.0.sql, "name", &path.name).map_err(|e| worker::Error::RustError(e.to_string()))?;
-        }
-        if let Some(sub) = &path.sub {
-            let Some(child) = A::CHILDREN.iter().find(|c| kebab_case(c.class) == sub.agent) else {
-                return json_error(404, format!("{} has no child agent {:?}", A::CLASS, sub.agent));
-            };
-            if !self.has_agent_tool_run(child.class, &sub.name) {
-                return json_error(404, format!("no {} run {:?} on this {}", child.class, sub.name, A::CLASS));
-            }
-            return json_error(501, "drill-in is not served yet");
-        }
-        let upgrade = req.headers().get("upgrade")?.unwrap_or_default();
-        if upgrade.eq_ignore_ascii_case("websocket") {
-            return self.connect(&path.name);
-        }
-        match path.rest.as_str() {
-            "" => Response::from_json(&json!({ "agent": kebab_case(A::CLASS), "name": path.name })),
-            other => json_error(404, format!("{} has no route {other}", A::CLASS)),
-        }
-    }
-
-    fn connect(&self, name: &str) -> worker::Result<Response> {
-        let pair = WebSocketPair::new()?;
-        self.0.state.accept_websocket_with_tags(&pair.server, &[CLIENT_TAG]);
-        let identity = json!({ "type": "cf_agent_identity", "name": name, "agent": kebab_case(A::CLASS) });
-        pair.server.send_with_str(identity.to_string())?;
-        let mcp = json!({ "type": "cf_agent_mcp_servers",
-                          "mcp": { "servers": {}, "tools": [], "prompts": [], "resources": [] } });
-        pair.server.send_with_str(mcp.to_string())?;
-        match self.registry().replay() {
-            Ok(frames) => {
-                for frame in frames {
-                    pair.server.send_with_str(frame.to_json())?;
-                }
-            }
-            Err(e) => worker::console_error!("agent-tools: replay failed: {e}"),
-        }
-        Response::from_websocket(pair.client)
-    }
-
-    /// Handles one client frame: RPC calls; anything malformed gets an error frame and the
-    /// socket stays open.
-    pub async fn websocket_message(&self, ws: WebSocket, message: WebSocketIncomingMessage) -> worker::Result<()> {
-        let frame = match message {
-            WebSocketIncomingMessage::String(text) => rpc::parse_client_frame(&text),
-            WebSocketIncomingMessage::Binary(_) => Err(FrameError::Binary),
-        };
-        match frame {
-            Ok(ClientFrame::Rpc(call)) => {
-                let reply = match self.0.agent.call(self, &call.method, call.args).await {
-                    Ok(result) => RpcResponse::ok(call.id, result),
-                    Err(error) => RpcResponse::err(call.id, error),
-                };
-                let _ = ws.send_with_str(reply.to_json());
-            }
-            Ok(ClientFrame::Other { .. }) => {}
-            Err(FrameError::BadRpc { id, problem }) => {
-                let _ = ws.send_with_str(RpcResponse::err(id, format!("malformed rpc frame: {problem}")).to_json());
-            }
-            Err(e) => {
-                let _ = ws.send_with_str(rpc::protocol_error_frame(&e));
-            }
-        }
-        Ok(())
-    }
-
-    /// Handles a client going away.
-    pub async fn websocket_close(&self, ws: WebSocket, code: usize, reason: String) -> worker::Result<()> {
-        let code = if code == 1005 || code == 1006 { 1000 } else { code as u16 };
-        let _ = ws.close(Some(code), Some(reason));
-        Ok(())
-    }
-
     /// Dispatches a child run and waits for its outcome. Idempotent by run id: a known id
     /// returns its recorded result, or joins the dispatch already under way; it never starts a
     /// second child.
@@ -265,7 +77,7 @@ impl<A: ParentAgent> ParentHost<A> {
         result
     }
 
-    fn child_stub(&self, class: ChildClass, run_id: &str) -> Result<Stub, String> {
+    pub(super) fn child_stub(&self, class: ChildClass, run_id: &str) -> Result<Stub, String> {
         let parent_name = self.name().ok_or("this parent does not know its own name yet")?;
         let namespace = self.0.env.durable_object(class.binding).map_err(|e| e.to_string())?;
         let id =
@@ -383,6 +195,25 @@ impl<A: ParentAgent> ParentHost<A> {
                 child_still_running: Some(true),
             },
         )
+    }
+
+    /// Cancels a run: the child stops its turn and the run ends `aborted`. Idempotent: an
+    /// unknown or finished run is left as it is.
+    pub async fn cancel_agent_tool(&self, run_id: &str, reason: Option<String>) {
+        let Ok(Some(record)) = self.registry().get(run_id) else { return };
+        if record.status.is_hard_terminal() {
+            return;
+        }
+        if let Some(class) = A::CHILDREN.iter().find(|c| c.class == record.agent_type) {
+            if let Ok(stub) = self.child_stub(*class, run_id) {
+                let cancel = CancelRequest { run_id: run_id.to_owned(), reason: reason.clone() };
+                let url = format!("{}/cancel", child_api::BASE);
+                if let Err(e) = send_json(&stub, Method::Post, &url, &cancel).await {
+                    worker::console_error!("agent-tools: cancelling {run_id} at the child failed: {e}");
+                }
+            }
+        }
+        self.conclude(&record, Terminal::Aborted { reason });
     }
 
     /// Records the terminal result (unless the row is already final) and broadcasts its frame.

@@ -1,0 +1,8 @@
+//! The chat agent core, shared by parents and children: messages as AI SDK `UIMessage` JSON,
+//! the message builder that applies `UIMessageChunk`s, the conversion to model messages, the
+//! SQL store, and the turn loop (steps, concurrent tool calls, a step limit).
+
+pub mod convert;
+pub mod message;
+pub mod store;
+pub mod turn;

@@ -1,0 +1,239 @@
+//! The chat's SQL: the transcript (`UIMessage` JSON in order) and the stream log (every chunk
+//! of a stream with an index from 0, for resuming clients and for tailing parents).
+
+use serde_json::Value;
+
+use crate::protocol::tail::ChunkKind;
+use crate::store::{Sql, StoreError, Value as V};
+
+/// The chat's tables. Safe to run on every activation.
+pub const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS chat_messages (
+  id TEXT PRIMARY KEY,
+  ord INTEGER NOT NULL,
+  message_json TEXT NOT NULL,
+  created_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS chat_messages_by_ord ON chat_messages (ord);
+CREATE TABLE IF NOT EXISTS chat_stream_chunks (
+  stream_id TEXT NOT NULL,
+  idx INTEGER NOT NULL,
+  kind TEXT NOT NULL,
+  body TEXT NOT NULL,
+  PRIMARY KEY (stream_id, idx)
+) WITHOUT ROWID;
+";
+
+/// The largest message kept (Durable Object SQL rows hold up to 2 MB).
+pub const MAX_MESSAGE_BYTES: usize = 1_000_000;
+
+/// Checks a client-sent `UIMessage`: an object with a string `id`, a `role` of
+/// `user`/`assistant`/`system`, a `parts` array, at most [`MAX_MESSAGE_BYTES`].
+pub fn validate_message(m: &Value) -> Result<(), String> {
+    let Some(o) = m.as_object() else { return Err("a message must be an object".into()) };
+    match o.get("id").and_then(Value::as_str) {
+        Some(id) if !id.is_empty() && id.len() <= 256 => {}
+        _ => return Err("a message needs a string \"id\" of 1 to 256 bytes".into()),
+    }
+    if !matches!(o.get("role").and_then(Value::as_str), Some("user" | "assistant" | "system")) {
+        return Err("a message \"role\" must be \"user\", \"assistant\" or \"system\"".into());
+    }
+    if !o.get("parts").is_some_and(Value::is_array) {
+        return Err("a message needs a \"parts\" array".into());
+    }
+    if m.to_string().len() > MAX_MESSAGE_BYTES {
+        return Err(format!("a message must be at most {MAX_MESSAGE_BYTES} bytes of JSON"));
+    }
+    Ok(())
+}
+
+/// The transcript.
+pub struct Messages<'a, S: Sql + ?Sized> {
+    sql: &'a S,
+}
+
+impl<'a, S: Sql + ?Sized> Messages<'a, S> {
+    /// The transcript over `sql`.
+    pub fn new(sql: &'a S) -> Self {
+        Self { sql }
+    }
+
+    /// Every message, in order.
+    pub fn list(&self) -> Result<Vec<Value>, StoreError> {
+        let rows = self.sql.exec("SELECT message_json FROM chat_messages ORDER BY ord", &[])?;
+        Ok(rows.iter().filter_map(|r| serde_json::from_str(&r.text(0)?).ok()).collect())
+    }
+
+    /// Inserts a message at the end, or replaces the message with its id in place.
+    pub fn upsert(&self, message: &Value, now: i64) -> Result<(), StoreError> {
+        let id = message.get("id").and_then(Value::as_str).unwrap_or_default();
+        self.sql.exec(
+            "INSERT INTO chat_messages (id, ord, message_json, created_at) \
+             VALUES (?, (SELECT COALESCE(MAX(ord) + 1, 0) FROM chat_messages), ?, ?) \
+             ON CONFLICT (id) DO UPDATE SET message_json = excluded.message_json",
+            &[V::from(id), V::from(message.to_string()), V::Int(now)],
+        )?;
+        Ok(())
+    }
+
+    /// Keeps a transcript a client sent: upserts every message; when every one of them is
+    /// already known (a regenerate), drops the stored messages the client no longer has.
+    pub fn persist_client(&self, messages: &[Value], now: i64) -> Result<(), StoreError> {
+        let stored: Vec<String> =
+            self.sql.exec("SELECT id FROM chat_messages", &[])?.iter().filter_map(|r| r.text(0)).collect();
+        let ids: Vec<&str> = messages.iter().filter_map(|m| m.get("id").and_then(Value::as_str)).collect();
+        let all_known = !ids.is_empty() && ids.iter().all(|id| stored.iter().any(|s| s == id));
+        for m in messages {
+            self.upsert(m, now)?;
+        }
+        if all_known {
+            for id in stored.iter().filter(|s| !ids.contains(&s.as_str())) {
+                self.sql.exec("DELETE FROM chat_messages WHERE id = ?", &[V::from(id)])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes every message.
+    pub fn clear(&self) -> Result<(), StoreError> {
+        self.sql.exec("DELETE FROM chat_messages", &[])?;
+        Ok(())
+    }
+}
+
+/// A stored chunk.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredChunk {
+    /// Index in its stream.
+    pub index: i64,
+    /// Stored or milestone.
+    pub kind: ChunkKind,
+    /// The `UIMessageChunk` JSON.
+    pub body: String,
+}
+
+/// Every chunk of every stream, by stream id and index.
+pub struct StreamLog<'a, S: Sql + ?Sized> {
+    sql: &'a S,
+}
+
+impl<'a, S: Sql + ?Sized> StreamLog<'a, S> {
+    /// The log over `sql`.
+    pub fn new(sql: &'a S) -> Self {
+        Self { sql }
+    }
+
+    /// The index the next chunk of `stream` takes.
+    pub fn next_index(&self, stream: &str) -> Result<i64, StoreError> {
+        let row = self
+            .sql
+            .one("SELECT COALESCE(MAX(idx) + 1, 0) FROM chat_stream_chunks WHERE stream_id = ?", &[V::from(stream)])?;
+        Ok(row.and_then(|r| r.int(0)).unwrap_or(0))
+    }
+
+    /// Appends a chunk at `index` (the caller owns the counter). Re-appending an index is a no-op.
+    pub fn append(&self, stream: &str, index: i64, kind: ChunkKind, body: &str) -> Result<(), StoreError> {
+        let kind = if kind == ChunkKind::Milestone { "milestone" } else { "stored" };
+        self.sql.exec(
+            "INSERT OR IGNORE INTO chat_stream_chunks (stream_id, idx, kind, body) VALUES (?, ?, ?, ?)",
+            &[V::from(stream), V::Int(index), V::from(kind), V::from(body)],
+        )?;
+        Ok(())
+    }
+
+    /// The chunks of `stream` with an index greater than `after`, in order.
+    pub fn after(&self, stream: &str, after: i64) -> Result<Vec<StoredChunk>, StoreError> {
+        let rows = self.sql.exec(
+            "SELECT idx, kind, body FROM chat_stream_chunks WHERE stream_id = ? AND idx > ? ORDER BY idx",
+            &[V::from(stream), V::Int(after)],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| StoredChunk {
+                index: r.int(0).unwrap_or(0),
+                kind: if r.text(1).as_deref() == Some("milestone") { ChunkKind::Milestone } else { ChunkKind::Stored },
+                body: r.text(2).unwrap_or_default(),
+            })
+            .collect())
+    }
+
+    /// Deletes a stream.
+    pub fn delete(&self, stream: &str) -> Result<(), StoreError> {
+        self.sql.exec("DELETE FROM chat_stream_chunks WHERE stream_id = ?", &[V::from(stream)])?;
+        Ok(())
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::*;
+    use crate::store::sqlite;
+    use serde_json::json;
+
+    fn db() -> rusqlite::Connection {
+        let db = sqlite::memory();
+        db.batch(SCHEMA).unwrap();
+        db
+    }
+
+    fn msg(id: &str, text: &str) -> Value {
+        json!({"id": id, "role": "user", "parts": [{"type": "text", "text": text}]})
+    }
+
+    #[test]
+    fn upsert_keeps_order_and_replaces_in_place() {
+        let db = db();
+        let m = Messages::new(&db);
+        m.upsert(&msg("a", "1"), 1).unwrap();
+        m.upsert(&msg("b", "2"), 2).unwrap();
+        m.upsert(&msg("a", "1 edited"), 3).unwrap();
+        let list = m.list().unwrap();
+        assert_eq!(list, vec![msg("a", "1 edited"), msg("b", "2")]);
+    }
+
+    #[test]
+    fn a_regenerate_drops_what_the_client_dropped() {
+        let db = db();
+        let m = Messages::new(&db);
+        m.persist_client(&[msg("a", "1"), msg("b", "2")], 1).unwrap();
+        // A new message: nothing is deleted even though the client omitted "b".
+        m.persist_client(&[msg("a", "1"), msg("c", "3")], 2).unwrap();
+        assert_eq!(m.list().unwrap().len(), 3);
+        // Every id known: a regenerate; what the client no longer has goes.
+        m.persist_client(&[msg("a", "1")], 3).unwrap();
+        assert_eq!(m.list().unwrap(), vec![msg("a", "1")]);
+        m.clear().unwrap();
+        assert!(m.list().unwrap().is_empty());
+    }
+
+    #[test]
+    fn messages_are_validated() {
+        assert!(validate_message(&msg("a", "x")).is_ok());
+        assert!(validate_message(&json!("x")).is_err());
+        assert!(validate_message(&json!({"id": "", "role": "user", "parts": []})).is_err());
+        assert!(validate_message(&json!({"id": "a", "role": "robot", "parts": []})).is_err());
+        assert!(validate_message(&json!({"id": "a", "role": "user"})).is_err());
+        let huge =
+            json!({"id": "a", "role": "user", "parts": [{"type": "text", "text": "x".repeat(MAX_MESSAGE_BYTES)}]});
+        assert!(validate_message(&huge).unwrap_err().contains("at most"));
+    }
+
+    #[test]
+    fn stream_log_reads_after_a_cursor() {
+        let db = db();
+        let log = StreamLog::new(&db);
+        for i in 0..4 {
+            log.append("s", i, if i == 2 { ChunkKind::Milestone } else { ChunkKind::Stored }, &format!("{i}")).unwrap();
+        }
+        log.append("other", 0, ChunkKind::Stored, "x").unwrap();
+        assert_eq!(log.next_index("s").unwrap(), 4);
+        let after = log.after("s", 1).unwrap();
+        assert_eq!(after.iter().map(|c| c.index).collect::<Vec<_>>(), vec![2, 3]);
+        assert_eq!(after[0].kind, ChunkKind::Milestone);
+        log.append("s", 3, ChunkKind::Stored, "dup").unwrap();
+        assert_eq!(log.after("s", 2).unwrap()[0].body, "3");
+        log.delete("s").unwrap();
+        assert_eq!(log.next_index("s").unwrap(), 0);
+        assert_eq!(log.next_index("other").unwrap(), 1);
+    }
+}

@@ -1,0 +1,317 @@
+//! The turn loop: ask the model, stream what it says as `UIMessageChunk`s, run the tools it
+//! calls (all calls of a step at once), feed the results back, and repeat until the model stops
+//! or the step limit is reached (the AI SDK's `stopWhen: stepCountIs(n)`).
+//!
+//! Plain async Rust over two traits, so it runs the same in a Durable Object and in a native
+//! test. Cancelling a turn is dropping its future.
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use serde_json::{json, Value};
+
+use crate::model::{ModelError, ModelEvent, ModelMessage, ModelRequest, ToolCall, ToolSpec};
+
+/// A model that streams one step at a time.
+#[allow(async_fn_in_trait)] // Workers are single-threaded; no `Send` bound is wanted.
+pub trait Model {
+    /// Streams one step for `request`, handing each event to `on_event` as it arrives.
+    async fn step(&self, request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError>;
+}
+
+/// The tools a turn may call.
+#[allow(async_fn_in_trait)]
+pub trait ToolBox {
+    /// The tools, as the model sees them.
+    fn specs(&self) -> Vec<ToolSpec>;
+    /// Runs one call. `order` is its position among the calls of its step. `Ok` is the result
+    /// the model sees (a failure envelope is an `Ok` too); `Err` is reported as a tool error.
+    async fn execute(&self, call: &ToolCall, order: usize) -> Result<Value, String>;
+}
+
+/// No tools at all.
+pub struct NoTools;
+
+impl ToolBox for NoTools {
+    fn specs(&self) -> Vec<ToolSpec> {
+        Vec::new()
+    }
+    async fn execute(&self, call: &ToolCall, _order: usize) -> Result<Value, String> {
+        Err(format!("unknown tool {:?}", call.name))
+    }
+}
+
+/// How a turn runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnOptions {
+    /// The id of the assistant message it streams.
+    pub message_id: String,
+    /// The most model steps it takes.
+    pub max_steps: usize,
+}
+
+/// How a turn ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TurnOutcome {
+    /// The model stopped (or the step limit was reached).
+    Completed {
+        /// The last step's finish reason.
+        finish_reason: String,
+        /// Steps taken.
+        steps: usize,
+    },
+    /// The model failed; an `error` chunk was streamed.
+    Failed(String),
+}
+
+fn chunk(v: Value) -> String {
+    v.to_string()
+}
+
+/// Runs a turn over `history`, streaming chunks through `emit`.
+pub async fn run_turn<M: Model, T: ToolBox>(
+    model: &M,
+    tools: &T,
+    history: Vec<ModelMessage>,
+    options: &TurnOptions,
+    emit: &dyn Fn(String),
+) -> TurnOutcome {
+    let specs = tools.specs();
+    let mut messages = history;
+    emit(chunk(json!({ "type": "start", "messageId": options.message_id })));
+    let mut finish_reason = String::from("stop");
+    for step in 0..options.max_steps.max(1) {
+        emit(chunk(json!({ "type": "start-step" })));
+        let text_id = format!("text-{step}");
+        let mut text = String::new();
+        let mut text_open = false;
+        let mut calls: Vec<ToolCall> = Vec::new();
+        let mut failed_calls: Vec<(ToolCall, String)> = Vec::new();
+        let request = ModelRequest { messages: messages.clone(), tools: specs.clone() };
+        let result = model
+            .step(&request, &mut |event| match event {
+                ModelEvent::TextDelta(delta) => {
+                    if !text_open {
+                        text_open = true;
+                        emit(chunk(json!({ "type": "text-start", "id": text_id })));
+                    }
+                    emit(chunk(json!({ "type": "text-delta", "id": text_id, "delta": delta })));
+                    text.push_str(&delta);
+                }
+                ModelEvent::ToolCallStart { id, name } => {
+                    emit(chunk(json!({ "type": "tool-input-start", "toolCallId": id, "toolName": name })));
+                }
+                ModelEvent::ToolCallDelta { id, delta } => {
+                    emit(chunk(json!({ "type": "tool-input-delta", "toolCallId": id, "inputTextDelta": delta })));
+                }
+                ModelEvent::ToolCallReady(Ok(call)) => {
+                    emit(chunk(json!({ "type": "tool-input-available", "toolCallId": call.id,
+                                       "toolName": call.name, "input": call.input })));
+                    calls.push(call);
+                }
+                ModelEvent::ToolCallReady(Err(bad)) => {
+                    let error = format!("Invalid JSON arguments for tool {}: {}", bad.name, bad.error);
+                    emit(chunk(json!({ "type": "tool-input-error", "toolCallId": bad.id, "toolName": bad.name,
+                                       "input": bad.raw, "errorText": error })));
+                    failed_calls.push((ToolCall { id: bad.id, name: bad.name, input: json!({}) }, error));
+                }
+                ModelEvent::Finish(reason) => finish_reason = reason,
+            })
+            .await;
+        if text_open {
+            emit(chunk(json!({ "type": "text-end", "id": text_id })));
+        }
+        if let Err(e) = result {
+            let message = e.to_string();
+            emit(chunk(json!({ "type": "error", "errorText": message })));
+            return TurnOutcome::Failed(message);
+        }
+        if calls.is_empty() && failed_calls.is_empty() {
+            emit(chunk(json!({ "type": "finish-step" })));
+            emit(chunk(json!({ "type": "finish", "finishReason": finish_reason })));
+            return TurnOutcome::Completed { finish_reason, steps: step + 1 };
+        }
+        let mut results: Vec<(String, Value)> = failed_calls.iter().map(|(c, e)| (c.id.clone(), json!(e))).collect();
+        let mut running: FuturesUnordered<_> = calls
+            .iter()
+            .enumerate()
+            .map(|(order, call)| async move { (call, tools.execute(call, order).await) })
+            .collect();
+        while let Some((call, outcome)) = running.next().await {
+            let output = match outcome {
+                Ok(output) => {
+                    emit(chunk(json!({ "type": "tool-output-available", "toolCallId": call.id, "output": output })));
+                    output
+                }
+                Err(error) => {
+                    emit(chunk(json!({ "type": "tool-output-error", "toolCallId": call.id, "errorText": error })));
+                    json!(format!("Error: {error}"))
+                }
+            };
+            results.push((call.id.clone(), output));
+        }
+        drop(running);
+        emit(chunk(json!({ "type": "finish-step" })));
+        let all_calls: Vec<ToolCall> = calls.iter().cloned().chain(failed_calls.into_iter().map(|(c, _)| c)).collect();
+        messages.push(ModelMessage::Assistant { text, tool_calls: all_calls.clone() });
+        for call in &all_calls {
+            let output = results.iter().find(|(id, _)| id == &call.id).map(|(_, o)| o.clone()).unwrap_or(Value::Null);
+            messages.push(ModelMessage::Tool { call_id: call.id.clone(), name: call.name.clone(), output });
+        }
+    }
+    emit(chunk(json!({ "type": "finish", "finishReason": finish_reason })));
+    TurnOutcome::Completed { finish_reason, steps: options.max_steps.max(1) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::message::MessageBuilder;
+    use crate::model::offline;
+    use std::cell::{Cell, RefCell};
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// The offline model, without pauses.
+    struct Offline;
+    impl Model for Offline {
+        async fn step(&self, request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError> {
+            for e in offline::respond(request, 6) {
+                on_event(e);
+            }
+            Ok(())
+        }
+    }
+
+    struct Failing;
+    impl Model for Failing {
+        async fn step(&self, _: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError> {
+            on_event(ModelEvent::TextDelta("partial".into()));
+            Err(ModelError::Http { status: 500, body: "boom".into() })
+        }
+    }
+
+    /// Always calls the tool again.
+    struct Looping;
+    impl Model for Looping {
+        async fn step(&self, request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError> {
+            let n = request.messages.len();
+            on_event(ModelEvent::ToolCallReady(Ok(ToolCall {
+                id: format!("c{n}"),
+                name: "research".into(),
+                input: json!({"query": "x"}),
+            })));
+            on_event(ModelEvent::Finish("tool-calls".into()));
+            Ok(())
+        }
+    }
+
+    struct YieldOnce(bool);
+    impl Future for YieldOnce {
+        type Output = ();
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+            if self.0 {
+                Poll::Ready(())
+            } else {
+                self.0 = true;
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+        }
+    }
+
+    #[derive(Default)]
+    struct Research {
+        in_flight: Cell<usize>,
+        max_in_flight: Cell<usize>,
+        orders: RefCell<Vec<usize>>,
+    }
+    impl ToolBox for Research {
+        fn specs(&self) -> Vec<ToolSpec> {
+            vec![ToolSpec {
+                name: "research".into(),
+                description: "Research one topic".into(),
+                input_schema: json!({"type": "object", "properties": {"query": {"type": "string"}}}),
+            }]
+        }
+        async fn execute(&self, call: &ToolCall, order: usize) -> Result<Value, String> {
+            self.in_flight.set(self.in_flight.get() + 1);
+            self.max_in_flight.set(self.max_in_flight.get().max(self.in_flight.get()));
+            self.orders.borrow_mut().push(order);
+            YieldOnce(false).await;
+            self.in_flight.set(self.in_flight.get() - 1);
+            let q = call.input["query"].as_str().unwrap_or_default();
+            if q == "fail" {
+                return Err("no such topic".into());
+            }
+            Ok(json!(format!("notes on {q}")))
+        }
+    }
+
+    fn run<M: Model, T: ToolBox>(
+        model: &M,
+        tools: &T,
+        user: &str,
+        max_steps: usize,
+    ) -> (TurnOutcome, Vec<Value>, Value) {
+        let chunks = RefCell::new(Vec::new());
+        let builder = RefCell::new(MessageBuilder::new("m"));
+        let emit = |c: String| {
+            let v: Value = serde_json::from_str(&c).unwrap();
+            builder.borrow_mut().apply(&v);
+            chunks.borrow_mut().push(v);
+        };
+        let options = TurnOptions { message_id: "msg-1".into(), max_steps };
+        let outcome =
+            futures::executor::block_on(run_turn(model, tools, vec![ModelMessage::User(user.into())], &options, &emit));
+        let message = builder.borrow().message();
+        (outcome, chunks.into_inner(), message)
+    }
+
+    #[test]
+    fn two_tool_calls_in_one_step_run_concurrently_then_the_model_answers() {
+        let tools = Research::default();
+        let (outcome, chunks, message) = run(&Offline, &tools, "Research HTTP/3 and gRPC", 5);
+        assert_eq!(outcome, TurnOutcome::Completed { finish_reason: "stop".into(), steps: 2 });
+        assert_eq!(tools.max_in_flight.get(), 2, "both calls of the step were in flight at once");
+        assert_eq!(*tools.orders.borrow(), vec![0, 1]);
+        let types: Vec<&str> = chunks.iter().map(|c| c["type"].as_str().unwrap()).collect();
+        assert_eq!(types[0], "start");
+        assert_eq!(types.iter().filter(|t| **t == "tool-input-available").count(), 2);
+        assert_eq!(types.iter().filter(|t| **t == "tool-output-available").count(), 2);
+        assert_eq!(types.last(), Some(&"finish"));
+        let parts = message["parts"].as_array().unwrap();
+        let tool_parts: Vec<&Value> = parts.iter().filter(|p| p["type"] == "tool-research").collect();
+        assert_eq!(tool_parts.len(), 2);
+        assert!(tool_parts.iter().all(|p| p["state"] == "output-available"));
+        assert_eq!(
+            crate::chat::message::text_of(&message),
+            "Here is what I found:\n- HTTP/3: notes on HTTP/3\n- gRPC: notes on gRPC"
+        );
+    }
+
+    #[test]
+    fn a_failing_tool_is_a_tool_error_not_a_failed_turn() {
+        let (outcome, chunks, message) = run(&Offline, &Research::default(), "Research fail", 5);
+        assert!(matches!(outcome, TurnOutcome::Completed { .. }));
+        assert!(chunks.iter().any(|c| c["type"] == "tool-output-error" && c["errorText"] == "no such topic"));
+        assert!(crate::chat::message::text_of(&message).contains("fail: Error: no such topic"));
+    }
+
+    #[test]
+    fn a_model_failure_ends_the_turn_with_an_error_part() {
+        let (outcome, chunks, message) = run(&Failing, &NoTools, "hi", 5);
+        assert_eq!(outcome, TurnOutcome::Failed("model provider answered HTTP 500: boom".into()));
+        let types: Vec<&str> = chunks.iter().map(|c| c["type"].as_str().unwrap()).collect();
+        assert_eq!(types, vec!["start", "start-step", "text-start", "text-delta", "text-end", "error"]);
+        assert_eq!(crate::chat::message::text_of(&message), "partial");
+    }
+
+    #[test]
+    fn the_step_limit_stops_a_model_that_keeps_calling_tools() {
+        let tools = Research::default();
+        let (outcome, chunks, _) = run(&Looping, &tools, "x", 3);
+        assert_eq!(outcome, TurnOutcome::Completed { finish_reason: "tool-calls".into(), steps: 3 });
+        assert_eq!(chunks.iter().filter(|c| c["type"] == "start-step").count(), 3);
+        assert_eq!(tools.orders.borrow().len(), 3);
+    }
+}

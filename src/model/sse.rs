@@ -1,0 +1,62 @@
+//! Server-sent events: bytes in, `data` payloads out, across arbitrary read boundaries.
+
+/// Decodes an SSE byte stream into the `data` of each event.
+#[derive(Debug, Default)]
+pub struct SseDecoder {
+    pending: Vec<u8>,
+    data: Vec<String>,
+}
+
+impl SseDecoder {
+    /// Feeds bytes; returns the data of every event they complete. Multi-line `data:` fields
+    /// join with `\n`; comments and other fields are ignored.
+    pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<String>, String> {
+        self.pending.extend_from_slice(bytes);
+        let mut events = Vec::new();
+        while let Some(pos) = self.pending.iter().position(|&b| b == b'\n') {
+            let raw: Vec<u8> = self.pending.drain(..=pos).collect();
+            let line = std::str::from_utf8(&raw[..raw.len() - 1]).map_err(|e| format!("invalid UTF-8: {e}"))?;
+            let line = line.strip_suffix('\r').unwrap_or(line);
+            if line.is_empty() {
+                if !self.data.is_empty() {
+                    events.push(std::mem::take(&mut self.data).join("\n"));
+                }
+            } else if let Some(value) = line.strip_prefix("data:") {
+                self.data.push(value.strip_prefix(' ').unwrap_or(value).to_owned());
+            }
+        }
+        Ok(events)
+    }
+
+    /// Ends the stream: the last event, if it was not followed by a blank line.
+    pub fn finish(&mut self) -> Result<Option<String>, String> {
+        let mut events = if self.pending.is_empty() { Vec::new() } else { self.push(b"\n")? };
+        if !self.data.is_empty() {
+            events.push(std::mem::take(&mut self.data).join("\n"));
+        }
+        Ok(events.pop())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_survive_any_split() {
+        let stream = b"data: {\"a\":1}\n\n: comment\nevent: x\ndata: line1\ndata: line2\r\n\r\ndata: [DONE]\n\n";
+        for split in 0..stream.len() {
+            let mut d = SseDecoder::default();
+            let mut got = d.push(&stream[..split]).unwrap();
+            got.extend(d.push(&stream[split..]).unwrap());
+            assert_eq!(got, vec!["{\"a\":1}", "line1\nline2", "[DONE]"], "split at {split}");
+        }
+    }
+
+    #[test]
+    fn an_unterminated_last_event_is_kept() {
+        let mut d = SseDecoder::default();
+        assert!(d.push(b"data: tail").unwrap().is_empty());
+        assert_eq!(d.finish().unwrap().as_deref(), Some("tail"));
+    }
+}

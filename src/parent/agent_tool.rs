@@ -1,0 +1,222 @@
+//! `agent_tool()`: a child agent as a tool the parent's model can call.
+//!
+//! The tool's input schema comes from a Rust type (derived with `schemars`) or is given raw.
+//! Input is validated before dispatch: an invalid call gets a clear tool error and no child
+//! starts. The run id is `agent-tool:<toolCallId>`, so a re-issued tool call re-attaches instead
+//! of starting a second child.
+
+use schemars::JsonSchema;
+use serde_json::{json, Value};
+
+use super::{RunOptions, RunResult, RunStatus};
+use crate::model::{ToolCall, ToolSpec};
+
+/// A child agent offered to the parent's model as a tool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentTool {
+    /// The tool name the model calls (`research`).
+    pub name: String,
+    /// The child class it dispatches (`Researcher`).
+    pub child: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// JSON Schema of its input.
+    pub input_schema: Value,
+    /// JSON Schema its output must match; the model then receives the output, not the summary.
+    pub output_schema: Option<Value>,
+    /// Name shown in UIs.
+    pub display_name: Option<String>,
+    /// Icon shown in UIs.
+    pub icon: Option<String>,
+    /// More UI metadata, merged under `display`.
+    pub display: Option<Value>,
+}
+
+/// The schema of `T`, as sent to models (without the `$schema` marker).
+pub fn schema_for<T: JsonSchema>() -> Value {
+    let mut schema = serde_json::to_value(schemars::schema_for!(T)).unwrap_or_else(|_| json!({}));
+    if let Value::Object(o) = &mut schema {
+        o.remove("$schema");
+    }
+    schema
+}
+
+impl AgentTool {
+    /// A tool `name` that dispatches `child`, taking any JSON object until a schema is set.
+    pub fn new(name: impl Into<String>, child: impl Into<String>, description: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            child: child.into(),
+            description: description.into(),
+            input_schema: json!({ "type": "object" }),
+            output_schema: None,
+            display_name: None,
+            icon: None,
+            display: None,
+        }
+    }
+
+    /// Input schema derived from a Rust type.
+    pub fn input<T: JsonSchema>(mut self) -> Self {
+        self.input_schema = schema_for::<T>();
+        self
+    }
+
+    /// Input schema given as raw JSON Schema.
+    pub fn input_schema(mut self, schema: Value) -> Self {
+        self.input_schema = schema;
+        self
+    }
+
+    /// Output schema derived from a Rust type.
+    pub fn output<T: JsonSchema>(mut self) -> Self {
+        self.output_schema = Some(schema_for::<T>());
+        self
+    }
+
+    /// Output schema given as raw JSON Schema.
+    pub fn output_schema(mut self, schema: Value) -> Self {
+        self.output_schema = Some(schema);
+        self
+    }
+
+    /// Name shown in UIs (`display.name`).
+    pub fn display_name(mut self, name: impl Into<String>) -> Self {
+        self.display_name = Some(name.into());
+        self
+    }
+
+    /// Icon shown in UIs (`display.icon`).
+    pub fn icon(mut self, icon: impl Into<String>) -> Self {
+        self.icon = Some(icon.into());
+        self
+    }
+
+    /// Extra UI metadata.
+    pub fn display(mut self, display: Value) -> Self {
+        self.display = Some(display);
+        self
+    }
+
+    /// The tool as the model sees it.
+    pub fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: self.name.clone(),
+            description: self.description.clone(),
+            input_schema: self.input_schema.clone(),
+        }
+    }
+
+    /// The `display` of its runs: `{name?, icon?, ...display}`.
+    pub fn display_json(&self) -> Option<Value> {
+        let mut d = match &self.display {
+            Some(Value::Object(o)) => o.clone(),
+            _ => Default::default(),
+        };
+        if let Some(n) = &self.display_name {
+            d.entry("name").or_insert_with(|| json!(n));
+        }
+        if let Some(i) = &self.icon {
+            d.entry("icon").or_insert_with(|| json!(i));
+        }
+        (!d.is_empty()).then_some(Value::Object(d))
+    }
+
+    /// Validates a call's input: `Err` is the tool error the model receives.
+    pub fn check_input(&self, input: &Value) -> Result<(), String> {
+        crate::schema::validate(&self.input_schema, input)
+            .map_err(|e| format!("Invalid input for tool {}: {e}", self.name))
+    }
+
+    /// The dispatch options of a call, `order`-th of its step.
+    pub fn run_options(&self, call: &ToolCall, order: usize) -> RunOptions {
+        RunOptions {
+            input: call.input.clone(),
+            run_id: Some(format!("agent-tool:{}", call.id)),
+            parent_tool_call_id: Some(call.id.clone()),
+            display_order: Some(order as i64),
+            display: self.display_json(),
+            ..Default::default()
+        }
+    }
+
+    /// What the model receives for a finished run: the summary, or, with an output schema, the
+    /// validated output; else the failure envelope.
+    pub fn result_for_model(&self, result: &RunResult) -> Value {
+        let Some(schema) = &self.output_schema else { return result.for_model() };
+        if result.status != RunStatus::Completed {
+            return result.for_model();
+        }
+        let output = result
+            .output
+            .clone()
+            .or_else(|| result.summary.as_deref().and_then(|s| serde_json::from_str(s).ok()))
+            .unwrap_or(Value::Null);
+        match crate::schema::validate(schema, &output) {
+            Ok(()) => output,
+            Err(e) => json!({
+                "ok": false, "status": "error", "retryable": false,
+                "error": format!("{} returned output that does not match the tool's output schema: {e}", self.child),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(JsonSchema, serde::Deserialize)]
+    #[allow(dead_code)]
+    struct ResearchInput {
+        /// What to research.
+        #[schemars(length(min = 3))]
+        query: String,
+    }
+
+    fn tool() -> AgentTool {
+        AgentTool::new("research", "Researcher", "Research one topic in depth.")
+            .input::<ResearchInput>()
+            .display_name("Researcher")
+    }
+
+    #[test]
+    fn derived_schemas_validate_input() {
+        let t = tool();
+        assert_eq!(t.spec().input_schema["properties"]["query"]["type"], "string");
+        assert!(t.spec().input_schema.get("$schema").is_none());
+        assert_eq!(t.check_input(&json!({"query": "HTTP/3"})), Ok(()));
+        assert_eq!(
+            t.check_input(&json!({"query": "ab"})),
+            Err("Invalid input for tool research: /query: must be at least 3 characters long".into())
+        );
+        assert!(t.check_input(&json!({})).unwrap_err().contains("/query: is required"));
+    }
+
+    #[test]
+    fn calls_map_to_run_options() {
+        let call = ToolCall { id: "call_7".into(), name: "research".into(), input: json!({"query": "QUIC"}) };
+        let o = tool().icon("🔎").run_options(&call, 2);
+        assert_eq!(o.run_id.as_deref(), Some("agent-tool:call_7"));
+        assert_eq!(o.parent_tool_call_id.as_deref(), Some("call_7"));
+        assert_eq!(o.display_order, Some(2));
+        assert_eq!(o.display, Some(json!({"name": "Researcher", "icon": "🔎"})));
+    }
+
+    #[test]
+    fn output_schemas_gate_what_the_model_sees() {
+        let t = tool().output_schema(json!({"type": "object", "required": ["count"]}));
+        let mut r = RunResult::refused("r", "Researcher", "x");
+        r.status = RunStatus::Completed;
+        r.error = None;
+        r.output = Some(json!({"count": 2}));
+        assert_eq!(t.result_for_model(&r), json!({"count": 2}));
+        r.output = Some(json!({"other": 1}));
+        let bad = t.result_for_model(&r);
+        assert_eq!(bad["ok"], false);
+        assert!(bad["error"].as_str().unwrap().contains("/count: is required"));
+        r.output = None;
+        r.summary = Some("{\"count\": 1}".into());
+        assert_eq!(t.result_for_model(&r), json!({"count": 1}), "a JSON summary serves as output");
+    }
+}

@@ -1,0 +1,368 @@
+//! The chat agent on the platform, shared by parents and children: the `@cloudflare/ai-chat`
+//! frames over hibernatable WebSockets, `GET …/get-messages`, the stream-resume handshake, and
+//! running a turn (one at a time) that streams to every connected client and is persisted.
+
+use std::cell::RefCell;
+use std::collections::HashSet;
+
+use futures::future::{select, Either};
+use futures::lock::Mutex;
+use serde_json::{json, Map, Value};
+use worker::{State, WebSocket};
+
+use super::{now_ms, random_id, DoSql};
+use crate::cancel::CancelToken;
+use crate::chat::convert::to_model_messages;
+use crate::chat::message::MessageBuilder;
+use crate::chat::store::{validate_message, Messages, StreamLog};
+use crate::chat::turn::{run_turn, Model, ToolBox, TurnOptions, TurnOutcome};
+use crate::protocol::tail::ChunkKind;
+use crate::store::Sql;
+
+/// Tag of every client socket.
+pub const CLIENT_TAG: &str = "agent-client";
+
+const RESPONSE: &str = "cf_agent_use_chat_response";
+
+/// Accepts a client socket, giving it a connection id that survives hibernation.
+pub fn accept(state: &State, ws: &WebSocket) -> String {
+    let id = random_id();
+    state.accept_websocket_with_tags(ws, &[CLIENT_TAG]);
+    let _ = ws.serialize_attachment(json!({ "id": id }));
+    id
+}
+
+/// The connection id given by [`accept`].
+pub fn connection_id(ws: &WebSocket) -> String {
+    ws.deserialize_attachment::<Value>()
+        .ok()
+        .flatten()
+        .and_then(|v| v.get("id").and_then(Value::as_str).map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// The stream a turn is writing.
+#[derive(Debug, Clone)]
+pub struct ActiveStream {
+    /// The chat request id (the id of every response frame).
+    pub request_id: String,
+    /// The stream log id (the request id, or the run id of an agent-tool run).
+    pub stream_id: String,
+    /// Cancels the turn.
+    pub cancel: CancelToken,
+}
+
+/// What a chat frame asks of the host.
+#[derive(Debug)]
+pub enum ChatAction {
+    /// Nothing more to do.
+    Done,
+    /// Run a turn for this request, sent by this connection.
+    RunTurn {
+        /// The request id.
+        request_id: String,
+        /// The sender's connection id.
+        sender: String,
+    },
+    /// Cancel the turn with this request id.
+    Cancel {
+        /// The request id.
+        request_id: String,
+    },
+}
+
+/// How one turn runs.
+pub struct TurnSpec<'a> {
+    /// Response frame id.
+    pub request_id: String,
+    /// Stream log id.
+    pub stream_id: String,
+    /// The connection that asked (it already has its messages).
+    pub sender: Option<String>,
+    /// System prompt.
+    pub system: Option<String>,
+    /// Step limit.
+    pub max_steps: usize,
+    /// Stores and sends one chunk; the host decides where chunks go besides the log.
+    pub emit: &'a dyn Fn(String),
+    /// The cancel token of the turn.
+    pub cancel: CancelToken,
+}
+
+/// The chat state of one agent.
+pub struct Chat {
+    sql: DoSql,
+    active: RefCell<Option<ActiveStream>>,
+    pending: RefCell<HashSet<String>>,
+    last_stream: RefCell<Option<String>>,
+    turns: Mutex<()>,
+}
+
+impl Chat {
+    /// The chat over this agent's SQL (tables created if missing).
+    pub fn new(sql: DoSql) -> Self {
+        if let Err(e) = sql.batch(crate::chat::store::SCHEMA) {
+            worker::console_error!("agent-tools: chat schema failed: {e}");
+        }
+        Self {
+            sql,
+            active: RefCell::new(None),
+            pending: RefCell::new(HashSet::new()),
+            last_stream: RefCell::new(None),
+            turns: Mutex::new(()),
+        }
+    }
+
+    /// The transcript.
+    pub fn messages(&self) -> Vec<Value> {
+        Messages::new(&self.sql).list().unwrap_or_default()
+    }
+
+    /// The stream being written, if any.
+    pub fn active(&self) -> Option<ActiveStream> {
+        self.active.borrow().clone()
+    }
+
+    /// Sends `text` to every client except `except` and those still resuming.
+    pub fn broadcast(&self, state: &State, text: &str, except: Option<&str>) {
+        let pending = self.pending.borrow();
+        for ws in state.get_websockets_with_tag(CLIENT_TAG) {
+            if except.is_some() || !pending.is_empty() {
+                let id = connection_id(&ws);
+                if Some(id.as_str()) == except || pending.contains(&id) {
+                    continue;
+                }
+            }
+            let _ = ws.send_with_str(text);
+        }
+    }
+
+    /// Stores one chunk of a stream in the log.
+    pub fn store(&self, stream_id: &str, index: i64, kind: ChunkKind, body: &str) -> bool {
+        match StreamLog::new(&self.sql).append(stream_id, index, kind, body) {
+            Ok(()) => true,
+            Err(e) => {
+                worker::console_error!("agent-tools: storing chunk {index} of {stream_id} failed: {e}");
+                false
+            }
+        }
+    }
+
+    /// Sends one chunk of request `request_id` to the chat clients (except those resuming).
+    pub fn send(&self, state: &State, request_id: &str, body: &str) {
+        let frame = json!({ "type": RESPONSE, "id": request_id, "body": body, "done": false });
+        self.broadcast(state, &frame.to_string(), None);
+    }
+
+    /// The frames a chat client gets first: `cf_agent_stream_resuming` while a stream is active
+    /// (the connection then gets no live chunks until it acknowledges).
+    pub fn on_connect(&self, ws: &WebSocket, connection: &str) {
+        if let Some(active) = self.active() {
+            self.pending.borrow_mut().insert(connection.to_owned());
+            let _ =
+                ws.send_with_str(json!({ "type": "cf_agent_stream_resuming", "id": active.request_id }).to_string());
+        }
+    }
+
+    /// Forgets a closed connection.
+    pub fn on_close(&self, connection: &str) {
+        self.pending.borrow_mut().remove(connection);
+    }
+
+    /// Handles one chat frame. Returns `None` for frames that are not chat frames.
+    pub fn handle(
+        &self,
+        state: &State,
+        ws: &WebSocket,
+        kind: &str,
+        frame: &Map<String, Value>,
+    ) -> Option<Result<ChatAction, String>> {
+        let connection = connection_id(ws);
+        let str_field = |k: &str| frame.get(k).and_then(Value::as_str).map(str::to_owned);
+        Some(match kind {
+            "cf_agent_use_chat_request" => self.on_request(state, ws, &connection, frame),
+            "cf_agent_chat_request_cancel" => match str_field("id") {
+                Some(request_id) => Ok(ChatAction::Cancel { request_id }),
+                None => Err("cf_agent_chat_request_cancel needs a string \"id\"".into()),
+            },
+            "cf_agent_chat_clear" => {
+                let _ = Messages::new(&self.sql).clear();
+                self.broadcast(state, &json!({ "type": "cf_agent_chat_clear" }).to_string(), Some(&connection));
+                Ok(ChatAction::Done)
+            }
+            "cf_agent_chat_messages" => match frame.get("messages").and_then(Value::as_array) {
+                Some(messages) => self.persist_client(state, messages, &connection).map(|_| ChatAction::Done),
+                None => Err("cf_agent_chat_messages needs a \"messages\" array".into()),
+            },
+            "cf_agent_stream_resume_request" => {
+                let probe = frame.get("probeId").cloned().unwrap_or(Value::Null);
+                let reply = match self.active() {
+                    Some(active) => {
+                        self.pending.borrow_mut().insert(connection);
+                        json!({ "type": "cf_agent_stream_resuming", "id": active.request_id, "probeId": probe })
+                    }
+                    None => json!({ "type": "cf_agent_stream_resume_none", "reason": "idle", "probeId": probe }),
+                };
+                let _ = ws.send_with_str(reply.to_string());
+                Ok(ChatAction::Done)
+            }
+            "cf_agent_stream_resume_ack" => match str_field("id") {
+                Some(id) => {
+                    self.on_resume_ack(ws, &connection, &id);
+                    Ok(ChatAction::Done)
+                }
+                None => Err("cf_agent_stream_resume_ack needs a string \"id\"".into()),
+            },
+            "cf_agent_tool_result" | "cf_agent_tool_approval" => {
+                Err(format!("{kind} is not supported: this agent has no client-side tools"))
+            }
+            _ => return None,
+        })
+    }
+
+    fn persist_client(&self, state: &State, messages: &[Value], connection: &str) -> Result<(), String> {
+        for m in messages {
+            validate_message(m)?;
+        }
+        Messages::new(&self.sql).persist_client(messages, now_ms()).map_err(|e| e.to_string())?;
+        let frame = json!({ "type": "cf_agent_chat_messages", "messages": self.messages() });
+        self.broadcast(state, &frame.to_string(), Some(connection));
+        Ok(())
+    }
+
+    fn on_request(
+        &self,
+        state: &State,
+        ws: &WebSocket,
+        connection: &str,
+        frame: &Map<String, Value>,
+    ) -> Result<ChatAction, String> {
+        let Some(request_id) = frame.get("id").and_then(Value::as_str).filter(|id| !id.is_empty() && id.len() <= 256)
+        else {
+            return Err("cf_agent_use_chat_request needs a string \"id\" of 1 to 256 bytes".into());
+        };
+        let fail = |problem: String| {
+            let error = json!({ "type": RESPONSE, "id": request_id, "body": problem, "done": true, "error": true });
+            let _ = ws.send_with_str(error.to_string());
+            Ok(ChatAction::Done)
+        };
+        let init = frame.get("init").and_then(Value::as_object);
+        if init.and_then(|i| i.get("method")).and_then(Value::as_str) != Some("POST") {
+            return fail("cf_agent_use_chat_request needs init.method \"POST\"".into());
+        }
+        let Some(body) = init.and_then(|i| i.get("body")).and_then(Value::as_str) else {
+            return fail("cf_agent_use_chat_request needs init.body, a JSON string".into());
+        };
+        let body: Value = match serde_json::from_str(body) {
+            Ok(b) => b,
+            Err(e) => return fail(format!("init.body is not JSON: {e}")),
+        };
+        let Some(messages) = body.get("messages").and_then(Value::as_array) else {
+            return fail("init.body needs a \"messages\" array".into());
+        };
+        if let Err(problem) = self.persist_client(state, messages, connection) {
+            return fail(problem);
+        }
+        Ok(ChatAction::RunTurn { request_id: request_id.to_owned(), sender: connection.to_owned() })
+    }
+
+    fn on_resume_ack(&self, ws: &WebSocket, connection: &str, request_id: &str) {
+        let active = self.active().filter(|a| a.request_id == request_id);
+        let stream_id = match &active {
+            Some(a) => Some(a.stream_id.clone()),
+            None => self.last_stream.borrow().clone().filter(|s| s == request_id),
+        };
+        let chunks = stream_id.map(|s| StreamLog::new(&self.sql).after(&s, -1).unwrap_or_default()).unwrap_or_default();
+        // Replay and re-admission in one synchronous step: no live chunk falls between them.
+        for c in &chunks {
+            let frame = json!({ "type": RESPONSE, "id": request_id, "body": c.body, "done": false, "replay": true, "seq": c.index });
+            let _ = ws.send_with_str(frame.to_string());
+        }
+        let end = if active.is_some() {
+            json!({ "type": RESPONSE, "id": request_id, "body": "", "done": false, "replay": true, "replayComplete": true })
+        } else {
+            json!({ "type": RESPONSE, "id": request_id, "body": "", "done": true, "replay": true })
+        };
+        let _ = ws.send_with_str(end.to_string());
+        self.pending.borrow_mut().remove(connection);
+    }
+
+    /// Runs one turn over the transcript (after any turn already running), streaming through
+    /// `spec.emit`, then persists the assistant message, sends the transcript to the other
+    /// clients and the final frame to all. Returns the assistant message and the outcome.
+    pub async fn run<M: Model, T: ToolBox>(
+        &self,
+        state: &State,
+        spec: TurnSpec<'_>,
+        model: &M,
+        tools: &T,
+    ) -> (Value, ChatEnd) {
+        let _turn = self.turns.lock().await;
+        let history = to_model_messages(spec.system.as_deref(), &self.messages());
+        *self.active.borrow_mut() = Some(ActiveStream {
+            request_id: spec.request_id.clone(),
+            stream_id: spec.stream_id.clone(),
+            cancel: spec.cancel.clone(),
+        });
+        let message_id = format!("assistant_{}_{}", now_ms(), &random_id()[..8]);
+        let builder = RefCell::new(MessageBuilder::new(message_id.clone()));
+        let emit = |body: String| {
+            if let Ok(chunk) = serde_json::from_str::<Value>(&body) {
+                builder.borrow_mut().apply(&chunk);
+            }
+            (spec.emit)(body);
+        };
+        let options = TurnOptions { message_id, max_steps: spec.max_steps };
+        let end = {
+            let turn = run_turn(model, tools, history, &options, &emit);
+            let stop = spec.cancel.cancelled();
+            futures::pin_mut!(turn, stop);
+            match select(turn, stop).await {
+                Either::Left((TurnOutcome::Completed { .. }, _)) => ChatEnd::Completed,
+                Either::Left((TurnOutcome::Failed(e), _)) => ChatEnd::Error(e),
+                Either::Right(_) => {
+                    let reason = spec.cancel.reason();
+                    emit(crate::protocol::chunk::abort(reason.as_deref()));
+                    ChatEnd::Aborted(reason)
+                }
+            }
+        };
+        let message = builder.borrow().message();
+        if let Err(e) = Messages::new(&self.sql).upsert(&message, now_ms()) {
+            worker::console_error!("agent-tools: saving the assistant message failed: {e}");
+        }
+        *self.active.borrow_mut() = None;
+        *self.last_stream.borrow_mut() = Some(spec.request_id.clone());
+        self.pending.borrow_mut().clear();
+        let transcript = json!({ "type": "cf_agent_chat_messages", "messages": self.messages() });
+        self.broadcast(state, &transcript.to_string(), spec.sender.as_deref());
+        let id = &spec.request_id;
+        let done = match &end {
+            ChatEnd::Completed => json!({ "type": RESPONSE, "id": id, "body": "", "done": true }),
+            ChatEnd::Error(e) => {
+                self.broadcast(
+                    state,
+                    &json!({ "type": RESPONSE, "id": id, "body": e, "done": false, "error": true }).to_string(),
+                    None,
+                );
+                json!({ "type": RESPONSE, "id": id, "body": "", "done": true, "outcome": "error" })
+            }
+            ChatEnd::Aborted(_) => {
+                json!({ "type": RESPONSE, "id": id, "body": "", "done": true, "outcome": "aborted" })
+            }
+        };
+        self.broadcast(state, &done.to_string(), None);
+        (message, end)
+    }
+}
+
+/// How a chat turn ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChatEnd {
+    /// The model finished.
+    Completed,
+    /// The model failed.
+    Error(String),
+    /// The turn was cancelled.
+    Aborted(Option<String>),
+}

@@ -1,0 +1,228 @@
+//! Model providers on the platform: the offline model paced with timers, OpenAI-compatible
+//! Chat Completions over `fetch`, and the Workers AI binding. One setting picks one.
+//!
+//! | var | meaning | default |
+//! |---|---|---|
+//! | `MODEL_PROVIDER` | `offline`, `openai` or `workers-ai` | `offline` |
+//! | `OPENAI_BASE_URL` | base URL up to the API version | `https://api.openai.com/v1` |
+//! | `OPENAI_MODEL` | model name | `gpt-4o-mini` |
+//! | `OPENAI_API_KEY` | bearer token (a secret or a var) | none |
+//! | `MODEL_STALL_TIMEOUT_MS` | give up when no byte arrives for this long | `30000` |
+//! | `WORKERS_AI_MODEL` | model for the `AI` binding | `@cf/meta/llama-3.3-70b-instruct-fp8-fast` |
+//! | `OFFLINE_WORDS`, `OFFLINE_DELAY_MS` | the offline model's answer length and pace | `24`, `60` |
+
+use std::time::Duration;
+
+use futures::future::{select, Either};
+use futures::StreamExt;
+use serde_json::Value;
+use wasm_bindgen::JsValue;
+use worker::{AbortController, Delay, Env, Fetch, Headers, Method, Request, RequestInit};
+
+use crate::chat::turn::Model;
+use crate::model::offline::{self, OfflinePace};
+use crate::model::openai::{self, OpenAiConfig, StreamDecoder};
+use crate::model::sse::SseDecoder;
+use crate::model::workers_ai::WorkersAiDecoder;
+use crate::model::{ModelError, ModelEvent, ModelRequest};
+
+/// Which model answers, and how to reach it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelProvider {
+    /// The built-in deterministic model.
+    Offline(OfflinePace),
+    /// An OpenAI-compatible Chat Completions endpoint.
+    OpenAi(OpenAiConfig),
+    /// The Workers AI binding.
+    WorkersAi {
+        /// Binding name (`AI`).
+        binding: String,
+        /// Model id.
+        model: String,
+        /// Stall timeout.
+        stall_timeout_ms: u64,
+    },
+}
+
+/// A var or secret, if set and non-empty.
+pub fn setting(env: &Env, name: &str) -> Option<String> {
+    let value = env.var(name).map(|v| v.to_string()).or_else(|_| env.secret(name).map(|s| s.to_string())).ok()?;
+    (!value.is_empty()).then_some(value)
+}
+
+fn number(env: &Env, name: &str) -> Option<u64> {
+    setting(env, name).and_then(|v| v.parse().ok())
+}
+
+impl ModelProvider {
+    /// The provider the Worker's settings select (see the module docs).
+    pub fn from_env(env: &Env) -> Result<Self, ModelError> {
+        let stall_timeout_ms = number(env, "MODEL_STALL_TIMEOUT_MS").unwrap_or(30_000);
+        match setting(env, "MODEL_PROVIDER").as_deref().unwrap_or("offline") {
+            "offline" => {
+                let d = OfflinePace::default();
+                Ok(Self::Offline(OfflinePace {
+                    words: number(env, "OFFLINE_WORDS").map_or(d.words, |w| w.min(5000) as usize),
+                    delay_ms: number(env, "OFFLINE_DELAY_MS").map_or(d.delay_ms, |ms| ms.min(60_000)),
+                }))
+            }
+            "openai" => Ok(Self::OpenAi(OpenAiConfig {
+                base_url: setting(env, "OPENAI_BASE_URL").unwrap_or_else(|| "https://api.openai.com/v1".into()),
+                api_key: setting(env, "OPENAI_API_KEY"),
+                model: setting(env, "OPENAI_MODEL").unwrap_or_else(|| "gpt-4o-mini".into()),
+                stall_timeout_ms,
+            })),
+            "workers-ai" => Ok(Self::WorkersAi {
+                binding: "AI".into(),
+                model: setting(env, "WORKERS_AI_MODEL")
+                    .unwrap_or_else(|| "@cf/meta/llama-3.3-70b-instruct-fp8-fast".into()),
+                stall_timeout_ms,
+            }),
+            other => Err(ModelError::Config(format!(
+                "MODEL_PROVIDER is {other:?}; use \"offline\", \"openai\" or \"workers-ai\""
+            ))),
+        }
+    }
+}
+
+/// A [`ModelProvider`] bound to the Worker's environment, ready to run turns.
+pub struct PlatformModel<'a> {
+    /// The provider.
+    pub provider: ModelProvider,
+    /// The environment (for the AI binding).
+    pub env: &'a Env,
+}
+
+/// Aborts its fetch when dropped, so a cancelled turn closes the provider connection at once.
+struct AbortOnDrop(Option<AbortController>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            c.abort();
+        }
+    }
+}
+
+impl Model for PlatformModel<'_> {
+    async fn step(&self, request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError> {
+        match &self.provider {
+            ModelProvider::Offline(pace) => {
+                for event in offline::respond(request, pace.words) {
+                    if matches!(event, ModelEvent::TextDelta(_) | ModelEvent::ToolCallStart { .. }) && pace.delay_ms > 0
+                    {
+                        Delay::from(Duration::from_millis(pace.delay_ms)).await;
+                    }
+                    on_event(event);
+                }
+                Ok(())
+            }
+            ModelProvider::OpenAi(config) => openai_step(config, request, on_event).await,
+            ModelProvider::WorkersAi { binding, model, stall_timeout_ms } => {
+                workers_ai_step(self.env, binding, model, *stall_timeout_ms, request, on_event).await
+            }
+        }
+    }
+}
+
+/// Reads a byte stream with a stall timeout, feeding SSE event data to `feed`.
+async fn read_sse(
+    mut body: worker::ByteStream,
+    stall_timeout_ms: u64,
+    mut feed: impl FnMut(&str) -> Result<(), ModelError>,
+) -> Result<(), ModelError> {
+    let mut sse = SseDecoder::default();
+    loop {
+        let next = body.next();
+        let stall = Delay::from(Duration::from_millis(stall_timeout_ms));
+        futures::pin_mut!(next, stall);
+        match select(next, stall).await {
+            Either::Left((Some(Ok(bytes)), _)) => {
+                for data in sse.push(&bytes).map_err(ModelError::Protocol)? {
+                    feed(&data)?;
+                }
+            }
+            Either::Left((Some(Err(e)), _)) => return Err(ModelError::Network(e.to_string())),
+            Either::Left((None, _)) => break,
+            Either::Right(_) => return Err(ModelError::Stalled { after_ms: stall_timeout_ms }),
+        }
+    }
+    if let Some(data) = sse.finish().map_err(ModelError::Protocol)? {
+        feed(&data)?;
+    }
+    Ok(())
+}
+
+async fn openai_step(
+    config: &OpenAiConfig,
+    request: &ModelRequest,
+    on_event: &mut dyn FnMut(ModelEvent),
+) -> Result<(), ModelError> {
+    let body = openai::request_body(&config.model, request);
+    let headers = Headers::new();
+    let net = |e: worker::Error| ModelError::Network(e.to_string());
+    headers.set("content-type", "application/json").map_err(net)?;
+    headers.set("accept", "text/event-stream").map_err(net)?;
+    if let Some(key) = &config.api_key {
+        headers.set("authorization", &format!("Bearer {key}")).map_err(net)?;
+    }
+    let mut init = RequestInit::new();
+    init.with_method(Method::Post).with_headers(headers).with_body(Some(JsValue::from_str(&body.to_string())));
+    let req = Request::new_with_init(&config.endpoint(), &init).map_err(net)?;
+    let controller = AbortController::default();
+    let signal = controller.signal();
+    let _abort = AbortOnDrop(Some(controller));
+    let fetch = Fetch::Request(req);
+    let send = fetch.send_with_signal(&signal);
+    let stall = Delay::from(Duration::from_millis(config.stall_timeout_ms));
+    futures::pin_mut!(send, stall);
+    let mut resp = match select(send, stall).await {
+        Either::Left((resp, _)) => resp.map_err(net)?,
+        Either::Right(_) => return Err(ModelError::Stalled { after_ms: config.stall_timeout_ms }),
+    };
+    if resp.status_code() != 200 {
+        let text = resp.text().await.unwrap_or_default();
+        return Err(ModelError::Http { status: resp.status_code(), body: text.chars().take(300).collect() });
+    }
+    let stream = resp.stream().map_err(net)?;
+    let mut decoder = StreamDecoder::default();
+    read_sse(stream, config.stall_timeout_ms, |data| {
+        for e in decoder.feed(data)? {
+            on_event(e);
+        }
+        Ok(())
+    })
+    .await?;
+    for e in decoder.end()? {
+        on_event(e);
+    }
+    Ok(())
+}
+
+async fn workers_ai_step(
+    env: &Env,
+    binding: &str,
+    model: &str,
+    stall_timeout_ms: u64,
+    request: &ModelRequest,
+    on_event: &mut dyn FnMut(ModelEvent),
+) -> Result<(), ModelError> {
+    let ai = env.ai(binding).map_err(|e| ModelError::Config(format!("no Workers AI binding {binding:?}: {e}")))?;
+    let mut input = openai::request_body(model, request);
+    if let Value::Object(o) = &mut input {
+        o.remove("model");
+    }
+    let stream = ai.run_bytes(model, input).await.map_err(|e| ModelError::Network(e.to_string()))?;
+    let mut decoder = WorkersAiDecoder::default();
+    read_sse(stream, stall_timeout_ms, |data| {
+        for e in decoder.feed(data)? {
+            on_event(e);
+        }
+        Ok(())
+    })
+    .await?;
+    for e in decoder.end()? {
+        on_event(e);
+    }
+    Ok(())
+}

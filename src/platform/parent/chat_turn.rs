@@ -1,0 +1,86 @@
+//! The parent's chat turn: its model calls child agents as tools.
+
+use std::cell::Cell;
+
+use serde_json::{json, Value};
+
+use super::{ParentAgent, ParentHost};
+use crate::cancel::CancelToken;
+use crate::chat::turn::ToolBox;
+use crate::model::{ToolCall, ToolSpec};
+use crate::platform::chat::TurnSpec;
+use crate::platform::model::PlatformModel;
+use crate::protocol::tail::ChunkKind;
+
+/// The parent's agent tools, bound to one chat turn.
+struct ParentTools<'a, A: ParentAgent> {
+    host: &'a ParentHost<A>,
+    request_id: &'a str,
+}
+
+impl<A: ParentAgent> ToolBox for ParentTools<'_, A> {
+    fn specs(&self) -> Vec<ToolSpec> {
+        self.host.agent().tools().iter().map(|t| t.spec()).collect()
+    }
+
+    async fn execute(&self, call: &ToolCall, order: usize) -> Result<Value, String> {
+        let tools = self.host.agent().tools();
+        let Some(tool) = tools.iter().find(|t| t.name == call.name) else {
+            return Err(format!("unknown tool {:?}", call.name));
+        };
+        tool.check_input(&call.input)?;
+        let options = tool.run_options(call, order);
+        if let Some(run_id) = &options.run_id {
+            self.host.0.turn_runs.borrow_mut().entry(self.request_id.to_owned()).or_default().push(run_id.clone());
+        }
+        let result = self.host.run_agent_tool(&tool.child, options).await;
+        Ok(tool.result_for_model(&result))
+    }
+}
+
+impl<A: ParentAgent> ParentHost<A> {
+    /// Runs the chat turn a client asked for.
+    pub(super) async fn run_chat_turn(&self, request_id: String, sender: String) {
+        let inner = &self.0;
+        let provider = match inner.agent.model(&inner.env) {
+            Ok(p) => p,
+            Err(e) => {
+                let error = json!({ "type": "cf_agent_use_chat_response", "id": request_id,
+                                    "body": e.to_string(), "done": true, "error": true });
+                self.broadcast(&error.to_string());
+                return;
+            }
+        };
+        let model = PlatformModel { provider, env: &inner.env };
+        let tools = ParentTools { host: self, request_id: &request_id };
+        let next = Cell::new(0_i64);
+        let emit = |body: String| {
+            let index = next.get();
+            if inner.chat.store(&request_id, index, ChunkKind::Stored, &body) {
+                inner.chat.send(&inner.state, &request_id, &body);
+                next.set(index + 1);
+            }
+        };
+        let spec = TurnSpec {
+            request_id: request_id.clone(),
+            stream_id: request_id.clone(),
+            sender: Some(sender),
+            system: inner.agent.system_prompt(),
+            max_steps: inner.agent.max_steps(),
+            emit: &emit,
+            cancel: CancelToken::new(),
+        };
+        inner.chat.run(&inner.state, spec, &model, &tools).await;
+        inner.turn_runs.borrow_mut().remove(&request_id);
+    }
+
+    /// Cancels a chat turn and the child runs it is waiting on.
+    pub(super) async fn cancel_chat_turn(&self, request_id: &str) {
+        let Some(active) = self.0.chat.active().filter(|a| a.request_id == request_id) else { return };
+        let runs = self.0.turn_runs.borrow().get(request_id).cloned().unwrap_or_default();
+        for run_id in runs {
+            self.cancel_agent_tool(&run_id, Some("the chat turn was cancelled".into())).await;
+        }
+        active.cancel.cancel(Some("cancelled by the client".into()));
+    }
+}

@@ -1,0 +1,252 @@
+//! The parent host: binds the registry and the chat to a Durable Object, its WebSocket clients
+//! and the children's stubs.
+//!
+//! A dispatch inserts the row, sends `started`, starts the child (idempotent), tails it, and
+//! for every batch of lines read stores the frames and broadcasts them in one synchronous step.
+//! A client that connects is accepted and replayed in one synchronous step too, so every frame
+//! reaches it exactly once: in the replay if it was stored before, live if after.
+
+mod chat_turn;
+mod dispatch;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use futures::channel::oneshot;
+use serde_json::{json, Value};
+use worker::{Env, Request, Response, State, WebSocket, WebSocketIncomingMessage, WebSocketPair};
+
+use super::chat::{self, Chat, ChatAction};
+use super::model::ModelProvider;
+use super::{json_error, DoSql};
+use crate::model::ModelError;
+use crate::parent::{AgentTool, Registry, RunResult};
+use crate::protocol::rpc::{self, ClientFrame, FrameError, RpcResponse};
+use crate::protocol::EventFrame;
+use crate::routing::{kebab_case, parse_agent_path};
+use crate::store::{meta, Sql};
+
+/// A child class this parent may dispatch, and the Durable Object binding that hosts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChildClass {
+    /// The class name, which is also the runs' `agentType` (`Researcher`).
+    pub class: &'static str,
+    /// The `[[durable_objects.bindings]]` name in `wrangler.toml`.
+    pub binding: &'static str,
+}
+
+/// A parent agent: a chat agent whose model may call child agents as tools, and whose clients
+/// may call methods over RPC.
+#[allow(async_fn_in_trait)] // Workers are single-threaded; no `Send` bound is wanted.
+pub trait ParentAgent: Sized + 'static {
+    /// The class name (`Assistant`); clients address it as its kebab-case (`assistant`).
+    const CLASS: &'static str;
+    /// The child classes this parent dispatches.
+    const CHILDREN: &'static [ChildClass];
+
+    /// Instructions for the model.
+    fn system_prompt(&self) -> Option<String> {
+        None
+    }
+
+    /// The child agents the model may call (see [`AgentTool`]).
+    fn tools(&self) -> Vec<AgentTool> {
+        Vec::new()
+    }
+
+    /// The most model steps in one chat turn (the AI SDK's `stepCountIs(n)`).
+    fn max_steps(&self) -> usize {
+        5
+    }
+
+    /// The model; by default the one the Worker's settings select (`MODEL_PROVIDER`, …).
+    fn model(&self, env: &Env) -> Result<ModelProvider, ModelError> {
+        ModelProvider::from_env(env)
+    }
+
+    /// Serves an RPC call (`agent.call(method, args)`). The default knows no methods. Return
+    /// `Err(message)` to reject the call with that message.
+    async fn call(&self, parent: &ParentHost<Self>, method: &str, args: Vec<Value>) -> Result<Value, String> {
+        let _ = (parent, args);
+        Err(format!("Method {method} does not exist"))
+    }
+}
+
+struct Inner<A> {
+    state: State,
+    env: Env,
+    sql: DoSql,
+    agent: A,
+    chat: Chat,
+    /// Runs this instance is driving, with the callers waiting on them.
+    inflight: RefCell<HashMap<String, Vec<oneshot::Sender<RunResult>>>>,
+    /// The agent-tool runs each chat turn dispatched, by request id (to cancel them with it).
+    turn_runs: RefCell<HashMap<String, Vec<String>>>,
+}
+
+/// The parent's runtime. Clone is cheap (a shared handle). Hold one in your Durable Object and
+/// delegate `fetch`, `websocket_message` and `websocket_close` to it.
+pub struct ParentHost<A: ParentAgent>(Rc<Inner<A>>);
+
+impl<A: ParentAgent> Clone for ParentHost<A> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<A: ParentAgent> ParentHost<A> {
+    /// Creates the runtime and its tables.
+    pub fn new(state: State, env: Env, agent: A) -> Self {
+        let sql = DoSql(state.storage().sql());
+        if let Err(e) = Registry::new(&sql).migrate().and_then(|_| sql.batch(meta::SCHEMA)) {
+            worker::console_error!("agent-tools: parent schema failed: {e}");
+        }
+        let chat = Chat::new(sql.clone());
+        Self(Rc::new(Inner {
+            state,
+            env,
+            sql,
+            agent,
+            chat,
+            inflight: RefCell::new(HashMap::new()),
+            turn_runs: RefCell::new(HashMap::new()),
+        }))
+    }
+
+    /// The agent.
+    pub fn agent(&self) -> &A {
+        &self.0.agent
+    }
+
+    /// The Worker environment.
+    pub fn env(&self) -> &Env {
+        &self.0.env
+    }
+
+    /// The run registry.
+    pub fn registry(&self) -> Registry<'_, DoSql> {
+        Registry::new(&self.0.sql)
+    }
+
+    /// The chat transcript.
+    pub fn messages(&self) -> Vec<Value> {
+        self.0.chat.messages()
+    }
+
+    /// This instance's name, learned from its first request and kept in SQL (an alarm wakes a
+    /// Durable Object without one).
+    pub fn name(&self) -> Option<String> {
+        meta::get(&self.0.sql, "name").ok().flatten()
+    }
+
+    /// Whether `run_id` is a known run of `agent_type`.
+    pub fn has_agent_tool_run(&self, agent_type: &str, run_id: &str) -> bool {
+        self.registry().has_run(agent_type, run_id).unwrap_or(false)
+    }
+
+    /// Sends a text frame to every connected client.
+    pub fn broadcast(&self, text: &str) {
+        for ws in self.0.state.get_websockets_with_tag(chat::CLIENT_TAG) {
+            let _ = ws.send_with_str(text);
+        }
+    }
+
+    fn broadcast_frame(&self, frame: &EventFrame) {
+        self.broadcast(&frame.to_json());
+    }
+
+    /// Serves HTTP and WebSocket requests routed to this agent.
+    pub async fn fetch(&self, req: Request) -> worker::Result<Response> {
+        let url = req.url()?;
+        let Some(path) = parse_agent_path(url.path()) else {
+            return json_error(404, format!("{} serves /agents/{}/<name>", A::CLASS, kebab_case(A::CLASS)));
+        };
+        if self.name().is_none() {
+            meta::set(&self.0.sql, "name", &path.name).map_err(|e| worker::Error::RustError(e.to_string()))?;
+        }
+        if let Some(sub) = &path.sub {
+            let Some(child) = A::CHILDREN.iter().find(|c| kebab_case(c.class) == sub.agent) else {
+                return json_error(404, format!("{} has no child agent {:?}", A::CLASS, sub.agent));
+            };
+            if !self.has_agent_tool_run(child.class, &sub.name) {
+                return json_error(404, format!("no {} run {:?} on this {}", child.class, sub.name, A::CLASS));
+            }
+            return match self.child_stub(*child, &sub.name) {
+                Ok(stub) => stub.fetch_with_request(req).await,
+                Err(e) => json_error(502, format!("could not reach {}: {e}", child.class)),
+            };
+        }
+        let upgrade = req.headers().get("upgrade")?.unwrap_or_default();
+        if upgrade.eq_ignore_ascii_case("websocket") {
+            return self.connect(&path.name);
+        }
+        match path.rest.as_str() {
+            "" => Response::from_json(&json!({ "agent": kebab_case(A::CLASS), "name": path.name })),
+            "/get-messages" => Response::from_json(&self.messages()),
+            other => json_error(404, format!("{} has no route {other}", A::CLASS)),
+        }
+    }
+
+    fn connect(&self, name: &str) -> worker::Result<Response> {
+        let pair = WebSocketPair::new()?;
+        let connection = chat::accept(&self.0.state, &pair.server);
+        self.0.chat.on_connect(&pair.server, &connection);
+        let identity = json!({ "type": "cf_agent_identity", "name": name, "agent": kebab_case(A::CLASS) });
+        pair.server.send_with_str(identity.to_string())?;
+        let mcp = json!({ "type": "cf_agent_mcp_servers",
+                          "mcp": { "servers": {}, "tools": [], "prompts": [], "resources": [] } });
+        pair.server.send_with_str(mcp.to_string())?;
+        match self.registry().replay() {
+            Ok(frames) => {
+                for frame in frames {
+                    pair.server.send_with_str(frame.to_json())?;
+                }
+            }
+            Err(e) => worker::console_error!("agent-tools: replay failed: {e}"),
+        }
+        Response::from_websocket(pair.client)
+    }
+
+    /// Handles one client frame: RPC calls and chat frames. Anything malformed gets an error
+    /// frame and the socket stays open.
+    pub async fn websocket_message(&self, ws: WebSocket, message: WebSocketIncomingMessage) -> worker::Result<()> {
+        let frame = match message {
+            WebSocketIncomingMessage::String(text) => rpc::parse_client_frame(&text),
+            WebSocketIncomingMessage::Binary(_) => Err(FrameError::Binary),
+        };
+        match frame {
+            Ok(ClientFrame::Rpc(call)) => {
+                let reply = match self.0.agent.call(self, &call.method, call.args).await {
+                    Ok(result) => RpcResponse::ok(call.id, result),
+                    Err(error) => RpcResponse::err(call.id, error),
+                };
+                let _ = ws.send_with_str(reply.to_json());
+            }
+            Ok(ClientFrame::Other { kind, frame }) => match self.0.chat.handle(&self.0.state, &ws, &kind, &frame) {
+                None => {}
+                Some(Err(problem)) => {
+                    let _ = ws.send_with_str(json!({ "type": "cf_agent_error", "error": problem }).to_string());
+                }
+                Some(Ok(ChatAction::Done)) => {}
+                Some(Ok(ChatAction::RunTurn { request_id, sender })) => self.run_chat_turn(request_id, sender).await,
+                Some(Ok(ChatAction::Cancel { request_id })) => self.cancel_chat_turn(&request_id).await,
+            },
+            Err(FrameError::BadRpc { id, problem }) => {
+                let _ = ws.send_with_str(RpcResponse::err(id, format!("malformed rpc frame: {problem}")).to_json());
+            }
+            Err(e) => {
+                let _ = ws.send_with_str(rpc::protocol_error_frame(&e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Handles a client going away.
+    pub async fn websocket_close(&self, ws: WebSocket, code: usize, reason: String) -> worker::Result<()> {
+        self.0.chat.on_close(&chat::connection_id(&ws));
+        let code = if code == 1005 || code == 1006 { 1000 } else { code as u16 };
+        let _ = ws.close(Some(code), Some(reason));
+        Ok(())
+    }
+}
