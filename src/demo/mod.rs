@@ -129,6 +129,14 @@ impl ChildAgent for ResearcherAgent {
         Ok(provider)
     }
 
+    /// A structured record of the findings, kept beside the text summary (and the summary
+    /// itself when the model wrote no text).
+    fn get_agent_tool_output(&self, turn: &Turn, message: &Value) -> Option<Value> {
+        let findings = crate::chat::message::text_of(message);
+        let topic = turn.input().get("query").and_then(Value::as_str).unwrap_or_default();
+        Some(json!({ "topic": topic, "findings": findings, "words": findings.split_whitespace().count() }))
+    }
+
     async fn run(&self, turn: &Turn) -> Result<TurnOutput, String> {
         let pause = turn.input().get("delayMs").and_then(Value::as_u64).unwrap_or(60).min(1000) * 2;
         let step = |fraction: f64, phase: &str, message: &str| Progress {

@@ -86,16 +86,13 @@ impl RunResult {
         }
     }
 
-    /// What the parent's model sees: the summary (or the output, when the child has one) on
-    /// success, else the failure envelope
-    /// `{"ok":false,"status","error","retryable","reason"?,"childStillRunning"?}`, where
-    /// `retryable` is true only for `interrupted`.
+    /// What the parent's model sees: the summary on success (a tool with an output schema
+    /// sends the validated output instead, see [`AgentTool::result_for_model`]), else the
+    /// failure envelope `{"ok":false,"status","error","retryable","reason"?,"childStillRunning"?}`,
+    /// where `retryable` is true only for `interrupted`.
     pub fn for_model(&self) -> Value {
         match self.status {
-            RunStatus::Completed => match &self.output {
-                Some(output) => output.clone(),
-                None => Value::String(self.summary.clone().unwrap_or_default()),
-            },
+            RunStatus::Completed => Value::String(self.summary.clone().unwrap_or_default()),
             status => {
                 let mut failure = serde_json::json!({
                     "ok": false,
@@ -144,9 +141,8 @@ mod tests {
     fn the_model_sees_a_summary_output_or_failure_envelope() {
         let mut done = result(RunStatus::Completed);
         done.summary = Some("text".into());
-        assert_eq!(done.for_model(), json!("text"));
         done.output = Some(json!({"k": 1}));
-        assert_eq!(done.for_model(), json!({"k": 1}));
+        assert_eq!(done.for_model(), json!("text"), "the summary, not the output, without an output schema");
         assert_eq!(
             result(RunStatus::Error).for_model(),
             json!({"ok": false, "status": "error", "error": "boom", "retryable": false})

@@ -114,6 +114,12 @@ impl Worker {
         Self::start_with(None, &[]).await
     }
 
+    /// Starts a Worker with fresh state and extra `--var`s.
+    pub async fn start_with_vars(vars: &[(String, String)]) -> Worker {
+        let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        Self::start_with(None, &vars).await
+    }
+
     /// Starts a Worker on `persist` (fresh temp dir when `None`), with extra `--var`s.
     pub async fn start_with(persist: Option<&Path>, vars: &[(&str, &str)]) -> Worker {
         ensure_built();
@@ -284,6 +290,38 @@ impl Client {
         } else {
             Err(reply["error"].as_str().unwrap_or_default().to_owned())
         }
+    }
+
+    /// Sends a chat message (`cf_agent_use_chat_request`, as `useAgentChat` does) and returns
+    /// the request id.
+    pub async fn chat(&mut self, text: &str) -> String {
+        self.next_id += 1;
+        let request_id = format!("req-{}", self.next_id);
+        let message =
+            json!({"id": format!("user-{}", self.next_id), "role": "user", "parts": [{"type": "text", "text": text}]});
+        let body = json!({"messages": [message], "trigger": "submit-message"}).to_string();
+        let frame =
+            json!({"type": "cf_agent_use_chat_request", "id": request_id, "init": {"method": "POST", "body": body}});
+        self.send_text(&frame.to_string()).await;
+        request_id
+    }
+
+    /// Waits for the final frame of a chat request.
+    pub async fn chat_done(&mut self, request_id: &str) -> Value {
+        self.wait_for(WAIT * 2, |f| {
+            f["type"] == "cf_agent_use_chat_response" && f["id"] == request_id && f["done"] == true
+        })
+        .await
+    }
+
+    /// The chunks streamed for a chat request, parsed.
+    pub fn chat_chunks(&self, request_id: &str) -> Vec<Value> {
+        self.frames
+            .iter()
+            .filter(|f| f["type"] == "cf_agent_use_chat_response" && f["id"] == request_id && f["done"] == false)
+            .filter(|f| f.get("error").is_none())
+            .filter_map(|f| serde_json::from_str(f["body"].as_str()?).ok())
+            .collect()
     }
 
     /// The `agent-tool-event` frames received so far.

@@ -1,0 +1,288 @@
+//! Chat agents: the parent's model calls children as tools, on the offline model and on a real
+//! OpenAI-compatible HTTP server scripted by the test.
+
+use serde_json::{json, Value};
+
+use crate::harness::{streamed_text, unique, Client, Worker, WAIT};
+use crate::mock_model::{self, answer, is_parent, last_role, last_user_text, tool_calls, MockModel, Reply};
+use agent_tools::model::offline;
+
+fn of_type<'a>(chunks: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    chunks.iter().filter(|c| c["type"] == kind).collect()
+}
+
+fn text_of_chunks(chunks: &[Value]) -> String {
+    of_type(chunks, "text-delta").iter().map(|c| c["delta"].as_str().unwrap()).collect()
+}
+
+async fn get_messages(worker: &Worker, name: &str) -> Vec<Value> {
+    let url = worker.http(&format!("/agents/assistant/{name}/get-messages"));
+    reqwest::get(url).await.unwrap().json().await.unwrap()
+}
+
+async fn runs(client: &mut Client) -> Vec<Value> {
+    client.call("runs", json!([])).await.unwrap().as_array().unwrap().clone()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_offline_model_dispatches_two_children_in_one_step() {
+    let vars = [("OFFLINE_WORDS", "8"), ("OFFLINE_DELAY_MS", "5")];
+    let worker = Worker::start_with(None, &vars).await;
+    let name = unique("chat");
+    let mut client = worker.client(&name).await;
+    let request = client.chat("Research HTTP/3 and gRPC").await;
+    let done = client.chat_done(&request).await;
+    assert!(done.get("outcome").is_none(), "completed turns carry no outcome: {done}");
+    let chunks = client.chat_chunks(&request);
+
+    let calls = of_type(&chunks, "tool-input-available");
+    assert_eq!(calls.len(), 2, "two research calls: {chunks:#?}");
+    let starts: Vec<usize> =
+        chunks.iter().enumerate().filter(|(_, c)| c["type"] == "start-step").map(|(i, _)| i).collect();
+    let first_output = chunks.iter().position(|c| c["type"] == "tool-output-available").unwrap();
+    assert!(
+        chunks[..first_output].iter().filter(|c| c["type"] == "tool-input-available").count() == 2
+            && starts.iter().filter(|s| **s < first_output).count() == 1,
+        "both calls are made in the first step, before any result"
+    );
+    for (call, topic) in calls.iter().zip(["HTTP/3", "gRPC"]) {
+        assert_eq!(call["toolName"], "research");
+        assert_eq!(call["input"], json!({"query": topic}));
+        let call_id = call["toolCallId"].as_str().unwrap();
+        let expected = offline::research_answer(topic, 8);
+        let output =
+            chunks.iter().find(|c| c["type"] == "tool-output-available" && c["toolCallId"] == call_id).unwrap();
+        assert_eq!(output["output"], expected.as_str(), "the model gets the child's summary");
+        let run_id = format!("agent-tool:{call_id}");
+        let events = client.run_events(&run_id);
+        assert_eq!(events[0]["event"]["kind"], "started");
+        assert_eq!(events[0]["parentToolCallId"], call_id);
+        assert_eq!(events[0]["event"]["display"], json!({"icon": "🔎", "name": "Researcher"}));
+        assert_eq!(events.last().unwrap()["event"], json!({"kind": "finished", "runId": run_id, "summary": expected}));
+        assert_eq!(streamed_text(&events), expected);
+        let seqs: Vec<i64> = events.iter().map(|e| e["sequence"].as_i64().unwrap()).collect();
+        assert_eq!(seqs, (0..events.len() as i64).collect::<Vec<_>>());
+    }
+    let final_text = text_of_chunks(&chunks);
+    let expected = format!(
+        "Here is what I found:\n- HTTP/3: {}\n- gRPC: {}",
+        offline::research_answer("HTTP/3", 8),
+        offline::research_answer("gRPC", 8)
+    );
+    assert_eq!(final_text, expected);
+
+    let messages = get_messages(&worker, &name).await;
+    assert_eq!(messages.len(), 2);
+    assert_eq!(messages[0]["role"], "user");
+    let assistant = &messages[1];
+    assert_eq!(assistant["role"], "assistant");
+    let parts = assistant["parts"].as_array().unwrap();
+    let tool_parts: Vec<&Value> = parts.iter().filter(|p| p["type"] == "tool-research").collect();
+    assert_eq!(tool_parts.len(), 2);
+    assert!(tool_parts.iter().all(|p| p["state"] == "output-available"));
+    let text: String = parts.iter().filter(|p| p["type"] == "text").map(|p| p["text"].as_str().unwrap()).collect();
+    assert_eq!(text, expected, "the final answer is persisted");
+
+    let rows = runs(&mut client).await;
+    assert_eq!(rows.len(), 2);
+    assert!(rows.iter().all(|r| r["status"] == "completed" && r["parentToolCallId"].is_string()));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_openai_compatible_server_drives_parent_and_children() {
+    let mock = MockModel::start(|body| {
+        if !is_parent(body) {
+            let topic = offline::topics(&last_user_text(body)).join(" ");
+            return answer(&format!("Notes on {topic}: fast and widely deployed."), 5);
+        }
+        if last_role(body) == "tool" {
+            return answer("Both are modern transport protocols.", 5);
+        }
+        tool_calls("research", &[json!({"query": "HTTP/3"}), json!({"query": "gRPC"})])
+    })
+    .await;
+    let worker = Worker::start_with_vars(&mock.vars()).await;
+    let name = unique("openai");
+    let mut client = worker.client(&name).await;
+    let request = client.chat("Compare HTTP/3 and gRPC").await;
+    client.chat_done(&request).await;
+    let chunks = client.chat_chunks(&request);
+
+    let inputs: Vec<Value> = of_type(&chunks, "tool-input-available").iter().map(|c| c["input"].clone()).collect();
+    assert_eq!(inputs, vec![json!({"query": "HTTP/3"}), json!({"query": "gRPC"})]);
+    let deltas: String = of_type(&chunks, "tool-input-delta")
+        .iter()
+        .filter(|c| c["toolCallId"] == "call_mock_0")
+        .map(|c| c["inputTextDelta"].as_str().unwrap())
+        .collect();
+    assert_eq!(deltas, "{\"query\":\"HTTP/3\"}", "argument deltas stream as they arrive");
+    for (call_id, topic) in [("call_mock_0", "HTTP/3"), ("call_mock_1", "gRPC")] {
+        let expected = format!("Notes on {topic}: fast and widely deployed.");
+        let events = client.run_events(&format!("agent-tool:{call_id}"));
+        assert_eq!(streamed_text(&events), expected, "the child streamed its own model's text");
+        assert_eq!(events.last().unwrap()["event"]["kind"], "finished");
+    }
+    assert_eq!(text_of_chunks(&chunks), "Both are modern transport protocols.");
+
+    let requests = mock.requests();
+    let parent_requests: Vec<&Value> = requests.iter().filter(|r| is_parent(r)).collect();
+    assert_eq!(parent_requests.len(), 2);
+    let first = parent_requests[0];
+    assert_eq!(first["stream"], true);
+    assert_eq!(first["model"], "mock-model");
+    assert_eq!(first["messages"][0]["role"], "system");
+    assert_eq!(first["tools"][0]["function"]["name"], "research");
+    assert_eq!(first["tools"][0]["function"]["parameters"]["properties"]["query"]["minLength"], 3);
+    let second = parent_requests[1];
+    let tool_results: Vec<(&str, &str)> = second["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| (m["tool_call_id"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        tool_results,
+        vec![
+            ("call_mock_0", "Notes on HTTP/3: fast and widely deployed."),
+            ("call_mock_1", "Notes on gRPC: fast and widely deployed.")
+        ],
+        "both results return to the parent's model"
+    );
+    let assistant_call = second["messages"].as_array().unwrap().iter().find(|m| m["role"] == "assistant").unwrap();
+    assert_eq!(assistant_call["tool_calls"].as_array().unwrap().len(), 2);
+    assert_eq!(requests.iter().filter(|r| !is_parent(r)).count(), 2, "one model call per child");
+
+    let messages = get_messages(&worker, &name).await;
+    let text: String = messages[1]["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["type"] == "text")
+        .map(|p| p["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "Both are modern transport protocols.");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn invalid_tool_input_is_a_tool_error_and_starts_no_child() {
+    let mock = MockModel::start(|body| {
+        if last_role(body) == "tool" {
+            answer("Sorry, that topic is too short.", 0)
+        } else {
+            tool_calls("research", &[json!({"query": "ab"})])
+        }
+    })
+    .await;
+    let worker = Worker::start_with_vars(&mock.vars()).await;
+    let mut client = worker.client(&unique("invalid")).await;
+    let request = client.chat("Research ab").await;
+    client.chat_done(&request).await;
+    let chunks = client.chat_chunks(&request);
+    let errors = of_type(&chunks, "tool-output-error");
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0]["errorText"], "Invalid input for tool research: /query: must be at least 3 characters long");
+    assert!(client.events().is_empty(), "no child run was started: {:#?}", client.events());
+    assert!(runs(&mut client).await.is_empty());
+    let second = &mock.requests()[1];
+    let tool_message = second["messages"].as_array().unwrap().iter().find(|m| m["role"] == "tool").unwrap();
+    assert!(tool_message["content"].as_str().unwrap().contains("must be at least 3 characters"));
+    assert_eq!(text_of_chunks(&chunks), "Sorry, that topic is too short.");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn provider_failures_end_turns_and_runs_with_errors() {
+    let mock = MockModel::start(|body| {
+        let text = last_user_text(body);
+        if text.contains("http500") {
+            Reply::Status(500, "{\"error\":{\"message\":\"upstream exploded\"}}".into())
+        } else if text.contains("malformed") {
+            Reply::Raw(b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\ndata: {not json}\n\n".to_vec())
+        } else if text.contains("stall") {
+            Reply::Stall(mock_model::text("Starting"))
+        } else {
+            answer("fine", 0)
+        }
+    })
+    .await;
+    let worker = Worker::start_with_vars(&mock.vars()).await;
+    let mut client = worker.client(&unique("failures")).await;
+
+    // The parent's own model fails: an error frame, then the final frame with outcome "error".
+    let request = client.chat("http500 please").await;
+    let done = client.chat_done(&request).await;
+    assert_eq!(done["outcome"], "error");
+    let error = client
+        .wait_for(WAIT, |f| {
+            f["type"] == "cf_agent_use_chat_response" && f["id"] == request.as_str() && f["error"] == true
+        })
+        .await;
+    assert!(error["body"].as_str().unwrap().contains("HTTP 500"), "{error}");
+    assert!(error["body"].as_str().unwrap().contains("upstream exploded"), "{error}");
+    let chunks = client.chat_chunks(&request);
+    assert_eq!(of_type(&chunks, "error").len(), 1, "the stream carries an error part");
+
+    // Children whose model fails end `error`, each with the provider's problem.
+    let results = client.call("research", json!([["http500", "malformed", "stall"]])).await.unwrap();
+    let results = results.as_array().unwrap();
+    let expectations =
+        [("http500", "HTTP 500"), ("malformed", "malformed stream"), ("stall", "sent nothing for 1500 ms")];
+    for (result, (topic, needle)) in results.iter().zip(expectations) {
+        assert_eq!(result["status"], "error", "{topic}: {result}");
+        assert!(result["error"].as_str().unwrap().contains(needle), "{topic}: {result}");
+        let events = client.run_events(result["runId"].as_str().unwrap());
+        assert_eq!(events.last().unwrap()["event"]["kind"], "error");
+    }
+    let rows = runs(&mut client).await;
+    assert_eq!(rows.len(), 3);
+    assert!(rows.iter().all(|r| r["status"] == "error"), "nothing left running: {rows:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_child_may_finish_with_structured_output_and_no_text() {
+    let mock = MockModel::start(|_| Reply::Sse(vec![(0, mock_model::finish("stop")), (0, "[DONE]".into())])).await;
+    let worker = Worker::start_with_vars(&mock.vars()).await;
+    let mut client = worker.client(&unique("structured")).await;
+    let results = client.call("research", json!([["quiet topic"]])).await.unwrap();
+    let result = &results[0];
+    assert_eq!(result["status"], "completed", "{result}");
+    assert_eq!(result["output"], json!({"topic": "quiet topic", "findings": "", "words": 0}));
+    let summary: Value = serde_json::from_str(result["summary"].as_str().unwrap()).unwrap();
+    assert_eq!(summary, result["output"], "with no text, the summary is the output");
+    let events = client.run_events(result["runId"].as_str().unwrap());
+    assert_eq!(streamed_text(&events), "");
+    assert_eq!(events.last().unwrap()["event"]["kind"], "finished");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_stock_typescript_clients_chat_with_the_rust_agent() {
+    let vars = [("OFFLINE_WORDS", "6"), ("OFFLINE_DELAY_MS", "5")];
+    let worker = Worker::start_with(None, &vars).await;
+    let name = unique("stock");
+    let output = tokio::process::Command::new("node")
+        .arg(crate::harness::root().join("tests/node/stock-chat.mjs"))
+        .arg(format!("127.0.0.1:{}", worker.port))
+        .arg(&name)
+        .arg("Research HTTP/3 and gRPC")
+        .current_dir(crate::harness::root())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "node failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    let result: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(result["identity"], json!({"agent": "assistant", "name": name}));
+    let message = &result["message"];
+    assert_eq!(message["role"], "assistant");
+    let parts = message["parts"].as_array().unwrap();
+    let tools: Vec<&Value> = parts.iter().filter(|p| p["type"] == "tool-research").collect();
+    assert_eq!(tools.len(), 2, "{parts:#?}");
+    for (part, topic) in tools.iter().zip(["HTTP/3", "gRPC"]) {
+        assert_eq!(part["state"], "output-available");
+        assert_eq!(part["input"], json!({"query": topic}));
+        assert_eq!(part["output"], offline::research_answer(topic, 6).as_str());
+    }
+    let text: String = parts.iter().filter(|p| p["type"] == "text").map(|p| p["text"].as_str().unwrap()).collect();
+    assert!(text.starts_with("Here is what I found:\n- HTTP/3: Findings on HTTP/3:"), "{text}");
+    assert_eq!(result["runs"].as_array().unwrap().len(), 2, "agent.call() reaches the Rust RPC");
+}
