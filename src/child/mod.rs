@@ -1,3 +1,4 @@
 //! The child room: run rows, the chunk log, progress and milestones.
 
+pub mod progress;
 pub mod runs;

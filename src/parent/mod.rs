@@ -114,6 +114,27 @@ impl RunResult {
     }
 }
 
+/// What happens to a dispatch when `max_concurrent_agent_tools` runs are already live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Admission {
+    /// Refuse it at once with a clear error, writing nothing: a retry of the same run id
+    /// succeeds once a slot is free. The default, because a caller (usually a model turn) should
+    /// learn about back-pressure rather than wait without bound.
+    #[default]
+    Reject,
+    /// Hold it until a slot frees, then dispatch it (first come, first served).
+    Queue,
+}
+
+/// Which runs `clear_agent_tool_runs` removes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClearFilter {
+    /// Only runs with one of these statuses (all, when `None`).
+    pub status: Option<Vec<RunStatus>>,
+    /// Only runs started before this time, epoch ms (all, when `None`).
+    pub older_than: Option<i64>,
+}
+
 /// Checks a caller-supplied run id: 1–256 characters, no control characters.
 pub fn validate_run_id(run_id: &str) -> Result<(), String> {
     if run_id.is_empty() {

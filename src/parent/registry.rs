@@ -583,6 +583,21 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
         Ok(row.as_ref().map(RunRecord::from_row))
     }
 
+    /// Runs whose status is one of `statuses` (any, when `None`) and that started before
+    /// `older_than` (epoch ms; any time, when `None`): what `clear_agent_tool_runs` removes.
+    pub fn matching(
+        &self,
+        statuses: Option<&[RunStatus]>,
+        older_than: Option<i64>,
+    ) -> Result<Vec<RunRecord>, StoreError> {
+        Ok(self
+            .all()?
+            .into_iter()
+            .filter(|r| statuses.is_none_or(|s| s.contains(&r.status)))
+            .filter(|r| older_than.is_none_or(|t| r.started_at < t))
+            .collect())
+    }
+
     /// Deletes runs and their frames.
     pub fn delete(&self, run_ids: &[String]) -> Result<(), StoreError> {
         for id in run_ids {

@@ -122,6 +122,21 @@ impl Worker {
 
     /// Starts a Worker on `persist` (fresh temp dir when `None`), with extra `--var`s.
     pub async fn start_with(persist: Option<&Path>, vars: &[(&str, &str)]) -> Worker {
+        Self::start_on(prebuilt_config(), persist, vars).await
+    }
+
+    /// Starts a Worker whose configuration lacks the Durable Object binding `binding` (the
+    /// class is still exported): dispatching to it fails after the row is written.
+    pub async fn start_without_binding(binding: &str) -> Worker {
+        let config = std::fs::read_to_string(prebuilt_config()).unwrap();
+        let block = format!("[[durable_objects.bindings]]\nname = \"{binding}\"\nclass_name = \"{binding}\"\n");
+        assert!(config.contains(&block), "no binding {binding} in the config");
+        let path = root().join(format!(".wrangler-test/wrangler-without-{binding}-{}.toml", std::process::id()));
+        std::fs::write(&path, config.replace(&block, "")).unwrap();
+        Self::start_on(path, None, &[]).await
+    }
+
+    async fn start_on(config: PathBuf, persist: Option<&Path>, vars: &[(&str, &str)]) -> Worker {
         ensure_built();
         let temp = tempfile::tempdir().unwrap();
         let persist = persist.map(Path::to_path_buf).unwrap_or_else(|| temp.path().join("state"));
@@ -134,7 +149,7 @@ impl Worker {
             .arg("--persist-to")
             .arg(&persist)
             .arg("-c")
-            .arg(prebuilt_config())
+            .arg(config)
             .env("CLOUDFLARE_CF_FETCH_ENABLED", "false")
             .env("WRANGLER_SEND_METRICS", "false")
             .env("WRANGLER_LOG_PATH", temp.path().join("logs"))
@@ -278,18 +293,47 @@ impl Client {
         while self.recv(quiet).await.is_some() {}
     }
 
-    /// Calls an RPC method, recording every other frame meanwhile.
-    pub async fn call(&mut self, method: &str, args: Value) -> Result<Value, String> {
+    /// Sends an RPC call without waiting; see [`Client::reply`].
+    pub async fn send_call(&mut self, method: &str, args: Value) -> String {
         self.next_id += 1;
         let id = format!("call-{}", self.next_id);
         let frame = json!({ "type": "rpc", "id": id, "method": method, "args": args });
         self.send_text(&frame.to_string()).await;
-        let reply = self.wait_for(WAIT * 4, |f| f["type"] == "rpc" && f["id"] == id.as_str()).await;
+        id
+    }
+
+    /// Waits for the reply to a call sent with [`Client::send_call`].
+    pub async fn reply(&mut self, id: &str) -> Result<Value, String> {
+        let reply = self.wait_for(WAIT * 4, |f| f["type"] == "rpc" && f["id"] == id).await;
         if reply["success"] == true {
             Ok(reply["result"].clone())
         } else {
             Err(reply["error"].as_str().unwrap_or_default().to_owned())
         }
+    }
+
+    /// Waits until the run has streamed at least `n` text deltas.
+    pub async fn wait_deltas(&mut self, run_id: &str, n: usize) {
+        let count = |frames: &[Value]| {
+            frames
+                .iter()
+                .filter(|f| f["type"] == "agent-tool-event" && f["event"]["runId"] == run_id)
+                .filter(|f| f["event"]["body"].as_str().is_some_and(|b| b.contains("\"text-delta\"")))
+                .count()
+        };
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while count(&self.frames) < n {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if self.recv(left).await.is_none() {
+                panic!("run {run_id} streamed fewer than {n} deltas: {:#?}", self.run_events(run_id));
+            }
+        }
+    }
+
+    /// Calls an RPC method, recording every other frame meanwhile.
+    pub async fn call(&mut self, method: &str, args: Value) -> Result<Value, String> {
+        let id = self.send_call(method, args).await;
+        self.reply(&id).await
     }
 
     /// Sends a chat message (`cf_agent_use_chat_request`, as `useAgentChat` does) and returns

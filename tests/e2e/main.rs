@@ -4,4 +4,5 @@
 mod chat;
 mod foundation;
 mod harness;
+mod lifecycle;
 mod mock_model;

@@ -241,3 +241,19 @@ fn input_preview_rules() {
     let over = input_preview(&json!(["b".repeat(497)])).unwrap();
     assert_eq!((over.len(), over.ends_with("...")), (500, true));
 }
+
+#[test]
+fn matching_selects_by_status_and_age() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    for (id, at) in [("old", 10), ("new", 100), ("live", 50)] {
+        reg.insert(&new_run(id), at).unwrap();
+    }
+    reg.finish("old", &Terminal::Error { message: "x".into() }, 11).unwrap();
+    reg.finish("new", &Terminal::Completed { summary: "s".into(), output: None }, 101).unwrap();
+    let ids = |v: Vec<RunRecord>| v.into_iter().map(|r| r.run_id).collect::<Vec<_>>();
+    assert_eq!(ids(reg.matching(None, None).unwrap()), vec!["old", "live", "new"]);
+    assert_eq!(ids(reg.matching(Some(&[RunStatus::Completed, RunStatus::Error]), None).unwrap()), vec!["old", "new"]);
+    assert_eq!(ids(reg.matching(None, Some(60)).unwrap()), vec!["old", "live"]);
+    assert_eq!(ids(reg.matching(Some(&[RunStatus::Starting]), Some(60)).unwrap()), vec!["live"]);
+}

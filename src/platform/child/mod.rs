@@ -24,9 +24,10 @@ pub use turn::{ChildTools, Turn};
 
 use super::chat::{self, Chat, ChatAction, TurnSpec};
 use super::model::{ModelProvider, PlatformModel};
-use super::{json_error, now_ms, DoSql};
+use super::{json_error, now_ms, random_id, DoSql};
 use crate::cancel::CancelToken;
 use crate::chat::message::user_text;
+use crate::child::progress::Coalescer;
 use crate::child::runs::{ChildRun, ChildRuns, ChildStatus};
 use crate::model::{ModelError, ToolCall, ToolSpec};
 use crate::protocol::child_api::{CancelRequest, StartReply, StartRequest};
@@ -117,6 +118,7 @@ struct LiveRun {
     next_index: i64,
     cancel: CancelToken,
     terminal_only: bool,
+    progress: Coalescer,
 }
 
 struct ChildCore {
@@ -162,9 +164,18 @@ impl ChildCore {
         true
     }
 
+    /// Sends the progress report a burst held back, if any.
+    fn flush_progress(&self, run_id: &str) {
+        let held = self.live.borrow_mut().get_mut(run_id).and_then(|run| run.progress.flush(now_ms()));
+        if let Some(progress) = held {
+            self.emit(run_id, ChunkKind::Progress, chunk::progress(&random_id(), &progress));
+        }
+    }
+
     /// Records the outcome (unless the run already ended), sends the `end` line to every tail
-    /// and closes them.
+    /// and closes them. Held progress goes out first: the latest report is never lost.
     fn seal(&self, run_id: &str, outcome: &RunOutcome) {
+        self.flush_progress(run_id);
         if let Err(e) = self.runs().finish(run_id, outcome, now_ms()) {
             worker::console_error!("agent-tools: sealing {run_id} failed: {e}");
         }
@@ -239,6 +250,7 @@ impl<C: ChildAgent> ChildHost<C> {
                 Ok(cancel) => self.cancel(cancel),
                 Err(e) => json_error(400, format!("malformed cancel request: {e}")),
             },
+            (Method::Post, "/_agent_tools/clear") => self.clear().await,
             (_, path) => json_error(404, format!("{} has no route {path}", C::CLASS)),
         }
     }
@@ -374,8 +386,13 @@ impl<C: ChildAgent> ChildHost<C> {
     fn begin_turn(&self, run: ChildRun) {
         let cancel = CancelToken::new();
         let next_index = self.core.runs().next_index(&run.run_id).unwrap_or(0);
-        let live =
-            LiveRun { subscribers: Vec::new(), next_index, cancel: cancel.clone(), terminal_only: run.terminal_only };
+        let live = LiveRun {
+            subscribers: Vec::new(),
+            next_index,
+            cancel: cancel.clone(),
+            terminal_only: run.terminal_only,
+            progress: Coalescer::default(),
+        };
         self.core.live.borrow_mut().insert(run.run_id.clone(), live);
         let core = self.core.clone();
         let agent = self.agent.clone();
@@ -458,6 +475,29 @@ impl<C: ChildAgent> ChildHost<C> {
             Ok(inspection) => Response::from_json(&inspection),
             Err(e) => json_error(500, e.to_string()),
         }
+    }
+
+    /// Deletes everything this child stored (its run, stream, milestones and messages), after
+    /// stopping any live turn. The instance is left empty, with its tables in place.
+    async fn clear(&self) -> worker::Result<Response> {
+        let live: Vec<CancelToken> = self.core.live.borrow().values().map(|run| run.cancel.clone()).collect();
+        for token in live {
+            token.cancel(Some("cleared".into()));
+        }
+        // Let the cancelled turns finish writing (they seal and leave `live`) before deleting,
+        // so nothing they write survives the clear.
+        for _ in 0..200 {
+            if self.core.live.borrow().is_empty() {
+                break;
+            }
+            worker::Delay::from(std::time::Duration::from_millis(10)).await;
+        }
+        self.core.state.storage().delete_all().await?;
+        if let Err(e) = self.core.runs().migrate().and_then(|_| crate::store::Sql::batch(&self.core.sql, meta::SCHEMA))
+        {
+            return json_error(500, e.to_string());
+        }
+        Response::from_json(&json!({ "cleared": true }))
     }
 
     fn cancel(&self, cancel: CancelRequest) -> worker::Result<Response> {

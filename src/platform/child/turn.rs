@@ -12,6 +12,7 @@ use crate::cancel::{CancelToken, Cancelled};
 use crate::chat::message::text_of;
 use crate::chat::store::Messages;
 use crate::chat::turn::ToolBox;
+use crate::child::progress::Decision;
 use crate::model::{ToolCall, ToolSpec};
 use crate::platform::chat::{ChatEnd, TurnSpec};
 use crate::platform::model::PlatformModel;
@@ -81,25 +82,30 @@ impl Turn {
     }
 
     /// Reports progress. With a `milestone` it is durable: stored with the next per-run
-    /// sequence and kept in the log. Otherwise it is transient: sent live, and the latest
-    /// snapshot kept on the run row (`data` only with `persist`).
+    /// sequence, kept in the log, never coalesced. Otherwise it is transient: the latest
+    /// snapshot is kept on the run row (`data` only with `persist`) and the frame is sent live,
+    /// bursts coalesced to one per 200 ms, latest-wins (`fraction >= 1` always goes at once).
     pub fn report_progress(&self, progress: Progress, persist: bool) {
         let now = now_ms();
         let runs = self.core.runs();
+        let decision = match self.core.live.borrow_mut().get_mut(&self.run_id) {
+            Some(run) => run.progress.offer(progress.clone(), now),
+            None => {
+                worker::console_warn!("agent-tools: report_progress outside a live run of {} is ignored", self.run_id);
+                return;
+            }
+        };
         if let Some(name) = progress.milestone.clone() {
             match runs.add_milestone(&self.run_id, &name, progress.data.as_ref(), now) {
                 Ok(sequence) => {
-                    self.core.emit(
-                        &self.run_id,
-                        ChunkKind::Milestone,
-                        chunk::milestone(&name, sequence, now, &progress),
-                    );
+                    let body = chunk::milestone(&name, sequence, now, &progress);
+                    self.core.emit(&self.run_id, ChunkKind::Milestone, body);
                 }
                 Err(e) => worker::console_error!("agent-tools: milestone {name} of {} failed: {e}", self.run_id),
             }
             return;
         }
-        let mut snapshot = progress.clone();
+        let mut snapshot = progress;
         if !persist {
             snapshot.data = None;
         }
@@ -108,7 +114,20 @@ impl Turn {
                 worker::console_error!("agent-tools: progress of {} failed: {e}", self.run_id);
             }
         }
-        self.core.emit(&self.run_id, ChunkKind::Progress, chunk::progress(&random_id(), &progress));
+        match decision {
+            Decision::Emit(progress) => {
+                self.core.emit(&self.run_id, ChunkKind::Progress, chunk::progress(&random_id(), &progress));
+            }
+            Decision::Defer { flush_at } => {
+                let (core, run_id) = (self.core.clone(), self.run_id.clone());
+                self.core.state.wait_until(async move {
+                    let wait = (flush_at - now_ms()).max(0) as u64;
+                    Delay::from(Duration::from_millis(wait)).await;
+                    core.flush_progress(&run_id);
+                });
+            }
+            Decision::Replaced => {}
+        }
     }
 
     /// Waits `ms` milliseconds, or less if the run is cancelled meanwhile.

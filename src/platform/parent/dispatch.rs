@@ -8,8 +8,11 @@ use wasm_bindgen::JsValue;
 use worker::{Method, Request, RequestInit, Response, Stub};
 
 use super::{ChildClass, ParentAgent, ParentHost};
-use crate::parent::registry::Forward;
-use crate::parent::{validate_run_id, EventDelivery, Inserted, NewRun, RunOptions, RunRecord, RunResult, Terminal};
+use crate::parent::registry::{Forward, RegistryError};
+use crate::parent::{
+    validate_run_id, Admission, ClearFilter, EventDelivery, Inserted, NewRun, RunOptions, RunRecord, RunResult,
+    Terminal,
+};
 use crate::platform::{now_ms, random_id};
 use crate::protocol::child_api::{self, CancelRequest, StartRequest};
 use crate::protocol::tail::{ChunkKind, LineSplitter, OutcomeStatus, RunOutcome, TailLine};
@@ -18,7 +21,8 @@ use crate::protocol::InterruptedReason;
 impl<A: ParentAgent> ParentHost<A> {
     /// Dispatches a child run and waits for its outcome. Idempotent by run id: a known id
     /// returns its recorded result, or joins the dispatch already under way; it never starts a
-    /// second child.
+    /// second child. Over `max_concurrent_agent_tools`, the dispatch is refused (writing
+    /// nothing) or queued, as [`ParentAgent::admission`] says.
     pub async fn run_agent_tool(&self, child: &str, options: RunOptions) -> RunResult {
         let run_id = options.run_id.clone().unwrap_or_else(random_id);
         if let Err(problem) = validate_run_id(&run_id) {
@@ -44,28 +48,42 @@ impl<A: ParentAgent> ParentHost<A> {
             display_order: options.display_order.unwrap_or(0),
             event_delivery: options.event_delivery,
         };
-        let record = match self.registry().insert(&new, now_ms()) {
-            Err(e) => return RunResult::refused(run_id, child, e.to_string()),
-            Ok(Inserted::New(record)) => {
-                self.broadcast_frame(&record.started_frame());
-                record
-            }
-            Ok(Inserted::Existing(record)) => {
-                if record.status.is_hard_terminal() {
-                    return RunResult::from_record(&record);
+        let record = loop {
+            match self.admit(&new) {
+                Err(problem) => return RunResult::refused(run_id, child, problem),
+                Ok(Admit::Full(limit)) => {
+                    if self.0.agent.admission(&self.0.env) == Admission::Queue {
+                        self.slot_freed().await;
+                        continue;
+                    }
+                    let message = format!(
+                        "maxConcurrentAgentTools ({limit}) reached: {limit} runs are starting or running; \
+                         retry when one finishes"
+                    );
+                    return RunResult::refused(run_id, child, message);
                 }
-                let waiting = self.0.inflight.borrow_mut().get_mut(&run_id).map(|waiters| {
-                    let (tx, rx) = oneshot::channel();
-                    waiters.push(tx);
-                    rx
-                });
-                if let Some(rx) = waiting {
-                    return match rx.await {
-                        Ok(result) => result,
-                        Err(_) => self.current_result(&record),
-                    };
+                Ok(Admit::New(record)) => {
+                    self.broadcast_frame(&record.started_frame());
+                    self.0.agent.on_agent_tool_start(self, &record).await;
+                    break record;
                 }
-                record
+                Ok(Admit::Existing(record)) => {
+                    if record.status.is_hard_terminal() {
+                        return RunResult::from_record(&record);
+                    }
+                    let waiting = self.0.inflight.borrow_mut().get_mut(&run_id).map(|waiters| {
+                        let (tx, rx) = oneshot::channel();
+                        waiters.push(tx);
+                        rx
+                    });
+                    if let Some(rx) = waiting {
+                        return match rx.await {
+                            Ok(result) => result,
+                            Err(_) => self.current_result(&record),
+                        };
+                    }
+                    break record;
+                }
             }
         };
         self.0.inflight.borrow_mut().insert(run_id.clone(), Vec::new());
@@ -75,6 +93,39 @@ impl<A: ParentAgent> ParentHost<A> {
             let _ = tx.send(result.clone());
         }
         result
+    }
+
+    /// Looks the run up, checks the concurrency cap and inserts the row, in one synchronous
+    /// step: two dispatches can never both take the last slot.
+    fn admit(&self, new: &NewRun) -> Result<Admit, String> {
+        let registry = self.registry();
+        if let Some(existing) = registry.get(&new.run_id).map_err(|e| e.to_string())? {
+            if existing.agent_type != new.agent_type {
+                return Err(RegistryError::AgentTypeMismatch {
+                    run_id: new.run_id.clone(),
+                    existing: existing.agent_type,
+                    requested: new.agent_type.clone(),
+                }
+                .to_string());
+            }
+            return Ok(Admit::Existing(existing));
+        }
+        if let Some(limit) = self.0.agent.max_concurrent_agent_tools(&self.0.env) {
+            if registry.live_count().map_err(|e| e.to_string())? >= limit as i64 {
+                return Ok(Admit::Full(limit));
+            }
+        }
+        match registry.insert(new, now_ms()).map_err(|e| e.to_string())? {
+            Inserted::New(record) => Ok(Admit::New(record)),
+            Inserted::Existing(record) => Ok(Admit::Existing(record)),
+        }
+    }
+
+    /// Resolves when a run concludes (a slot may be free).
+    async fn slot_freed(&self) {
+        let (tx, rx) = oneshot::channel();
+        self.0.slot_waiters.borrow_mut().push(tx);
+        let _ = rx.await;
     }
 
     pub(super) fn child_stub(&self, class: ChildClass, run_id: &str) -> Result<Stub, String> {
@@ -91,6 +142,7 @@ impl<A: ParentAgent> ParentHost<A> {
             Err(e) => {
                 return self
                     .conclude(record, Terminal::Error { message: format!("could not reach {}: {e}", class.class) })
+                    .await
             }
         };
         let start = StartRequest {
@@ -104,12 +156,12 @@ impl<A: ParentAgent> ParentHost<A> {
             Ok(mut resp) if resp.status_code() != 200 => {
                 let body = resp.text().await.unwrap_or_default();
                 let message = format!("{} refused to start the run ({}): {body}", class.class, resp.status_code());
-                return self.conclude(record, Terminal::Error { message });
+                return self.conclude(record, Terminal::Error { message }).await;
             }
             Ok(_) => {}
             Err(e) => {
                 let message = format!("could not start {}: {e}", class.class);
-                return self.conclude(record, Terminal::Error { message });
+                return self.conclude(record, Terminal::Error { message }).await;
             }
         }
         if let Err(e) = self.registry().mark_running(&record.run_id) {
@@ -150,7 +202,7 @@ impl<A: ParentAgent> ParentHost<A> {
                 return self.current_result(record);
             }
             if let Some(outcome) = end {
-                return self.conclude(record, terminal_from(outcome));
+                return self.conclude(record, terminal_from(outcome)).await;
             }
         }
         self.after_broken_tail(record, stub).await
@@ -185,7 +237,7 @@ impl<A: ParentAgent> ParentHost<A> {
             _ => None,
         };
         if let Some(outcome) = inspection.and_then(|i| i.outcome()) {
-            return self.conclude(record, terminal_from(outcome));
+            return self.conclude(record, terminal_from(outcome)).await;
         }
         self.conclude(
             record,
@@ -195,6 +247,7 @@ impl<A: ParentAgent> ParentHost<A> {
                 child_still_running: Some(true),
             },
         )
+        .await
     }
 
     /// Cancels a run: the child stops its turn and the run ends `aborted`. Idempotent: an
@@ -213,17 +266,48 @@ impl<A: ParentAgent> ParentHost<A> {
                 }
             }
         }
-        self.conclude(&record, Terminal::Aborted { reason });
+        self.conclude(&record, Terminal::Aborted { reason }).await;
     }
 
-    /// Records the terminal result (unless the row is already final) and broadcasts its frame.
-    fn conclude(&self, record: &RunRecord, terminal: Terminal) -> RunResult {
+    /// Removes retained runs: cancels the live ones, deletes each child's storage and the
+    /// parent's rows and frames. Cleared runs never replay again. Returns the cleared run ids.
+    pub async fn clear_agent_tool_runs(&self, filter: &ClearFilter) -> Result<Vec<String>, String> {
+        let runs = self.registry().matching(filter.status.as_deref(), filter.older_than).map_err(|e| e.to_string())?;
+        let mut cleared = Vec::new();
+        for run in runs {
+            if !run.status.is_hard_terminal() {
+                self.cancel_agent_tool(&run.run_id, Some("cleared".into())).await;
+            }
+            if let Some(class) = A::CHILDREN.iter().find(|c| c.class == run.agent_type) {
+                if let Ok(stub) = self.child_stub(*class, &run.run_id) {
+                    let url = format!("{}/clear", child_api::BASE);
+                    let request = CancelRequest { run_id: run.run_id.clone(), reason: None };
+                    if let Err(e) = send_json(&stub, Method::Post, &url, &request).await {
+                        worker::console_error!("agent-tools: clearing {} at the child failed: {e}", run.run_id);
+                    }
+                }
+            }
+            self.registry().delete(std::slice::from_ref(&run.run_id)).map_err(|e| e.to_string())?;
+            cleared.push(run.run_id);
+        }
+        Ok(cleared)
+    }
+
+    /// Records the terminal result (unless the row is already final), broadcasts its frame,
+    /// frees its slot and fires `on_agent_tool_finish` (once: only the transition that wrote
+    /// the row fires it).
+    async fn conclude(&self, record: &RunRecord, terminal: Terminal) -> RunResult {
         match self.registry().finish(&record.run_id, &terminal, now_ms()) {
             Ok(Some(done)) => {
                 if let Some(frame) = done.terminal_frame() {
                     self.broadcast_frame(&frame);
                 }
-                RunResult::from_record(&done)
+                for waiter in self.0.slot_waiters.borrow_mut().drain(..) {
+                    let _ = waiter.send(());
+                }
+                let result = RunResult::from_record(&done);
+                self.0.agent.on_agent_tool_finish(self, &done, &result).await;
+                result
             }
             Ok(None) => self.current_result(record),
             Err(e) => {
@@ -242,6 +326,16 @@ impl<A: ParentAgent> ParentHost<A> {
             _ => RunResult::from_record(record),
         }
     }
+}
+
+/// How a dispatch is admitted.
+enum Admit {
+    /// A new row.
+    New(RunRecord),
+    /// The run id is known.
+    Existing(RunRecord),
+    /// The cap is reached.
+    Full(usize),
 }
 
 /// The parts of a child's inspection the parent reads.

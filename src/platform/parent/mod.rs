@@ -21,7 +21,7 @@ use super::chat::{self, Chat, ChatAction};
 use super::model::ModelProvider;
 use super::{json_error, DoSql};
 use crate::model::ModelError;
-use crate::parent::{AgentTool, Registry, RunResult};
+use crate::parent::{Admission, AgentTool, Registry, RunRecord, RunResult};
 use crate::protocol::rpc::{self, ClientFrame, FrameError, RpcResponse};
 use crate::protocol::EventFrame;
 use crate::routing::{kebab_case, parse_agent_path};
@@ -65,6 +65,46 @@ pub trait ParentAgent: Sized + 'static {
         ModelProvider::from_env(env)
     }
 
+    /// The most runs `starting` or `running` at once (default: unlimited).
+    fn max_concurrent_agent_tools(&self, env: &Env) -> Option<usize> {
+        let _ = env;
+        None
+    }
+
+    /// What a dispatch over the cap does (default: [`Admission::Reject`]).
+    fn admission(&self, env: &Env) -> Admission {
+        let _ = env;
+        Admission::Reject
+    }
+
+    /// Fires once when a run's row is created, after its `started` frame.
+    async fn on_agent_tool_start(&self, parent: &ParentHost<Self>, run: &RunRecord) {
+        let _ = (parent, run);
+    }
+
+    /// Fires once when a run reaches a terminal status (again if an `interrupted` run is later
+    /// repaired by its real result).
+    async fn on_agent_tool_finish(&self, parent: &ParentHost<Self>, run: &RunRecord, result: &RunResult) {
+        let _ = (parent, run, result);
+    }
+
+    /// The drill-in gate: runs before a `/sub/<child>/<name>` request reaches the child.
+    /// Return a response to refuse it. The default refuses (404) any name that is not a known
+    /// run of that child class, so a guessed id never creates a child.
+    async fn on_before_sub_agent(
+        &self,
+        parent: &ParentHost<Self>,
+        request: &Request,
+        child: ChildClass,
+        name: &str,
+    ) -> Option<Response> {
+        let _ = request;
+        if parent.has_agent_tool_run(child.class, name) {
+            return None;
+        }
+        json_error(404, format!("no {} run {name:?} on this {}", child.class, Self::CLASS)).ok()
+    }
+
     /// Serves an RPC call (`agent.call(method, args)`). The default knows no methods. Return
     /// `Err(message)` to reject the call with that message.
     async fn call(&self, parent: &ParentHost<Self>, method: &str, args: Vec<Value>) -> Result<Value, String> {
@@ -83,6 +123,8 @@ struct Inner<A> {
     inflight: RefCell<HashMap<String, Vec<oneshot::Sender<RunResult>>>>,
     /// The agent-tool runs each chat turn dispatched, by request id (to cancel them with it).
     turn_runs: RefCell<HashMap<String, Vec<String>>>,
+    /// Dispatches queued for a concurrency slot.
+    slot_waiters: RefCell<Vec<oneshot::Sender<()>>>,
 }
 
 /// The parent's runtime. Clone is cheap (a shared handle). Hold one in your Durable Object and
@@ -111,6 +153,7 @@ impl<A: ParentAgent> ParentHost<A> {
             chat,
             inflight: RefCell::new(HashMap::new()),
             turn_runs: RefCell::new(HashMap::new()),
+            slot_waiters: RefCell::new(Vec::new()),
         }))
     }
 
@@ -122,6 +165,11 @@ impl<A: ParentAgent> ParentHost<A> {
     /// The Worker environment.
     pub fn env(&self) -> &Env {
         &self.0.env
+    }
+
+    /// This agent's SQL storage (for the app's own tables).
+    pub fn sql(&self) -> &DoSql {
+        &self.0.sql
     }
 
     /// The run registry.
@@ -169,8 +217,9 @@ impl<A: ParentAgent> ParentHost<A> {
             let Some(child) = A::CHILDREN.iter().find(|c| kebab_case(c.class) == sub.agent) else {
                 return json_error(404, format!("{} has no child agent {:?}", A::CLASS, sub.agent));
             };
-            if !self.has_agent_tool_run(child.class, &sub.name) {
-                return json_error(404, format!("no {} run {:?} on this {}", child.class, sub.name, A::CLASS));
+            let is_socket = req.headers().get("upgrade")?.is_some_and(|u| u.eq_ignore_ascii_case("websocket"));
+            if let Some(refusal) = self.0.agent.on_before_sub_agent(self, &req, *child, &sub.name).await {
+                return if is_socket { reject_socket(refusal.status_code()) } else { Ok(refusal) };
             }
             return match self.child_stub(*child, &sub.name) {
                 Ok(stub) => stub.fetch_with_request(req).await,
@@ -249,4 +298,14 @@ impl<A: ParentAgent> ParentHost<A> {
         let _ = ws.close(Some(code), Some(reason));
         Ok(())
     }
+}
+
+/// Refuses a WebSocket the way the TypeScript SDK does: accept it, then close it at once with
+/// `4000 + status` for a 4xx status (which the stock client treats as final), else 1011.
+fn reject_socket(status: u16) -> worker::Result<Response> {
+    let pair = WebSocketPair::new()?;
+    pair.server.accept()?;
+    let code = if (400..500).contains(&status) { 4000 + status } else { 1011 };
+    pair.server.close(Some(code), Some(format!("Sub-agent connection rejected ({status})")))?;
+    Response::from_websocket(pair.client)
 }

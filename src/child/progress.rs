@@ -1,0 +1,95 @@
+//! Progress coalescing: bursts of `report_progress` become at most one frame per window,
+//! latest-wins, with the last report of a burst delivered when its window closes (the
+//! TypeScript SDK drops it). A milestone is never coalesced; `fraction >= 1` always flushes.
+
+use crate::protocol::chunk::Progress;
+
+/// The default window.
+pub const WINDOW_MS: i64 = 200;
+
+/// What to do with a report.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Send it now.
+    Emit(Progress),
+    /// Held as the latest of a burst; call [`Coalescer::flush`] at this time.
+    Defer {
+        /// When the window closes.
+        flush_at: i64,
+    },
+    /// Held, replacing an earlier held report; a flush is already due.
+    Replaced,
+}
+
+/// Per-run coalescing state.
+#[derive(Debug, Default, Clone)]
+pub struct Coalescer {
+    last_emit: Option<i64>,
+    pending: Option<Progress>,
+}
+
+impl Coalescer {
+    /// Decides what happens to a report made at `now`.
+    pub fn offer(&mut self, progress: Progress, now: i64) -> Decision {
+        let done = progress.fraction.is_some_and(|f| f >= 1.0);
+        let open = self.last_emit.is_none_or(|last| now - last >= WINDOW_MS);
+        if progress.milestone.is_some() || done || open {
+            if progress.milestone.is_none() {
+                self.pending = None;
+            }
+            self.last_emit = Some(now);
+            return Decision::Emit(progress);
+        }
+        let scheduled = self.pending.is_some();
+        self.pending = Some(progress);
+        match (scheduled, self.last_emit) {
+            (true, _) => Decision::Replaced,
+            (false, Some(last)) => Decision::Defer { flush_at: last + WINDOW_MS },
+            (false, None) => Decision::Defer { flush_at: now },
+        }
+    }
+
+    /// The held report, if any, now due.
+    pub fn flush(&mut self, now: i64) -> Option<Progress> {
+        let p = self.pending.take()?;
+        self.last_emit = Some(now);
+        Some(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(fraction: f64) -> Progress {
+        Progress { fraction: Some(fraction), ..Default::default() }
+    }
+
+    #[test]
+    fn a_burst_sends_its_first_and_its_last() {
+        let mut c = Coalescer::default();
+        assert_eq!(c.offer(at(0.1), 1000), Decision::Emit(at(0.1)));
+        assert_eq!(c.offer(at(0.2), 1050), Decision::Defer { flush_at: 1200 });
+        assert_eq!(c.offer(at(0.3), 1100), Decision::Replaced);
+        assert_eq!(c.flush(1200), Some(at(0.3)), "latest wins, and is not lost");
+        assert_eq!(c.flush(1201), None);
+        assert_eq!(c.offer(at(0.4), 1300), Decision::Defer { flush_at: 1400 });
+        assert_eq!(c.offer(at(0.5), 1450), Decision::Emit(at(0.5)), "a report after the window goes at once");
+        assert_eq!(c.flush(1460), None, "and supersedes the held one");
+    }
+
+    #[test]
+    fn done_and_milestones_are_never_held() {
+        let mut c = Coalescer::default();
+        c.offer(at(0.1), 0);
+        assert_eq!(c.offer(at(0.2), 10), Decision::Defer { flush_at: 200 });
+        assert_eq!(c.offer(at(1.0), 20), Decision::Emit(at(1.0)));
+        assert_eq!(c.flush(200), None, "the done frame superseded the held report");
+        let m = Progress { milestone: Some("m".into()), ..Default::default() };
+        assert_eq!(c.offer(m.clone(), 30), Decision::Emit(m));
+        assert_eq!(c.offer(at(0.5), 40), Decision::Defer { flush_at: 230 });
+        let m2 = Progress { milestone: Some("n".into()), ..Default::default() };
+        assert_eq!(c.offer(m2.clone(), 50), Decision::Emit(m2));
+        assert_eq!(c.flush(230), Some(at(0.5)), "a milestone does not drop held progress");
+    }
+}
