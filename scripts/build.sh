@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds the Worker into build/ (wasm + JS shim). Incremental: a no-change rebuild takes seconds.
+# Builds the Worker into build/ (wasm + JS shim) and the demo app into public/assets/.
+# Incremental: a rebuild with no change takes seconds.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$ROOT"
 worker-build --release "$@"
+"$ROOT/scripts/build-web.sh"

@@ -30,4 +30,15 @@ if [ ! -f "$stamp" ] || ! cmp -s package-lock.json "$stamp"; then
   cp package-lock.json "$stamp"
 fi
 
+# Debian's Chromium for the browser tests (`setup.sh --with-browser`, which the test command uses).
+if [ "${1:-}" = "--with-browser" ] && [ ! -x /usr/bin/chromium ]; then
+  step "apt-get install chromium (for the browser tests)"
+  if [ "$(id -u)" = 0 ]; then apt=(); elif command -v sudo >/dev/null; then apt=(sudo); else
+    echo "Installing chromium needs root: run 'apt-get install chromium' as root, then run this again." >&2
+    exit 1
+  fi
+  "${apt[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${apt[@]}" apt-get install -y -qq --no-install-recommends chromium
+fi
+
 step "setup complete"

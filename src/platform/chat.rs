@@ -123,6 +123,11 @@ impl Chat {
         self.active.borrow().clone()
     }
 
+    /// Whether stream `stream_id` is being written.
+    pub fn is_streaming(&self, stream_id: &str) -> bool {
+        self.active.borrow().as_ref().is_some_and(|a| a.stream_id == stream_id)
+    }
+
     /// Sends `text` to every client except `except` and those still resuming.
     pub fn broadcast(&self, state: &State, text: &str, except: Option<&str>) {
         let pending = self.pending.borrow();

@@ -54,44 +54,17 @@ pub fn ensure_built() {
     *built = true;
 }
 
-/// The `wrangler.toml` of the repository without its `[build]` section, so `wrangler dev`
-/// serves the prebuilt `build/` instead of building again.
+/// The `wrangler.toml` of the repository without its `[build]` section (written by
+/// `scripts/prebuilt-config.sh`), so `wrangler dev` serves the prebuilt `build/` at once.
 pub fn prebuilt_config() -> PathBuf {
     static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     PATH.get_or_init(write_prebuilt_config).clone()
 }
 
 fn write_prebuilt_config() -> PathBuf {
-    let source = std::fs::read_to_string(root().join("wrangler.toml")).expect("read wrangler.toml");
-    let mut out = String::new();
-    let mut in_build = false;
-    for line in source.lines() {
-        let trimmed = line.trim();
-        if trimmed.starts_with('[') {
-            in_build = trimmed == "[build]";
-        }
-        if in_build {
-            continue;
-        }
-        // Paths in the config are relative to it; this copy lives elsewhere, so make them absolute.
-        let relative = ["main", "directory"].into_iter().find_map(|key| {
-            let value = trimmed.strip_prefix(key)?.trim_start().strip_prefix('=')?.trim().trim_matches('"');
-            Some((key, value))
-        });
-        if let Some((key, value)) = relative {
-            out.push_str(&format!("{key} = \"{}\"\n", root().join(value).display()));
-        } else {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    let dir = root().join(".wrangler-test");
-    std::fs::create_dir_all(&dir).unwrap();
-    // Written under a unique name, then renamed: concurrent test processes never read half a file.
-    let path = dir.join("wrangler.toml");
-    let partial = dir.join(format!("wrangler.toml.{}", std::process::id()));
-    std::fs::write(&partial, out).unwrap();
-    std::fs::rename(&partial, &path).unwrap();
+    let path = root().join(format!(".wrangler-test/wrangler-{}.toml", std::process::id()));
+    let status = Command::new(root().join("scripts/prebuilt-config.sh")).arg(&path).status().unwrap();
+    assert!(status.success(), "scripts/prebuilt-config.sh failed");
     path
 }
 

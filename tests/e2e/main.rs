@@ -1,6 +1,7 @@
 //! End-to-end tests: the real Worker under `wrangler dev` (workerd), driven over HTTP and
 //! WebSocket. Run with `./scripts/test.sh` (or `cargo test --test e2e` after a build).
 
+mod browser;
 mod chat;
 mod foundation;
 mod harness;

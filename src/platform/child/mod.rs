@@ -138,13 +138,18 @@ impl ChildCore {
     }
 
     /// Stores a chunk, sends it to the child's own chat clients, and fans it out to the tails,
-    /// in one synchronous step. Progress is not stored.
+    /// in one synchronous step. Progress is not stored. Chat clients get a run's chunks only
+    /// while its chat stream is open (between its `start` and its final frame): a chat client
+    /// would take a chunk outside that window for a new message.
     fn emit(&self, run_id: &str, kind: ChunkKind, body: String) -> bool {
         let mut live = self.live.borrow_mut();
         let Some(run) = live.get_mut(run_id) else { return false };
+        let streaming = self.chat.is_streaming(run_id);
         let index = match kind {
             ChunkKind::Progress => {
-                self.chat.send(&self.state, run_id, &body);
+                if streaming {
+                    self.chat.send(&self.state, run_id, &body);
+                }
                 None
             }
             ChunkKind::Stored | ChunkKind::Milestone => {
@@ -152,7 +157,7 @@ impl ChildCore {
                 if !self.chat.store(run_id, index, kind, &body) {
                     return false;
                 }
-                if kind == ChunkKind::Milestone || !run.terminal_only {
+                if streaming && (kind == ChunkKind::Milestone || !run.terminal_only) {
                     self.chat.send(&self.state, run_id, &body);
                 }
                 run.next_index += 1;

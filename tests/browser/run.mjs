@@ -1,0 +1,256 @@
+// Browser scenarios: the demo app (stock useAgent, useAgentChat, useAgentToolEvents) in Debian's
+// Chromium, driven by playwright-core. Usage: node run.mjs <scenario> <base-url> <artifacts-dir>
+// Exits 0 when the scenario's checks hold; screenshots of the main states go to artifacts-dir.
+import assert from "node:assert/strict";
+import { mkdirSync } from "node:fs";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+
+const [scenario, base, artifacts] = process.argv.slice(2);
+mkdirSync(artifacts, { recursive: true });
+const TIMEOUT = 45_000;
+
+const browser = await chromium.launch({
+  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+  args: [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync"
+  ]
+});
+const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+const name = `${scenario}-${Date.now()}`;
+
+async function openApp(extra = "") {
+  const page = await context.newPage();
+  page.setDefaultTimeout(TIMEOUT);
+  page.on("pageerror", (e) => console.error(`[page error] ${e.message}`));
+  await page.goto(`${base}/?name=${name}${extra}`);
+  await page.locator('[data-testid="connection"][data-state="open"]').waitFor();
+  return page;
+}
+
+const shot = (page, label) => page.screenshot({ path: join(artifacts, `${scenario}-${label}.png`), fullPage: true });
+const runs = (page, scope = "") => page.locator(`${scope} [data-testid^="run-"][data-run-id]`);
+const texts = (locator) => locator.locator('[data-testid="run-text"]').allInnerTexts();
+
+async function waitRuns(page, count, status, scope = "") {
+  const selector = `${scope} [data-run-id]${status ? `[data-status="${status}"]` : ""}`;
+  await page.waitForFunction(
+    ([sel, n]) => document.querySelectorAll(sel).length >= n,
+    [selector, count],
+    { timeout: TIMEOUT }
+  );
+}
+
+async function waitWords(page, words, scope = "") {
+  await page.waitForFunction(
+    ([sel, n]) =>
+      [...document.querySelectorAll(sel)].length > 0 &&
+      [...document.querySelectorAll(sel)].every((el) => el.innerText.split(/\s+/).filter(Boolean).length >= n),
+    [`${scope} [data-run-id] [data-testid="run-text"]`, words],
+    { timeout: TIMEOUT }
+  );
+}
+
+/** Checks a researcher's text: the offline model's "Findings on <topic>: …" once, not twice. */
+function checkFinding(text, words) {
+  assert.match(text, /^Findings on [^:]+: /);
+  assert.equal(text.split("Findings on").length, 2, `doubled text: ${text}`);
+  assert.ok(text.endsWith("."), text);
+  if (words) assert.equal(text.split(/\s+/).length, words, text);
+}
+
+async function sendChat(page, text) {
+  await page.fill('[data-testid="chat-input"]', text);
+  await page.click('[data-testid="send"]');
+}
+
+/** The chat is idle again: the composer shows Send, not Stop. */
+const waitChatIdle = (page) => page.locator('[data-testid="send"]').waitFor();
+
+async function assistantText(page) {
+  return (await page.locator('[data-testid="messages"] [data-testid="message-assistant"] .text-part').allInnerTexts()).join("");
+}
+
+const scenarios = {
+  // A chat message makes the offline model call two researchers; both timelines stream.
+  async chat() {
+    const page = await openApp();
+    await sendChat(page, "Research HTTP/3 and gRPC");
+    await waitRuns(page, 2, "", '[data-testid="tool-call"]');
+    await waitWords(page, 4, '[data-testid="tool-call"]');
+    await shot(page, "streaming");
+    await waitRuns(page, 2, "completed", '[data-testid="tool-call"]');
+    await waitChatIdle(page);
+    await shot(page, "completed");
+    const found = await texts(runs(page, '[data-testid="tool-call"]'));
+    assert.equal(found.length, 2);
+    found.forEach((t) => checkFinding(t, Number(process.env.WORDS)));
+    const answer = await assistantText(page);
+    for (const t of found) assert.ok(answer.includes(t), "the final answer carries each child's summary");
+    assert.equal(await page.locator('[data-testid="tool-call"]').count(), 2);
+  },
+
+  // Reloading mid-stream shows what streamed so far, then continues without doubling.
+  async reload() {
+    const page = await openApp();
+    await sendChat(page, "Research WebSockets and WebRTC");
+    await waitRuns(page, 2, "running", '[data-testid="tool-call"]');
+    await waitWords(page, 6, '[data-testid="tool-call"]');
+    const before = await texts(runs(page, '[data-testid="tool-call"]'));
+    await shot(page, "before-reload");
+    await page.reload();
+    await page.locator('[data-testid="connection"][data-state="open"]').waitFor();
+    await waitRuns(page, 2, "", '[data-testid="tool-call"]');
+    const after = await texts(runs(page, '[data-testid="tool-call"]'));
+    await shot(page, "after-reload");
+    before.forEach((t, i) => assert.ok(after[i].startsWith(t.trim()), `after reload, run ${i} lost text`));
+    await waitRuns(page, 2, "completed", '[data-testid="tool-call"]');
+    await waitChatIdle(page);
+    const done = await texts(runs(page, '[data-testid="tool-call"]'));
+    done.forEach((t) => checkFinding(t, Number(process.env.WORDS)));
+    const answer = await assistantText(page);
+    assert.equal(answer.split("Here is what I found").length, 2, `the answer doubled: ${answer}`);
+    for (const t of done) assert.ok(answer.includes(t));
+    await shot(page, "completed");
+    assert.equal(await page.locator('[data-testid="message-user"]').count(), 1, "the transcript came back once");
+  },
+
+  // Stop (useAgentChat's stop) cancels the turn and the children it waits on.
+  async stop() {
+    const page = await openApp();
+    await sendChat(page, "Research alpha and beta");
+    await waitRuns(page, 2, "running", '[data-testid="tool-call"]');
+    await waitWords(page, 3, '[data-testid="tool-call"]');
+    await page.click('[data-testid="stop"]');
+    await waitRuns(page, 2, "aborted", '[data-testid="tool-call"]');
+    await waitChatIdle(page);
+    await shot(page, "stopped");
+  },
+
+  // Cancel a background run from its card.
+  async cancel() {
+    const page = await openApp();
+    await page.fill('[data-testid="topics"]', "long topic");
+    await page.click('[data-testid="run-background"]');
+    await waitRuns(page, 1, "running", '[data-testid="tray"]');
+    await waitWords(page, 3, '[data-testid="tray"]');
+    await page.locator('[data-testid="tray"] [data-testid="cancel"]').click();
+    await waitRuns(page, 1, "aborted", '[data-testid="tray"]');
+    await shot(page, "aborted");
+    assert.match(await page.locator('[data-testid="tray"] [data-testid="run-error"]').innerText(), /cancelled in the UI/);
+  },
+
+  // The tray shows live progress, phase, message and milestone chips.
+  async progress() {
+    const page = await openApp();
+    await page.fill('[data-testid="topics"]', "progress");
+    await page.click('[data-testid="run-background"]');
+    await page.locator('[data-testid="tray"] [data-testid="milestone"]').waitFor();
+    await page.locator('[data-testid="tray"] [data-testid="progress"]').waitFor();
+    await shot(page, "milestone");
+    assert.equal(await page.locator('[data-testid="tray"] [data-testid="milestone"]').innerText(), "sources-gathered");
+    await waitRuns(page, 1, "completed", '[data-testid="tray"]');
+    await page.waitForFunction(() => document.querySelector('[data-testid="tray"] [data-testid="progress"]')?.dataset.fraction === "1");
+    await shot(page, "done");
+    await page.reload();
+    await page.locator('[data-testid="tray"] [data-testid="milestone"]').waitFor();
+    const fraction = await page.locator('[data-testid="tray"] [data-testid="progress"]').getAttribute("data-fraction");
+    assert.equal(fraction, "1", "progress and milestones replay after a reload");
+  },
+
+  // Drill into a child and see its own conversation.
+  async drill() {
+    const page = await openApp();
+    await page.fill('[data-testid="topics"]', "drilling down");
+    await page.click('[data-testid="run-background"]');
+    await waitRuns(page, 1, "", '[data-testid="tray"]');
+    await page.locator('[data-testid="tray"] [data-testid="open"]').click();
+    const panel = page.locator('[data-testid="drill-panel"]');
+    await panel.locator('[data-testid="message-user"]').waitFor();
+    await waitRuns(page, 1, "completed", '[data-testid="tray"]');
+    await page.waitForFunction(() =>
+      document.querySelector('[data-testid="drill-panel"] [data-testid="message-assistant"]')?.innerText.includes("Findings on drilling down")
+    );
+    await shot(page, "drill-in");
+    assert.match(await panel.locator('[data-testid="message-user"]').innerText(), /drilling down/);
+    const childText = await panel.locator('[data-testid="message-assistant"] .text-part').allInnerTexts();
+    const runText = await texts(runs(page, '[data-testid="tray"]'));
+    assert.equal(childText.join(""), runText[0], "the child's conversation is the run's stream");
+    await page.waitForTimeout(300);
+    assert.equal(await panel.locator('[data-testid="message-assistant"]').count(), 1, "one answer, no stray message");
+  },
+
+  // Clear finished runs: gone now, and gone after a reload.
+  async clear() {
+    const page = await openApp();
+    await page.fill('[data-testid="topics"]', "short lived");
+    await page.click('[data-testid="run-background"]');
+    await waitRuns(page, 1, "completed", '[data-testid="tray"]');
+    await shot(page, "before-clear");
+    await page.click('[data-testid="clear-finished"]');
+    await page.waitForFunction(() => document.querySelectorAll('[data-testid="tray"] [data-run-id]').length === 0);
+    await page.reload();
+    await page.locator('[data-testid="connection"][data-state="open"]').waitFor();
+    await page.waitForTimeout(500);
+    assert.equal(await runs(page, '[data-testid="tray"]').count(), 0, "cleared runs do not come back");
+    await shot(page, "after-clear-reload");
+  },
+
+  // A guessed drill-in id shows a not-found state.
+  async "not-found"() {
+    const page = await openApp("&drill=Researcher:no-such-run");
+    await page.locator('[data-testid="drill-not-found"]').waitFor();
+    await shot(page, "not-found");
+  },
+
+  // Two tabs on the same parent see the same runs live.
+  async "two-tabs"() {
+    const one = await openApp();
+    const two = await openApp();
+    await one.fill('[data-testid="topics"]', "tab one, tab two");
+    await one.click('[data-testid="run-background"]');
+    await waitRuns(two, 2, "running", '[data-testid="tray"]');
+    await waitRuns(two, 2, "completed", '[data-testid="tray"]');
+    await waitRuns(one, 2, "completed", '[data-testid="tray"]');
+    await shot(two, "second-tab");
+    assert.deepEqual(await texts(runs(two, '[data-testid="tray"]')), await texts(runs(one, '[data-testid="tray"]')));
+  },
+
+  // A dropped socket reconnects and catches up: nothing doubled, nothing missing.
+  async reconnect() {
+    const page = await openApp();
+    await page.fill('[data-testid="topics"]', "lid closed");
+    await page.click('[data-testid="run-background"]');
+    await waitRuns(page, 1, "running", '[data-testid="tray"]');
+    await waitWords(page, 5, '[data-testid="tray"]');
+    await page.evaluate(() => window.__demo.reconnect());
+    await page.locator('[data-testid="connection"][data-state="open"]').waitFor();
+    await waitRuns(page, 1, "completed", '[data-testid="tray"]');
+    const [text] = await texts(runs(page, '[data-testid="tray"]'));
+    checkFinding(text, 40);
+    const fresh = await openApp();
+    await waitRuns(fresh, 1, "completed", '[data-testid="tray"]');
+    assert.deepEqual(await texts(runs(fresh, '[data-testid="tray"]')), [text], "the reconnected tab matches a fresh one");
+    await shot(page, "caught-up");
+  }
+};
+
+try {
+  const run = scenarios[scenario];
+  if (!run) throw new Error(`unknown scenario ${scenario}; known: ${Object.keys(scenarios).join(", ")}`);
+  await run();
+  console.log(JSON.stringify({ scenario, ok: true }));
+} catch (e) {
+  for (const [i, page] of context.pages().entries()) await shot(page, `failure-${i}`).catch(() => {});
+  console.error(e);
+  process.exitCode = 1;
+} finally {
+  await browser.close();
+}

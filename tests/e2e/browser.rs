@@ -1,0 +1,82 @@
+//! The demo app in real Chromium (Debian's, installed by `scripts/setup.sh`), driven by
+//! playwright-core: each test starts the Worker and runs one scenario of
+//! `tests/browser/run.mjs`. Screenshots land in `test-artifacts/browser/`.
+
+use crate::harness::{root, Worker};
+
+async fn scenario(name: &str, vars: &[(&str, &str)]) {
+    let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    assert!(
+        std::path::Path::new(&chromium).exists(),
+        "{chromium} is missing: run ./scripts/setup.sh (it installs Debian's chromium)"
+    );
+    let worker = Worker::start_with(None, vars).await;
+    let words = vars.iter().find(|(k, _)| *k == "OFFLINE_WORDS").map_or("24", |(_, v)| v);
+    let output = tokio::process::Command::new("node")
+        .arg(root().join("tests/browser/run.mjs"))
+        .arg(name)
+        .arg(worker.http(""))
+        .arg(root().join("test-artifacts/browser"))
+        .env("WORDS", words)
+        .current_dir(root())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "scenario {name} failed:\n{stderr}\n{stdout}");
+    assert!(stdout.contains(&format!("{{\"scenario\":\"{name}\",\"ok\":true}}")), "{stdout}");
+}
+
+const QUICK: &[(&str, &str)] = &[("OFFLINE_WORDS", "12"), ("OFFLINE_DELAY_MS", "40")];
+const SLOW: &[(&str, &str)] = &[("OFFLINE_WORDS", "30"), ("OFFLINE_DELAY_MS", "80")];
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chat_message_streams_two_child_timelines() {
+    scenario("chat", QUICK).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_mid_stream_continues_without_doubling() {
+    scenario("reload", SLOW).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn stopping_the_chat_aborts_its_children() {
+    scenario("stop", SLOW).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_cancelled_from_its_card_is_marked_aborted() {
+    scenario("cancel", QUICK).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_tray_shows_progress_and_milestones_and_replays_them() {
+    scenario("progress", QUICK).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn drilling_in_shows_the_childs_conversation() {
+    scenario("drill", QUICK).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cleared_runs_are_gone_after_a_reload() {
+    scenario("clear", QUICK).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unknown_drill_in_id_shows_not_found() {
+    scenario("not-found", QUICK).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_tabs_see_the_same_runs_live() {
+    scenario("two-tabs", QUICK).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_socket_reconnects_and_catches_up() {
+    scenario("reconnect", QUICK).await;
+}
