@@ -77,8 +77,10 @@ impl MessageBuilder {
                 let part = if kind == "text-delta" { "text" } else { "reasoning" };
                 let i = self.text_part(part, get_str(chunk, "id").unwrap_or_default());
                 let delta = get_str(chunk, "delta").unwrap_or_default();
-                let text = format!("{}{delta}", get_str(&self.parts[i], "text").unwrap_or_default());
-                self.parts[i]["text"] = Value::String(text);
+                match self.parts[i].get_mut("text") {
+                    Some(Value::String(text)) => text.push_str(delta),
+                    _ => self.parts[i]["text"] = Value::String(delta.to_owned()),
+                }
             }
             "text-end" | "reasoning-end" => {
                 let part = if kind == "text-end" { "text" } else { "reasoning" };

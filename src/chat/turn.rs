@@ -5,6 +5,8 @@
 //! Plain async Rust over two traits, so it runs the same in a Durable Object and in a native
 //! test. Cancelling a turn is dropping its future.
 
+use std::collections::{HashMap, HashSet};
+
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::{json, Value};
 
@@ -25,6 +27,49 @@ pub trait ToolBox {
     /// Runs one call. `order` is its position among the calls of its step. `Ok` is the result
     /// the model sees (a failure envelope is an `Ok` too); `Err` is reported as a tool error.
     async fn execute(&self, call: &ToolCall, order: usize) -> Result<Value, String>;
+
+    /// Whether a tool call id is already spoken for outside the conversation (a parent's run
+    /// registry keys runs by it). Such an id is renamed before the call is streamed or run.
+    fn call_id_taken(&self, id: &str) -> bool {
+        let _ = id;
+        false
+    }
+}
+
+/// Gives every tool call an id unique in the conversation and free in the [`ToolBox`]:
+/// providers reuse ids (Workers AI numbers them per step, some servers send none, the offline
+/// model restarts after a cleared chat), and a reused id would join an old run.
+struct CallIds {
+    used: HashSet<String>,
+    step: HashMap<String, String>,
+}
+
+impl CallIds {
+    fn new(history: &[ModelMessage]) -> Self {
+        let used = history
+            .iter()
+            .flat_map(|m| match m {
+                ModelMessage::Assistant { tool_calls, .. } => tool_calls.iter().map(|c| c.id.clone()).collect(),
+                _ => Vec::new(),
+            })
+            .collect();
+        Self { used, step: HashMap::new() }
+    }
+
+    fn map<T: ToolBox>(&mut self, provider_id: &str, tools: &T) -> String {
+        if let Some(ours) = self.step.get(provider_id) {
+            return ours.clone();
+        }
+        let mut ours = provider_id.to_owned();
+        let mut n = 1;
+        while ours.is_empty() || self.used.contains(&ours) || tools.call_id_taken(&ours) {
+            ours = format!("{provider_id}_{n}");
+            n += 1;
+        }
+        self.used.insert(ours.clone());
+        self.step.insert(provider_id.to_owned(), ours.clone());
+        ours
+    }
 }
 
 /// No tools at all.
@@ -62,71 +107,73 @@ pub enum TurnOutcome {
     Failed(String),
 }
 
-fn chunk(v: Value) -> String {
-    v.to_string()
-}
-
-/// Runs a turn over `history`, streaming chunks through `emit`.
+/// Runs a turn over `history`, streaming `UIMessageChunk`s through `emit`.
 pub async fn run_turn<M: Model, T: ToolBox>(
     model: &M,
     tools: &T,
     history: Vec<ModelMessage>,
     options: &TurnOptions,
-    emit: &dyn Fn(String),
+    emit: &dyn Fn(Value),
 ) -> TurnOutcome {
     let specs = tools.specs();
+    let mut ids = CallIds::new(&history);
     let mut messages = history;
-    emit(chunk(json!({ "type": "start", "messageId": options.message_id })));
+    emit(json!({ "type": "start", "messageId": options.message_id }));
     let mut finish_reason = String::from("stop");
     for step in 0..options.max_steps.max(1) {
-        emit(chunk(json!({ "type": "start-step" })));
+        emit(json!({ "type": "start-step" }));
         let text_id = format!("text-{step}");
         let mut text = String::new();
         let mut text_open = false;
         let mut calls: Vec<ToolCall> = Vec::new();
         let mut failed_calls: Vec<(ToolCall, String)> = Vec::new();
+        ids.step.clear();
         let request = ModelRequest { messages: messages.clone(), tools: specs.clone() };
         let result = model
             .step(&request, &mut |event| match event {
                 ModelEvent::TextDelta(delta) => {
                     if !text_open {
                         text_open = true;
-                        emit(chunk(json!({ "type": "text-start", "id": text_id })));
+                        emit(json!({ "type": "text-start", "id": text_id }));
                     }
-                    emit(chunk(json!({ "type": "text-delta", "id": text_id, "delta": delta })));
+                    emit(json!({ "type": "text-delta", "id": text_id, "delta": delta }));
                     text.push_str(&delta);
                 }
                 ModelEvent::ToolCallStart { id, name } => {
-                    emit(chunk(json!({ "type": "tool-input-start", "toolCallId": id, "toolName": name })));
+                    let id = ids.map(&id, tools);
+                    emit(json!({ "type": "tool-input-start", "toolCallId": id, "toolName": name }));
                 }
                 ModelEvent::ToolCallDelta { id, delta } => {
-                    emit(chunk(json!({ "type": "tool-input-delta", "toolCallId": id, "inputTextDelta": delta })));
+                    let id = ids.map(&id, tools);
+                    emit(json!({ "type": "tool-input-delta", "toolCallId": id, "inputTextDelta": delta }));
                 }
-                ModelEvent::ToolCallReady(Ok(call)) => {
-                    emit(chunk(json!({ "type": "tool-input-available", "toolCallId": call.id,
-                                       "toolName": call.name, "input": call.input })));
+                ModelEvent::ToolCallReady(Ok(mut call)) => {
+                    call.id = ids.map(&call.id, tools);
+                    emit(json!({ "type": "tool-input-available", "toolCallId": call.id,
+                                       "toolName": call.name, "input": call.input }));
                     calls.push(call);
                 }
-                ModelEvent::ToolCallReady(Err(bad)) => {
+                ModelEvent::ToolCallReady(Err(mut bad)) => {
+                    bad.id = ids.map(&bad.id, tools);
                     let error = format!("Invalid JSON arguments for tool {}: {}", bad.name, bad.error);
-                    emit(chunk(json!({ "type": "tool-input-error", "toolCallId": bad.id, "toolName": bad.name,
-                                       "input": bad.raw, "errorText": error })));
+                    emit(json!({ "type": "tool-input-error", "toolCallId": bad.id, "toolName": bad.name,
+                                       "input": bad.raw, "errorText": error }));
                     failed_calls.push((ToolCall { id: bad.id, name: bad.name, input: json!({}) }, error));
                 }
                 ModelEvent::Finish(reason) => finish_reason = reason,
             })
             .await;
         if text_open {
-            emit(chunk(json!({ "type": "text-end", "id": text_id })));
+            emit(json!({ "type": "text-end", "id": text_id }));
         }
         if let Err(e) = result {
             let message = e.to_string();
-            emit(chunk(json!({ "type": "error", "errorText": message })));
+            emit(json!({ "type": "error", "errorText": message }));
             return TurnOutcome::Failed(message);
         }
         if calls.is_empty() && failed_calls.is_empty() {
-            emit(chunk(json!({ "type": "finish-step" })));
-            emit(chunk(json!({ "type": "finish", "finishReason": finish_reason })));
+            emit(json!({ "type": "finish-step" }));
+            emit(json!({ "type": "finish", "finishReason": finish_reason }));
             return TurnOutcome::Completed { finish_reason, steps: step + 1 };
         }
         let mut results: Vec<(String, Value)> = failed_calls.iter().map(|(c, e)| (c.id.clone(), json!(e))).collect();
@@ -138,18 +185,18 @@ pub async fn run_turn<M: Model, T: ToolBox>(
         while let Some((call, outcome)) = running.next().await {
             let output = match outcome {
                 Ok(output) => {
-                    emit(chunk(json!({ "type": "tool-output-available", "toolCallId": call.id, "output": output })));
+                    emit(json!({ "type": "tool-output-available", "toolCallId": call.id, "output": output }));
                     output
                 }
                 Err(error) => {
-                    emit(chunk(json!({ "type": "tool-output-error", "toolCallId": call.id, "errorText": error })));
+                    emit(json!({ "type": "tool-output-error", "toolCallId": call.id, "errorText": error }));
                     json!(format!("Error: {error}"))
                 }
             };
             results.push((call.id.clone(), output));
         }
         drop(running);
-        emit(chunk(json!({ "type": "finish-step" })));
+        emit(json!({ "type": "finish-step" }));
         let all_calls: Vec<ToolCall> = calls.iter().cloned().chain(failed_calls.into_iter().map(|(c, _)| c)).collect();
         messages.push(ModelMessage::Assistant { text, tool_calls: all_calls.clone() });
         for call in &all_calls {
@@ -157,7 +204,7 @@ pub async fn run_turn<M: Model, T: ToolBox>(
             messages.push(ModelMessage::Tool { call_id: call.id.clone(), name: call.name.clone(), output });
         }
     }
-    emit(chunk(json!({ "type": "finish", "finishReason": finish_reason })));
+    emit(json!({ "type": "finish", "finishReason": finish_reason }));
     TurnOutcome::Completed { finish_reason, steps: options.max_steps.max(1) }
 }
 
@@ -255,8 +302,7 @@ mod tests {
     ) -> (TurnOutcome, Vec<Value>, Value) {
         let chunks = RefCell::new(Vec::new());
         let builder = RefCell::new(MessageBuilder::new("m"));
-        let emit = |c: String| {
-            let v: Value = serde_json::from_str(&c).unwrap();
+        let emit = |v: Value| {
             builder.borrow_mut().apply(&v);
             chunks.borrow_mut().push(v);
         };
@@ -304,6 +350,58 @@ mod tests {
         let types: Vec<&str> = chunks.iter().map(|c| c["type"].as_str().unwrap()).collect();
         assert_eq!(types, vec!["start", "start-step", "text-start", "text-delta", "text-end", "error"]);
         assert_eq!(crate::chat::message::text_of(&message), "partial");
+    }
+
+    /// Calls `research` with the same provider id in every step, as Workers AI does.
+    struct SameIds;
+    impl Model for SameIds {
+        async fn step(&self, request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError> {
+            if request.messages.len() > 3 {
+                on_event(ModelEvent::TextDelta("done".into()));
+                on_event(ModelEvent::Finish("stop".into()));
+                return Ok(());
+            }
+            on_event(ModelEvent::ToolCallStart { id: "call_0".into(), name: "research".into() });
+            on_event(ModelEvent::ToolCallReady(Ok(ToolCall {
+                id: "call_0".into(),
+                name: "research".into(),
+                input: json!({"query": "x"}),
+            })));
+            on_event(ModelEvent::Finish("tool-calls".into()));
+            Ok(())
+        }
+    }
+
+    struct TakenIds(Research);
+    impl ToolBox for TakenIds {
+        fn specs(&self) -> Vec<ToolSpec> {
+            self.0.specs()
+        }
+        async fn execute(&self, call: &ToolCall, order: usize) -> Result<Value, String> {
+            self.0.execute(call, order).await
+        }
+        fn call_id_taken(&self, id: &str) -> bool {
+            id == "call_0_1"
+        }
+    }
+
+    #[test]
+    fn reused_provider_call_ids_are_renamed() {
+        let (_, chunks, message) = run(&SameIds, &TakenIds(Research::default()), "x", 5);
+        let ids: Vec<&str> = chunks
+            .iter()
+            .filter(|c| c["type"] == "tool-input-available")
+            .map(|c| c["toolCallId"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, vec!["call_0", "call_0_2"], "the second step's call was renamed, skipping a taken id");
+        let starts: Vec<&str> = chunks
+            .iter()
+            .filter(|c| c["type"] == "tool-input-start")
+            .map(|c| c["toolCallId"].as_str().unwrap())
+            .collect();
+        assert_eq!(starts, ids, "every chunk of a call uses its new id");
+        let parts = message["parts"].as_array().unwrap();
+        assert_eq!(parts.iter().filter(|p| p["type"] == "tool-research").count(), 2, "two distinct tool parts");
     }
 
     #[test]

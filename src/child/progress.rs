@@ -4,6 +4,26 @@
 
 use crate::protocol::chunk::Progress;
 
+/// One `report_progress` call.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Report {
+    /// What was reported.
+    pub progress: Progress,
+    /// Whether its `data` is kept (it always travels live).
+    pub persist: bool,
+}
+
+impl Report {
+    /// The progress as kept for replay: without `data` unless persisted.
+    pub fn kept(&self) -> Progress {
+        let mut p = self.progress.clone();
+        if !self.persist {
+            p.data = None;
+        }
+        p
+    }
+}
+
 /// The default window.
 pub const WINDOW_MS: i64 = 200;
 
@@ -11,7 +31,7 @@ pub const WINDOW_MS: i64 = 200;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
     /// Send it now.
-    Emit(Progress),
+    Emit(Report),
     /// Held as the latest of a burst; call [`Coalescer::flush`] at this time.
     Defer {
         /// When the window closes.
@@ -25,23 +45,23 @@ pub enum Decision {
 #[derive(Debug, Default, Clone)]
 pub struct Coalescer {
     last_emit: Option<i64>,
-    pending: Option<Progress>,
+    pending: Option<Report>,
 }
 
 impl Coalescer {
     /// Decides what happens to a report made at `now`.
-    pub fn offer(&mut self, progress: Progress, now: i64) -> Decision {
-        let done = progress.fraction.is_some_and(|f| f >= 1.0);
+    pub fn offer(&mut self, report: Report, now: i64) -> Decision {
+        let done = report.progress.fraction.is_some_and(|f| f >= 1.0);
         let open = self.last_emit.is_none_or(|last| now - last >= WINDOW_MS);
-        if progress.milestone.is_some() || done || open {
-            if progress.milestone.is_none() {
+        if report.progress.milestone.is_some() || done || open {
+            if report.progress.milestone.is_none() {
                 self.pending = None;
             }
             self.last_emit = Some(now);
-            return Decision::Emit(progress);
+            return Decision::Emit(report);
         }
         let scheduled = self.pending.is_some();
-        self.pending = Some(progress);
+        self.pending = Some(report);
         match (scheduled, self.last_emit) {
             (true, _) => Decision::Replaced,
             (false, Some(last)) => Decision::Defer { flush_at: last + WINDOW_MS },
@@ -50,7 +70,7 @@ impl Coalescer {
     }
 
     /// The held report, if any, now due.
-    pub fn flush(&mut self, now: i64) -> Option<Progress> {
+    pub fn flush(&mut self, now: i64) -> Option<Report> {
         let p = self.pending.take()?;
         self.last_emit = Some(now);
         Some(p)
@@ -59,10 +79,17 @@ impl Coalescer {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn data_is_kept_only_when_persisted() {
+        let p = Progress { fraction: Some(0.5), data: Some(serde_json::json!({"rows": 3})), ..Default::default() };
+        assert_eq!(Report { progress: p.clone(), persist: false }.kept().data, None);
+        assert_eq!(Report { progress: p.clone(), persist: true }.kept(), p);
+    }
+
     use super::*;
 
-    fn at(fraction: f64) -> Progress {
-        Progress { fraction: Some(fraction), ..Default::default() }
+    fn at(fraction: f64) -> Report {
+        Report { progress: Progress { fraction: Some(fraction), ..Default::default() }, persist: false }
     }
 
     #[test]
@@ -85,10 +112,10 @@ mod tests {
         assert_eq!(c.offer(at(0.2), 10), Decision::Defer { flush_at: 200 });
         assert_eq!(c.offer(at(1.0), 20), Decision::Emit(at(1.0)));
         assert_eq!(c.flush(200), None, "the done frame superseded the held report");
-        let m = Progress { milestone: Some("m".into()), ..Default::default() };
+        let m = Report { progress: Progress { milestone: Some("m".into()), ..Default::default() }, persist: false };
         assert_eq!(c.offer(m.clone(), 30), Decision::Emit(m));
         assert_eq!(c.offer(at(0.5), 40), Decision::Defer { flush_at: 230 });
-        let m2 = Progress { milestone: Some("n".into()), ..Default::default() };
+        let m2 = Report { progress: Progress { milestone: Some("n".into()), ..Default::default() }, persist: false };
         assert_eq!(c.offer(m2.clone(), 50), Decision::Emit(m2));
         assert_eq!(c.flush(230), Some(at(0.5)), "a milestone does not drop held progress");
     }

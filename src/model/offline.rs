@@ -104,7 +104,7 @@ pub fn topics(text: &str) -> Vec<String> {
     }
     let mut rest = text.trim();
     for lead in ["please ", "research ", "compare ", "look into ", "find out about "] {
-        if rest.len() >= lead.len() && rest[..lead.len()].eq_ignore_ascii_case(lead) {
+        if rest.get(..lead.len()).is_some_and(|head| head.eq_ignore_ascii_case(lead)) {
             rest = rest[lead.len()..].trim_start();
         }
     }
@@ -203,6 +203,10 @@ mod tests {
         assert_eq!(topics("{\n  \"query\": \"WebTransport\"\n}"), vec!["WebTransport"]);
         assert_eq!(topics("QUIC"), vec!["QUIC"]);
         assert!(topics("  ").is_empty());
+        // Multi-byte text never splits a character (a panic would reset the whole instance).
+        assert_eq!(topics("😀😀 hi"), vec!["😀😀 hi"]);
+        assert_eq!(topics("Research 東京 and ソウル"), vec!["東京", "ソウル"]);
+        assert_eq!(topics("ré"), vec!["ré"]);
     }
 
     fn research_tool() -> ToolSpec {

@@ -55,6 +55,11 @@ CREATE TABLE IF NOT EXISTS agent_tool_runs (
 );
 CREATE INDEX IF NOT EXISTS agent_tool_runs_by_call
   ON agent_tool_runs (parent_tool_call_id, display_order);
+CREATE INDEX IF NOT EXISTS agent_tool_runs_by_status ON agent_tool_runs (status);
+CREATE TABLE IF NOT EXISTS agent_tool_tombstones (
+  run_id TEXT PRIMARY KEY,
+  next_seq INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS agent_tool_frames (
   run_id TEXT NOT NULL,
   seq INTEGER NOT NULL,
@@ -382,6 +387,8 @@ pub struct Forward<'b> {
     pub kind: ChunkKind,
     /// The UIMessageChunk JSON.
     pub body: &'b str,
+    /// What to keep for replay instead of `body` (progress whose `data` is live-only).
+    pub replay: Option<&'b str>,
 }
 
 /// The default input preview: a string's first 500 characters; any other input as JSON, cut
@@ -426,10 +433,14 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
     /// Inserts a `starting` row, or returns the existing row for this run id. A run id that
     /// belongs to another child class is refused.
     pub fn insert(&self, run: &NewRun, now: i64) -> Result<Inserted, RegistryError> {
+        // A cleared run id that is dispatched again continues its old numbering: a client that
+        // saw the old frames must not take the new ones for them.
         let written = self.sql.exec(
             "INSERT INTO agent_tool_runs (run_id, parent_tool_call_id, agent_type, input_preview, \
-             status, display_json, display_order, started_at, event_delivery) \
-             VALUES (?, ?, ?, ?, 'starting', ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
+             status, display_json, display_order, started_at, event_delivery, next_seq) \
+             VALUES (?, ?, ?, ?, 'starting', ?, ?, ?, ?, \
+               COALESCE((SELECT next_seq FROM agent_tool_tombstones WHERE run_id = ?1), 1)) \
+             ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
             &[
                 V::from(&run.run_id),
                 V::from(run.parent_tool_call_id.clone()),
@@ -490,6 +501,29 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
         Ok(row.and_then(|r| r.int(0)).unwrap_or(0))
     }
 
+    /// `interrupted` → `running`: a re-attach repairs a soft terminal (its reason fields are
+    /// cleared; its frame's sequence stays used). Returns whether it changed.
+    pub fn reattach(&self, run_id: &str) -> Result<bool, StoreError> {
+        let rows = self.sql.exec(
+            "UPDATE agent_tool_runs SET status = 'running', interrupted_reason = NULL, child_still_running = NULL, \
+             error_message = NULL, terminal_seq = NULL, completed_at = NULL \
+             WHERE run_id = ? AND status = 'interrupted' RETURNING 1",
+            &[V::from(run_id)],
+        )?;
+        Ok(!rows.is_empty())
+    }
+
+    /// Claims the one `on_agent_tool_finish` call of an awaited run: `true` for the first caller
+    /// only (a repaired `interrupted` run does not fire it again).
+    pub fn claim_finish_hook(&self, run_id: &str, now: i64) -> Result<bool, StoreError> {
+        let rows = self.sql.exec(
+            "UPDATE agent_tool_runs SET finish_delivered_at = ?, finish_attempts = finish_attempts + 1 \
+             WHERE run_id = ? AND finish_delivered_at IS NULL RETURNING 1",
+            &[V::Int(now), V::from(run_id)],
+        )?;
+        Ok(!rows.is_empty())
+    }
+
     /// `starting` → `running` once the child accepted the run. Returns whether it changed.
     pub fn mark_running(&self, run_id: &str) -> Result<bool, StoreError> {
         let rows = self.sql.exec(
@@ -530,7 +564,7 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
             let seq = first + offset as i64;
             seqs.push(seq);
             match chunk.kind {
-                ChunkKind::Progress => latest_progress = Some((seq, chunk.body)),
+                ChunkKind::Progress => latest_progress = Some((seq, chunk.replay.unwrap_or(chunk.body))),
                 ChunkKind::Stored | ChunkKind::Milestone => {
                     self.sql.exec(
                         "INSERT OR IGNORE INTO agent_tool_frames (run_id, seq, body) VALUES (?, ?, ?)",
@@ -598,9 +632,15 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
             .collect())
     }
 
-    /// Deletes runs and their frames.
+    /// Deletes runs and their frames, keeping each run id's sequence high-water mark.
     pub fn delete(&self, run_ids: &[String]) -> Result<(), StoreError> {
         for id in run_ids {
+            self.sql.exec(
+                "INSERT INTO agent_tool_tombstones (run_id, next_seq) \
+                 SELECT run_id, next_seq FROM agent_tool_runs WHERE run_id = ? \
+                 ON CONFLICT (run_id) DO UPDATE SET next_seq = MAX(next_seq, excluded.next_seq)",
+                &[V::from(id)],
+            )?;
             self.sql.exec("DELETE FROM agent_tool_frames WHERE run_id = ?", &[V::from(id)])?;
             self.sql.exec("DELETE FROM agent_tool_runs WHERE run_id = ?", &[V::from(id)])?;
         }

@@ -95,7 +95,24 @@ pub struct Chat {
     active: RefCell<Option<ActiveStream>>,
     pending: RefCell<HashSet<String>>,
     last_stream: RefCell<Option<String>>,
+    /// Requests cancelled while they waited for the turn before them.
+    cancelled: RefCell<HashSet<String>>,
     turns: Mutex<()>,
+}
+
+/// Clears the active stream when a turn ends, however it ends (a dropped turn too).
+struct ActiveGuard<'a> {
+    chat: &'a Chat,
+    request_id: String,
+}
+
+impl Drop for ActiveGuard<'_> {
+    fn drop(&mut self) {
+        let mut active = self.chat.active.borrow_mut();
+        if active.as_ref().is_some_and(|a| a.request_id == self.request_id) {
+            *active = None;
+        }
+    }
 }
 
 impl Chat {
@@ -109,8 +126,39 @@ impl Chat {
             active: RefCell::new(None),
             pending: RefCell::new(HashSet::new()),
             last_stream: RefCell::new(None),
+            cancelled: RefCell::new(HashSet::new()),
             turns: Mutex::new(()),
         }
+    }
+
+    /// Cancels a turn: the running one, or one still waiting for its turn. Returns the running
+    /// turn's stream, if that was the one.
+    pub fn cancel(&self, request_id: &str, reason: &str) -> Option<ActiveStream> {
+        match self.active().filter(|a| a.request_id == request_id) {
+            Some(active) => {
+                active.cancel.cancel(Some(reason.to_owned()));
+                Some(active)
+            }
+            None => {
+                self.cancelled.borrow_mut().insert(request_id.to_owned());
+                None
+            }
+        }
+    }
+
+    /// Forgets a finished stream of a client request id, before the id is used again.
+    pub fn reset_stream(&self, stream_id: &str) {
+        if let Err(e) = StreamLog::new(&self.sql).delete(stream_id) {
+            worker::console_error!("agent-tools: clearing stream {stream_id} failed: {e}");
+        }
+    }
+
+    /// Forgets every in-memory stream state (after the agent's storage was cleared).
+    pub fn reset(&self) {
+        *self.active.borrow_mut() = None;
+        *self.last_stream.borrow_mut() = None;
+        self.pending.borrow_mut().clear();
+        self.cancelled.borrow_mut().clear();
     }
 
     /// The transcript.
@@ -303,19 +351,24 @@ impl Chat {
         tools: &T,
     ) -> (Value, ChatEnd) {
         let _turn = self.turns.lock().await;
+        if self.cancelled.borrow_mut().remove(&spec.request_id) {
+            let done =
+                json!({ "type": RESPONSE, "id": spec.request_id, "body": "", "done": true, "outcome": "aborted" });
+            self.broadcast(state, &done.to_string(), None);
+            return (Value::Null, ChatEnd::Aborted(Some("cancelled before it began".into())));
+        }
         let history = to_model_messages(spec.system.as_deref(), &self.messages());
         *self.active.borrow_mut() = Some(ActiveStream {
             request_id: spec.request_id.clone(),
             stream_id: spec.stream_id.clone(),
             cancel: spec.cancel.clone(),
         });
-        let message_id = format!("assistant_{}_{}", now_ms(), &random_id()[..8]);
+        let _active = ActiveGuard { chat: self, request_id: spec.request_id.clone() };
+        let message_id = format!("assistant_{}_{}", now_ms(), random_id().chars().take(8).collect::<String>());
         let builder = RefCell::new(MessageBuilder::new(message_id.clone()));
-        let emit = |body: String| {
-            if let Ok(chunk) = serde_json::from_str::<Value>(&body) {
-                builder.borrow_mut().apply(&chunk);
-            }
-            (spec.emit)(body);
+        let emit = |chunk: Value| {
+            builder.borrow_mut().apply(&chunk);
+            (spec.emit)(chunk.to_string());
         };
         let options = TurnOptions { message_id, max_steps: spec.max_steps };
         let end = {
@@ -327,7 +380,11 @@ impl Chat {
                 Either::Left((TurnOutcome::Failed(e), _)) => ChatEnd::Error(e),
                 Either::Right(_) => {
                     let reason = spec.cancel.reason();
-                    emit(crate::protocol::chunk::abort(reason.as_deref()));
+                    let abort = match &reason {
+                        Some(r) => json!({ "type": "abort", "reason": r }),
+                        None => json!({ "type": "abort" }),
+                    };
+                    emit(abort);
                     ChatEnd::Aborted(reason)
                 }
             }

@@ -70,6 +70,9 @@ pub enum TailLine {
         k: ChunkKind,
         /// The `UIMessageChunk` JSON.
         b: String,
+        /// What to keep for replay, when it differs from `b` (progress whose `data` is live-only).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        r: Option<String>,
     },
     /// The run ended; the last line.
     End {
@@ -124,8 +127,13 @@ mod tests {
     #[test]
     fn lines_survive_arbitrary_splits() {
         let lines = [
-            TailLine::Chunk { i: Some(0), k: ChunkKind::Stored, b: r#"{"type":"start"}"#.into() },
-            TailLine::Chunk { i: None, k: ChunkKind::Progress, b: r#"{"type":"data-agent-progress"}"#.into() },
+            TailLine::Chunk { i: Some(0), k: ChunkKind::Stored, b: r#"{"type":"start"}"#.into(), r: None },
+            TailLine::Chunk {
+                i: None,
+                k: ChunkKind::Progress,
+                b: r#"{"type":"data-agent-progress","data":{"data":1}}"#.into(),
+                r: Some(r#"{"type":"data-agent-progress","data":{}}"#.into()),
+            },
             TailLine::End {
                 outcome: RunOutcome {
                     status: OutcomeStatus::Completed,

@@ -286,3 +286,36 @@ async fn the_stock_typescript_clients_chat_with_the_rust_agent() {
     assert!(text.starts_with("Here is what I found:\n- HTTP/3: Findings on HTTP/3:"), "{text}");
     assert_eq!(result["runs"].as_array().unwrap().len(), 2, "agent.call() reaches the Rust RPC");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_same_message_after_a_cleared_chat_dispatches_new_children() {
+    let worker = Worker::start_with(None, &[("OFFLINE_WORDS", "5"), ("OFFLINE_DELAY_MS", "0")]).await;
+    let name = unique("again");
+    let mut client = worker.client(&name).await;
+    let first = client.chat("Research HTTP/3 and gRPC").await;
+    client.chat_done(&first).await;
+    client.send_text(&json!({"type": "cf_agent_chat_clear"}).to_string()).await;
+    let second = client.chat("Research HTTP/3 and gRPC").await;
+    client.chat_done(&second).await;
+    // The offline model numbers its calls from the start of the (now empty) conversation, so
+    // the provider ids repeat; the turn renames them rather than join the old runs.
+    let ids = |request: &str| -> Vec<String> {
+        client
+            .chat_chunks(request)
+            .iter()
+            .filter(|c| c["type"] == "tool-input-available")
+            .map(|c| c["toolCallId"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (a, b) = (ids(&first), ids(&second));
+    assert_eq!((a.len(), b.len()), (2, 2));
+    assert!(a.iter().all(|id| !b.contains(id)), "{a:?} vs {b:?}");
+    let rows = runs(&mut client).await;
+    assert_eq!(rows.len(), 4, "four children ran: {rows:#?}");
+    for id in &b {
+        let events = client.run_events(&format!("agent-tool:{id}"));
+        assert_eq!(events[0]["event"]["kind"], "started", "a new child started for {id}");
+        assert_eq!(events.last().unwrap()["event"]["kind"], "finished");
+    }
+    assert_eq!(get_messages(&worker, &name).await.len(), 2, "the cleared transcript stayed cleared");
+}

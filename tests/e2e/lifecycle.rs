@@ -198,10 +198,19 @@ async fn clearing_removes_runs_their_children_and_their_replay() {
     assert_eq!(client.reply(&live).await.unwrap()["status"], "aborted");
     assert!(client.call("runs", json!([])).await.unwrap().as_array().unwrap().is_empty());
 
-    // The child's storage went too: the same run id starts afresh with the new input.
+    // The child's storage went too: the same run id starts afresh with the new input, and its
+    // frames continue the old numbering, so a page that saw the old run takes none for old.
+    let old_last = client.run_events("done-1").last().unwrap()["sequence"].as_i64().unwrap();
+    let seen = client.frames.len();
     let again = client.call("dispatch", dispatch_args("Researcher", "done-1", "a new topic", 5, 0)).await.unwrap();
     assert_eq!(again["status"], "completed");
     assert_eq!(again["summary"], offline::research_answer("a new topic", 5).as_str());
+    client.drain(Duration::from_millis(200)).await;
+    let fresh_frames: Vec<&Value> = client.frames[seen..].iter().filter(|f| f["event"]["runId"] == "done-1").collect();
+    assert_eq!(fresh_frames[0]["event"]["kind"], "started");
+    let seqs: Vec<i64> = fresh_frames[1..].iter().map(|f| f["sequence"].as_i64().unwrap()).collect();
+    assert!(!seqs.is_empty() && seqs[0] > old_last, "numbering continues after {old_last}: {seqs:?}");
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]));
     let hooks = hooks(&mut client).await;
     assert_eq!(hook_count(&hooks, "live-1", "finish"), 1);
 }

@@ -21,7 +21,7 @@ fn new_run(id: &str) -> NewRun {
 }
 
 fn stored(body: &str) -> Forward<'_> {
-    Forward { kind: ChunkKind::Stored, body }
+    Forward { kind: ChunkKind::Stored, body, replay: None }
 }
 
 #[test]
@@ -76,7 +76,7 @@ fn sequences_start_after_started_and_are_never_reused() {
     reg.mark_running("r1").unwrap();
     let a = reg.append("r1", &[stored("{\"a\":1}"), stored("{\"a\":2}")], Some(1), 5).unwrap();
     assert_eq!(a, Some(vec![1, 2]));
-    let progress = Forward { kind: ChunkKind::Progress, body: "{\"type\":\"data-agent-progress\"}" };
+    let progress = Forward { kind: ChunkKind::Progress, body: "{\"type\":\"data-agent-progress\"}", replay: None };
     let b = reg.append("r1", &[progress, stored("{\"a\":3}")], Some(2), 6).unwrap();
     assert_eq!(b, Some(vec![3, 4]));
     let done = reg.finish("r1", &Terminal::Completed { summary: "ok".into(), output: None }, 7).unwrap().unwrap();
@@ -172,9 +172,9 @@ fn replay_repeats_the_live_sequences() {
             "r1",
             &[
                 stored("{\"n\":0}"),
-                Forward { kind: ChunkKind::Progress, body: progress_a },
-                Forward { kind: ChunkKind::Milestone, body: milestone },
-                Forward { kind: ChunkKind::Progress, body: progress_b },
+                Forward { kind: ChunkKind::Progress, body: progress_a, replay: None },
+                Forward { kind: ChunkKind::Milestone, body: milestone, replay: None },
+                Forward { kind: ChunkKind::Progress, body: "{\"live\":1}", replay: Some(progress_b) },
                 stored("{\"n\":1}"),
             ],
             Some(2),
@@ -256,4 +256,60 @@ fn matching_selects_by_status_and_age() {
     assert_eq!(ids(reg.matching(Some(&[RunStatus::Completed, RunStatus::Error]), None).unwrap()), vec!["old", "new"]);
     assert_eq!(ids(reg.matching(None, Some(60)).unwrap()), vec!["old", "live"]);
     assert_eq!(ids(reg.matching(Some(&[RunStatus::Starting]), Some(60)).unwrap()), vec!["live"]);
+}
+
+#[test]
+fn a_cleared_run_id_dispatched_again_keeps_counting() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    reg.insert(&new_run("r"), 1).unwrap();
+    reg.append("r", &[stored("{}"), stored("{}")], Some(1), 2).unwrap();
+    reg.finish("r", &Terminal::Completed { summary: "s".into(), output: None }, 3).unwrap();
+    reg.delete(&["r".to_owned()]).unwrap();
+    let Inserted::New(again) = reg.insert(&new_run("r"), 4).unwrap() else { panic!("a cleared id is new again") };
+    assert_eq!(again.next_seq, 4, "sequences 1..=3 were used by the cleared run");
+    assert_eq!(reg.append("r", &[stored("{}")], Some(0), 5).unwrap(), Some(vec![4]));
+    reg.delete(&["r".to_owned()]).unwrap();
+    let Inserted::New(third) = reg.insert(&new_run("r"), 6).unwrap() else { panic!() };
+    assert_eq!(third.next_seq, 5);
+    let Inserted::New(other) = reg.insert(&new_run("other"), 7).unwrap() else { panic!() };
+    assert_eq!(other.next_seq, 1);
+}
+
+#[test]
+fn an_interrupted_run_is_reattached_without_reusing_its_frame() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    reg.insert(&new_run("r"), 1).unwrap();
+    reg.mark_running("r").unwrap();
+    let interrupted = reg
+        .finish(
+            "r",
+            &Terminal::Interrupted {
+                error: "x".into(),
+                reason: Some(InterruptedReason::NoProgress),
+                child_still_running: Some(true),
+            },
+            2,
+        )
+        .unwrap()
+        .unwrap();
+    assert!(!reg.reattach("missing").unwrap());
+    assert!(reg.reattach("r").unwrap());
+    assert!(!reg.reattach("r").unwrap(), "only from interrupted");
+    let row = reg.get("r").unwrap().unwrap();
+    assert_eq!((row.status, row.interrupted_reason, row.terminal_seq), (RunStatus::Running, None, None));
+    assert_eq!(reg.append("r", &[stored("{}")], Some(0), 3).unwrap(), Some(vec![interrupted.next_seq]));
+    reg.finish("r", &Terminal::Error { message: "x".into() }, 4).unwrap();
+    assert!(!reg.reattach("r").unwrap(), "never from a hard terminal");
+}
+
+#[test]
+fn the_finish_hook_is_claimed_once() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    reg.insert(&new_run("r"), 1).unwrap();
+    assert!(reg.claim_finish_hook("r", 2).unwrap());
+    assert!(!reg.claim_finish_hook("r", 3).unwrap());
+    assert!(!reg.claim_finish_hook("missing", 3).unwrap());
 }

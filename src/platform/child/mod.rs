@@ -27,7 +27,7 @@ use super::model::{ModelProvider, PlatformModel};
 use super::{json_error, now_ms, random_id, DoSql};
 use crate::cancel::CancelToken;
 use crate::chat::message::user_text;
-use crate::child::progress::Coalescer;
+use crate::child::progress::{Coalescer, Report};
 use crate::child::runs::{ChildRun, ChildRuns, ChildStatus};
 use crate::model::{ModelError, ToolCall, ToolSpec};
 use crate::protocol::child_api::{CancelRequest, StartReply, StartRequest};
@@ -142,6 +142,11 @@ impl ChildCore {
     /// while its chat stream is open (between its `start` and its final frame): a chat client
     /// would take a chunk outside that window for a new message.
     fn emit(&self, run_id: &str, kind: ChunkKind, body: String) -> bool {
+        self.emit_kept(run_id, kind, body, None)
+    }
+
+    /// [`ChildCore::emit`], with what the parent keeps for replay when it differs from `body`.
+    fn emit_kept(&self, run_id: &str, kind: ChunkKind, body: String, kept: Option<String>) -> bool {
         let mut live = self.live.borrow_mut();
         let Some(run) = live.get_mut(run_id) else { return false };
         let streaming = self.chat.is_streaming(run_id);
@@ -164,16 +169,25 @@ impl ChildCore {
                 Some(index)
             }
         };
-        let line = TailLine::Chunk { i: index, k: kind, b: body }.to_line().into_bytes();
+        let line = TailLine::Chunk { i: index, k: kind, b: body, r: kept }.to_line().into_bytes();
         run.subscribers.retain(|s| s.unbounded_send(line.clone()).is_ok());
         true
+    }
+
+    /// Sends a progress report: live with its `data`, kept for replay without it unless
+    /// persisted.
+    fn emit_progress(&self, run_id: &str, report: &Report) {
+        let id = random_id();
+        let live = chunk::progress(&id, &report.progress);
+        let kept = (!report.persist && report.progress.data.is_some()).then(|| chunk::progress(&id, &report.kept()));
+        self.emit_kept(run_id, ChunkKind::Progress, live, kept);
     }
 
     /// Sends the progress report a burst held back, if any.
     fn flush_progress(&self, run_id: &str) {
         let held = self.live.borrow_mut().get_mut(run_id).and_then(|run| run.progress.flush(now_ms()));
-        if let Some(progress) = held {
-            self.emit(run_id, ChunkKind::Progress, chunk::progress(&random_id(), &progress));
+        if let Some(report) = held {
+            self.emit_progress(run_id, &report);
         }
     }
 
@@ -305,9 +319,7 @@ impl<C: ChildAgent> ChildHost<C> {
                 }
                 Some(Ok(ChatAction::RunTurn { request_id, sender })) => self.chat_turn(request_id, sender).await,
                 Some(Ok(ChatAction::Cancel { request_id })) => {
-                    if let Some(active) = self.core.chat.active().filter(|a| a.request_id == request_id) {
-                        active.cancel.cancel(Some("cancelled by the client".into()));
-                    }
+                    self.core.chat.cancel(&request_id, "cancelled by the client");
                 }
             },
             Err(FrameError::BadRpc { id, problem }) => {
@@ -341,6 +353,7 @@ impl<C: ChildAgent> ChildHost<C> {
             }
         };
         let model = PlatformModel { provider, env: &core.env };
+        core.chat.reset_stream(&request_id);
         let tools = ChildTools { agent: &*self.agent, turn: None };
         let next = std::cell::Cell::new(0_i64);
         let emit = |body: String| {
@@ -448,7 +461,7 @@ impl<C: ChildAgent> ChildHost<C> {
         };
         let lines: Vec<Vec<u8>> = chunks
             .into_iter()
-            .map(|c| TailLine::Chunk { i: Some(c.index), k: c.kind, b: c.body }.to_line().into_bytes())
+            .map(|c| TailLine::Chunk { i: Some(c.index), k: c.kind, b: c.body, r: None }.to_line().into_bytes())
             .collect();
         let body: BodyStream = match self.core.live.borrow_mut().get_mut(run_id) {
             Some(live) => {
@@ -498,6 +511,7 @@ impl<C: ChildAgent> ChildHost<C> {
             worker::Delay::from(std::time::Duration::from_millis(10)).await;
         }
         self.core.state.storage().delete_all().await?;
+        self.core.chat.reset();
         if let Err(e) = self.core.runs().migrate().and_then(|_| crate::store::Sql::batch(&self.core.sql, meta::SCHEMA))
         {
             return json_error(500, e.to_string());

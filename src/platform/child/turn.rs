@@ -12,11 +12,11 @@ use crate::cancel::{CancelToken, Cancelled};
 use crate::chat::message::text_of;
 use crate::chat::store::Messages;
 use crate::chat::turn::ToolBox;
-use crate::child::progress::Decision;
+use crate::child::progress::{Decision, Report};
 use crate::model::{ToolCall, ToolSpec};
 use crate::platform::chat::{ChatEnd, TurnSpec};
 use crate::platform::model::PlatformModel;
-use crate::platform::{now_ms, random_id};
+use crate::platform::now_ms;
 use crate::protocol::chunk::{self, Progress};
 use crate::protocol::tail::ChunkKind;
 
@@ -88,36 +88,31 @@ impl Turn {
     pub fn report_progress(&self, progress: Progress, persist: bool) {
         let now = now_ms();
         let runs = self.core.runs();
+        let report = Report { progress, persist };
         let decision = match self.core.live.borrow_mut().get_mut(&self.run_id) {
-            Some(run) => run.progress.offer(progress.clone(), now),
+            Some(run) => run.progress.offer(report.clone(), now),
             None => {
                 worker::console_warn!("agent-tools: report_progress outside a live run of {} is ignored", self.run_id);
                 return;
             }
         };
-        if let Some(name) = progress.milestone.clone() {
-            match runs.add_milestone(&self.run_id, &name, progress.data.as_ref(), now) {
+        if let Some(name) = report.progress.milestone.clone() {
+            match runs.add_milestone(&self.run_id, &name, report.progress.data.as_ref(), now) {
                 Ok(sequence) => {
-                    let body = chunk::milestone(&name, sequence, now, &progress);
+                    let body = chunk::milestone(&name, sequence, now, &report.progress);
                     self.core.emit(&self.run_id, ChunkKind::Milestone, body);
                 }
                 Err(e) => worker::console_error!("agent-tools: milestone {name} of {} failed: {e}", self.run_id),
             }
             return;
         }
-        let mut snapshot = progress;
-        if !persist {
-            snapshot.data = None;
-        }
-        if let Ok(snapshot) = serde_json::to_value(&snapshot) {
+        if let Ok(snapshot) = serde_json::to_value(report.kept()) {
             if let Err(e) = runs.record_progress(&self.run_id, &snapshot, now) {
                 worker::console_error!("agent-tools: progress of {} failed: {e}", self.run_id);
             }
         }
         match decision {
-            Decision::Emit(progress) => {
-                self.core.emit(&self.run_id, ChunkKind::Progress, chunk::progress(&random_id(), &progress));
-            }
+            Decision::Emit(report) => self.core.emit_progress(&self.run_id, &report),
             Decision::Defer { flush_at } => {
                 let (core, run_id) = (self.core.clone(), self.run_id.clone());
                 self.core.state.wait_until(async move {

@@ -36,6 +36,10 @@ impl<A: ParentAgent> ToolBox for ParentTools<'_, A> {
         let result = self.host.run_agent_tool(&tool.child, options).await;
         Ok(tool.result_for_model(&result))
     }
+
+    fn call_id_taken(&self, id: &str) -> bool {
+        matches!(self.host.registry().get(&format!("agent-tool:{id}")), Ok(Some(_)))
+    }
 }
 
 impl<A: ParentAgent> ParentHost<A> {
@@ -52,6 +56,7 @@ impl<A: ParentAgent> ParentHost<A> {
             }
         };
         let model = PlatformModel { provider, env: &inner.env };
+        inner.chat.reset_stream(&request_id);
         let tools = ParentTools { host: self, request_id: &request_id };
         let next = Cell::new(0_i64);
         let emit = |body: String| {
@@ -74,13 +79,14 @@ impl<A: ParentAgent> ParentHost<A> {
         inner.turn_runs.borrow_mut().remove(&request_id);
     }
 
-    /// Cancels a chat turn and the child runs it is waiting on.
+    /// Cancels a chat turn (running or still queued) and the child runs it was waiting on: the
+    /// model stops first, then the children are cancelled together.
     pub(super) async fn cancel_chat_turn(&self, request_id: &str) {
-        let Some(active) = self.0.chat.active().filter(|a| a.request_id == request_id) else { return };
-        let runs = self.0.turn_runs.borrow().get(request_id).cloned().unwrap_or_default();
-        for run_id in runs {
-            self.cancel_agent_tool(&run_id, Some("the chat turn was cancelled".into())).await;
+        if self.0.chat.cancel(request_id, "cancelled by the client").is_none() {
+            return;
         }
-        active.cancel.cancel(Some("cancelled by the client".into()));
+        let runs = self.0.turn_runs.borrow().get(request_id).cloned().unwrap_or_default();
+        let reason = || Some("the chat turn was cancelled".to_owned());
+        futures::future::join_all(runs.iter().map(|run_id| self.cancel_agent_tool(run_id, reason()))).await;
     }
 }

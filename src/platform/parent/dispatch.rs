@@ -1,28 +1,79 @@
-//! Dispatch: insert the row, start the child, tail it to its outcome, conclude; and cancel.
+//! Dispatch: admit the run, start the child, tail it to its outcome, conclude; cancel; clear.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
 
 use futures::channel::oneshot;
+use futures::future::{select, Either};
 use futures::StreamExt;
 use serde::Serialize;
 use serde_json::Value;
 use wasm_bindgen::JsValue;
-use worker::{Method, Request, RequestInit, Response, Stub};
+use worker::{Delay, Method, Request, RequestInit, Response, Stub};
 
-use super::{ChildClass, ParentAgent, ParentHost};
+use super::{ChildClass, Inflight, ParentAgent, ParentHost};
+use crate::cancel::CancelToken;
 use crate::parent::registry::{Forward, RegistryError};
 use crate::parent::{
     validate_run_id, Admission, ClearFilter, EventDelivery, Inserted, NewRun, RunOptions, RunRecord, RunResult,
-    Terminal,
+    RunStatus, Terminal,
 };
 use crate::platform::{now_ms, random_id};
 use crate::protocol::child_api::{self, CancelRequest, StartRequest};
 use crate::protocol::tail::{ChunkKind, LineSplitter, OutcomeStatus, RunOutcome, TailLine};
 use crate::protocol::InterruptedReason;
 
+/// How long one inspection of a child may take.
+const INSPECT_TIMEOUT_MS: u64 = 2_000;
+/// The pause before tailing a child again after its stream broke.
+const RETAIL_PAUSE_MS: u64 = 250;
+
+/// How a dispatch is admitted.
+enum Admit {
+    /// This caller drives the run (`fresh`: its row was just created).
+    Drive { record: RunRecord, fresh: bool },
+    /// Another dispatch of this instance drives it: wait for its result.
+    Join(oneshot::Receiver<RunResult>),
+    /// The run already ended.
+    Finished(RunRecord),
+    /// The cap is reached.
+    Full(usize),
+}
+
+/// Removes a run's in-flight entry when its driver ends, however it ends: a dropped driver
+/// (its chat turn was cancelled, say) still releases the callers joined to it.
+struct InflightGuard<'a, A: ParentAgent> {
+    host: &'a ParentHost<A>,
+    run_id: String,
+    record: RunRecord,
+}
+
+impl<A: ParentAgent> InflightGuard<'_, A> {
+    fn finish(self, result: &RunResult) {
+        let entry = self.host.0.inflight.borrow_mut().remove(&self.run_id);
+        for tx in entry.map(|e| e.waiters).unwrap_or_default() {
+            let _ = tx.send(result.clone());
+        }
+        std::mem::forget(self);
+    }
+}
+
+impl<A: ParentAgent> Drop for InflightGuard<'_, A> {
+    fn drop(&mut self) {
+        let result = self.host.current_result(&self.record);
+        let entry = self.host.0.inflight.borrow_mut().remove(&self.run_id);
+        for tx in entry.map(|e| e.waiters).unwrap_or_default() {
+            let _ = tx.send(result.clone());
+        }
+    }
+}
+
 impl<A: ParentAgent> ParentHost<A> {
     /// Dispatches a child run and waits for its outcome. Idempotent by run id: a known id
-    /// returns its recorded result, or joins the dispatch already under way; it never starts a
-    /// second child. Over `max_concurrent_agent_tools`, the dispatch is refused (writing
-    /// nothing) or queued, as [`ParentAgent::admission`] says.
+    /// returns its recorded result, joins the dispatch already under way, or re-attaches to its
+    /// child; it never starts a second child. Over `max_concurrent_agent_tools`, the dispatch is
+    /// refused (writing nothing) or queued, as [`ParentAgent::admission`] says.
     pub async fn run_agent_tool(&self, child: &str, options: RunOptions) -> RunResult {
         let run_id = options.run_id.clone().unwrap_or_else(random_id);
         if let Err(problem) = validate_run_id(&run_id) {
@@ -48,9 +99,16 @@ impl<A: ParentAgent> ParentHost<A> {
             display_order: options.display_order.unwrap_or(0),
             event_delivery: options.event_delivery,
         };
-        let record = loop {
+        let (record, fresh) = loop {
             match self.admit(&new) {
                 Err(problem) => return RunResult::refused(run_id, child, problem),
+                Ok(Admit::Finished(record)) => return RunResult::from_record(&record),
+                Ok(Admit::Join(rx)) => {
+                    return match rx.await {
+                        Ok(result) => result,
+                        Err(_) => self.current_result_of(&run_id, child),
+                    }
+                }
                 Ok(Admit::Full(limit)) => {
                     if self.0.agent.admission(&self.0.env) == Admission::Queue {
                         self.slot_freed().await;
@@ -62,63 +120,59 @@ impl<A: ParentAgent> ParentHost<A> {
                     );
                     return RunResult::refused(run_id, child, message);
                 }
-                Ok(Admit::New(record)) => {
-                    self.broadcast_frame(&record.started_frame());
-                    self.0.agent.on_agent_tool_start(self, &record).await;
-                    break record;
-                }
-                Ok(Admit::Existing(record)) => {
-                    if record.status.is_hard_terminal() {
-                        return RunResult::from_record(&record);
-                    }
-                    let waiting = self.0.inflight.borrow_mut().get_mut(&run_id).map(|waiters| {
-                        let (tx, rx) = oneshot::channel();
-                        waiters.push(tx);
-                        rx
-                    });
-                    if let Some(rx) = waiting {
-                        return match rx.await {
-                            Ok(result) => result,
-                            Err(_) => self.current_result(&record),
-                        };
-                    }
-                    break record;
-                }
+                Ok(Admit::Drive { record, fresh }) => break (record, fresh),
             }
         };
-        self.0.inflight.borrow_mut().insert(run_id.clone(), Vec::new());
-        let result = self.drive(&record, class, &options.input).await;
-        let waiters = self.0.inflight.borrow_mut().remove(&run_id).unwrap_or_default();
-        for tx in waiters {
-            let _ = tx.send(result.clone());
+        let guard = InflightGuard { host: self, run_id: run_id.clone(), record: record.clone() };
+        if fresh {
+            self.broadcast_frame(&record.started_frame());
+            self.0.agent.on_agent_tool_start(self, &record).await;
         }
+        let result = self.drive(&record, class, &options.input, fresh).await;
+        guard.finish(&result);
         result
     }
 
-    /// Looks the run up, checks the concurrency cap and inserts the row, in one synchronous
-    /// step: two dispatches can never both take the last slot.
+    /// Looks the run up, checks the concurrency cap, inserts the row and registers the driver,
+    /// all in one synchronous step: two dispatches can never both take the last slot, nor both
+    /// drive one run.
     fn admit(&self, new: &NewRun) -> Result<Admit, String> {
         let registry = self.registry();
-        if let Some(existing) = registry.get(&new.run_id).map_err(|e| e.to_string())? {
-            if existing.agent_type != new.agent_type {
-                return Err(RegistryError::AgentTypeMismatch {
-                    run_id: new.run_id.clone(),
-                    existing: existing.agent_type,
-                    requested: new.agent_type.clone(),
+        let existing = registry.get(&new.run_id).map_err(|e| e.to_string())?;
+        let (record, fresh) = match existing {
+            Some(existing) => {
+                if existing.agent_type != new.agent_type {
+                    return Err(RegistryError::AgentTypeMismatch {
+                        run_id: new.run_id.clone(),
+                        existing: existing.agent_type,
+                        requested: new.agent_type.clone(),
+                    }
+                    .to_string());
                 }
-                .to_string());
+                if existing.status.is_hard_terminal() {
+                    return Ok(Admit::Finished(existing));
+                }
+                if let Some(entry) = self.0.inflight.borrow_mut().get_mut(&new.run_id) {
+                    let (tx, rx) = oneshot::channel();
+                    entry.waiters.push(tx);
+                    return Ok(Admit::Join(rx));
+                }
+                (existing, false)
             }
-            return Ok(Admit::Existing(existing));
-        }
-        if let Some(limit) = self.0.agent.max_concurrent_agent_tools(&self.0.env) {
-            if registry.live_count().map_err(|e| e.to_string())? >= limit as i64 {
-                return Ok(Admit::Full(limit));
+            None => {
+                if let Some(limit) = self.0.agent.max_concurrent_agent_tools(&self.0.env) {
+                    if registry.live_count().map_err(|e| e.to_string())? >= limit as i64 {
+                        return Ok(Admit::Full(limit));
+                    }
+                }
+                match registry.insert(new, now_ms()).map_err(|e| e.to_string())? {
+                    Inserted::New(record) => (record, true),
+                    Inserted::Existing(record) => (record, false),
+                }
             }
-        }
-        match registry.insert(new, now_ms()).map_err(|e| e.to_string())? {
-            Inserted::New(record) => Ok(Admit::New(record)),
-            Inserted::Existing(record) => Ok(Admit::Existing(record)),
-        }
+        };
+        self.0.inflight.borrow_mut().insert(new.run_id.clone(), Inflight::default());
+        Ok(Admit::Drive { record, fresh })
     }
 
     /// Resolves when a run concludes (a slot may be free).
@@ -136,13 +190,16 @@ impl<A: ParentAgent> ParentHost<A> {
         id.get_stub().map_err(|e| e.to_string())
     }
 
-    async fn drive(&self, record: &RunRecord, class: ChildClass, input: &Value) -> RunResult {
+    fn cancel_token(&self, run_id: &str) -> CancelToken {
+        self.0.inflight.borrow().get(run_id).map(|e| e.cancel.clone()).unwrap_or_default()
+    }
+
+    async fn drive(&self, record: &RunRecord, class: ChildClass, input: &Value, fresh: bool) -> RunResult {
         let stub = match self.child_stub(class, &record.run_id) {
             Ok(stub) => stub,
             Err(e) => {
-                return self
-                    .conclude(record, Terminal::Error { message: format!("could not reach {}: {e}", class.class) })
-                    .await
+                let message = format!("could not reach {}: {e}", class.class);
+                return self.conclude(record, Terminal::Error { message }).await;
             }
         };
         let start = StartRequest {
@@ -164,61 +221,134 @@ impl<A: ParentAgent> ParentHost<A> {
                 return self.conclude(record, Terminal::Error { message }).await;
             }
         }
-        if let Err(e) = self.registry().mark_running(&record.run_id) {
-            worker::console_error!("agent-tools: marking {} running failed: {e}", record.run_id);
+        // A cancel that landed while the child was being started: make sure the child stops.
+        if let Ok(Some(now)) = self.registry().get(&record.run_id) {
+            if now.status.is_hard_terminal() {
+                self.tell_child_to_cancel(&stub, &record.run_id, now.error_message.clone()).await;
+                return RunResult::from_record(&now);
+            }
         }
-        self.follow(record, &stub).await
+        let registry = self.registry();
+        let _ = registry.mark_running(&record.run_id).and_then(|_| registry.reattach(&record.run_id));
+        self.follow(record, &stub, !fresh).await
     }
 
-    /// Tails the child from the row's cursor to its outcome, forwarding every chunk.
-    async fn follow(&self, record: &RunRecord, stub: &Stub) -> RunResult {
+    /// Tails the child from the last chunk seen to its outcome, forwarding every chunk. A broken
+    /// tail is inspected and tailed again from where it stopped. Once re-attaching (a run this
+    /// instance did not start, or whose tail broke), the child must keep making progress
+    /// (`reattach_no_progress_timeout_ms`) within `reattach_max_window_ms`.
+    pub(super) async fn follow(&self, record: &RunRecord, stub: &Stub, reattaching: bool) -> RunResult {
         let run_id = &record.run_id;
-        let url = child_api::tail_url(run_id, record.child_cursor);
-        let mut resp = match send_json(stub, Method::Get, &url, &()).await {
-            Ok(resp) if resp.status_code() == 200 => resp,
-            _ => return self.after_broken_tail(record, stub).await,
-        };
-        let Ok(mut body) = resp.stream() else { return self.after_broken_tail(record, stub).await };
-        let mut lines = LineSplitter::default();
-        while let Some(Ok(bytes)) = body.next().await {
-            let mut batch: Vec<(ChunkKind, String)> = Vec::new();
-            let mut cursor = None;
-            let mut end = None;
-            for line in lines.push(&bytes) {
-                match line {
-                    Ok(TailLine::Chunk { i, k, b }) => {
-                        cursor = i.or(cursor);
-                        let hidden = k == ChunkKind::Stored && record.event_delivery == EventDelivery::Terminal;
-                        if !hidden {
-                            batch.push((k, b));
+        let cancel = self.cancel_token(run_id);
+        let no_progress_ms = self.0.agent.reattach_no_progress_timeout_ms();
+        let max_window = self.0.agent.reattach_max_window_ms();
+        let mut window_end = max_window.filter(|_| reattaching).map(|ms| now_ms() + ms as i64);
+        let mut reattaching = reattaching;
+        let mut last_progress = now_ms();
+        loop {
+            let cursor = self.registry().get(run_id).ok().flatten().map_or(record.child_cursor, |r| r.child_cursor);
+            if let Ok(mut resp) = send_json(stub, Method::Get, &child_api::tail_url(run_id, cursor), &()).await {
+                if let (200, Ok(mut body)) = (resp.status_code(), resp.stream()) {
+                    let mut lines = LineSplitter::default();
+                    loop {
+                        let quiet: Pin<Box<dyn Future<Output = ()>>> = if reattaching {
+                            let wait = no_progress_ms.saturating_sub((now_ms() - last_progress).max(0) as u64);
+                            Box::pin(Delay::from(Duration::from_millis(wait.max(1))))
+                        } else {
+                            Box::pin(futures::future::pending())
+                        };
+                        let next = body.next();
+                        let stop = cancel.cancelled();
+                        futures::pin_mut!(next, stop);
+                        let bytes = match select(next, select(stop, quiet)).await {
+                            Either::Left((Some(Ok(bytes)), _)) => bytes,
+                            Either::Left(_) => break, // the stream ended or broke
+                            Either::Right((Either::Left(_), _)) => return self.current_result(record),
+                            Either::Right((Either::Right(_), _)) => break,
+                        };
+                        last_progress = now_ms();
+                        let (batch, cursor, end) = parse_batch(&mut lines, &bytes, record);
+                        let live = self.forward(record, &batch, cursor);
+                        if let Some(outcome) = end {
+                            return self.conclude(record, terminal_from(outcome)).await;
+                        }
+                        if !live {
+                            // Concluded elsewhere (cancelled, cleared): its row has the result.
+                            return self.current_result(record);
                         }
                     }
-                    Ok(TailLine::End { outcome }) => end = Some(outcome),
-                    Err(e) => worker::console_error!("agent-tools: garbled tail line from {run_id}: {e}"),
                 }
             }
-            if !self.forward(record, &batch, cursor) {
-                // The run was concluded elsewhere (cancelled, cleared): its row has the result.
+            // The tail ended without an outcome: ask the child where the run stands.
+            if !reattaching {
+                reattaching = true;
+                window_end = max_window.map(|ms| now_ms() + ms as i64);
+            }
+            match self.inspect(stub, run_id).await {
+                Ok(Some(inspection)) => {
+                    if let Some(outcome) = inspection.outcome() {
+                        return self.conclude(record, terminal_from(outcome)).await;
+                    }
+                }
+                Ok(None) => {} // unknown yet: keep waiting, within the budget
+                Err(reason) => {
+                    let error = format!("the child could not be inspected ({})", reason.as_str());
+                    let terminal =
+                        Terminal::Interrupted { error, reason: Some(reason), child_still_running: Some(true) };
+                    return self.conclude(record, terminal).await;
+                }
+            }
+            if cancel.is_cancelled() {
                 return self.current_result(record);
             }
-            if let Some(outcome) = end {
-                return self.conclude(record, terminal_from(outcome)).await;
+            if window_end.is_some_and(|end| now_ms() >= end) {
+                self.tell_child_to_cancel(stub, run_id, Some("window-exceeded".into())).await;
+                let terminal = Terminal::Interrupted {
+                    error: "the re-attach window ran out; the child was torn down".into(),
+                    reason: Some(InterruptedReason::WindowExceeded),
+                    child_still_running: Some(false),
+                };
+                return self.conclude(record, terminal).await;
             }
+            if now_ms() - last_progress >= no_progress_ms as i64 {
+                let terminal = Terminal::Interrupted {
+                    error: format!("the child made no progress for {no_progress_ms} ms; it may still be running"),
+                    reason: Some(InterruptedReason::NoProgress),
+                    child_still_running: Some(true),
+                };
+                return self.conclude(record, terminal).await;
+            }
+            Delay::from(Duration::from_millis(RETAIL_PAUSE_MS)).await;
         }
-        self.after_broken_tail(record, stub).await
+    }
+
+    /// Inspects the child within [`INSPECT_TIMEOUT_MS`]: `Ok(None)` when it does not know the
+    /// run (yet).
+    async fn inspect(&self, stub: &Stub, run_id: &str) -> Result<Option<InspectionReply>, InterruptedReason> {
+        let url = child_api::inspect_url(run_id);
+        let request = send_json(stub, Method::Get, &url, &());
+        let timeout = Delay::from(Duration::from_millis(INSPECT_TIMEOUT_MS));
+        futures::pin_mut!(request, timeout);
+        let mut resp = match select(request, timeout).await {
+            Either::Left((Ok(resp), _)) if resp.status_code() == 200 => resp,
+            Either::Left(_) => return Err(InterruptedReason::InspectFailed),
+            Either::Right(_) => return Err(InterruptedReason::InspectTimeout),
+        };
+        resp.json::<Option<InspectionReply>>().await.map_err(|_| InterruptedReason::InspectFailed)
     }
 
     /// Stores a batch of chunks and broadcasts their frames. `false` when the run is no
     /// longer live.
-    fn forward(&self, record: &RunRecord, batch: &[(ChunkKind, String)], cursor: Option<i64>) -> bool {
+    fn forward(&self, record: &RunRecord, batch: &[Chunk], cursor: Option<i64>) -> bool {
         if batch.is_empty() && cursor.is_none() {
             return true;
         }
-        let forwards: Vec<Forward<'_>> = batch.iter().map(|(kind, body)| Forward { kind: *kind, body }).collect();
+        let forwards: Vec<Forward<'_>> =
+            batch.iter().map(|c| Forward { kind: c.kind, body: &c.body, replay: c.kept.as_deref() }).collect();
         match self.registry().append(&record.run_id, &forwards, cursor, now_ms()) {
             Ok(Some(seqs)) => {
-                for (seq, (_, body)) in seqs.into_iter().zip(batch) {
-                    self.broadcast_frame(&record.chunk_frame(seq, body.clone()));
+                for (seq, chunk) in seqs.into_iter().zip(batch) {
+                    self.broadcast_frame(&record.chunk_frame(seq, chunk.body.clone()));
                 }
                 true
             }
@@ -230,28 +360,16 @@ impl<A: ParentAgent> ParentHost<A> {
         }
     }
 
-    /// The tail ended without an outcome: ask the child where the run stands.
-    async fn after_broken_tail(&self, record: &RunRecord, stub: &Stub) -> RunResult {
-        let inspection = match send_json(stub, Method::Get, &child_api::inspect_url(&record.run_id), &()).await {
-            Ok(mut resp) if resp.status_code() == 200 => resp.json::<Option<InspectionReply>>().await.ok().flatten(),
-            _ => None,
-        };
-        if let Some(outcome) = inspection.and_then(|i| i.outcome()) {
-            return self.conclude(record, terminal_from(outcome)).await;
+    async fn tell_child_to_cancel(&self, stub: &Stub, run_id: &str, reason: Option<String>) {
+        let cancel = CancelRequest { run_id: run_id.to_owned(), reason };
+        let url = format!("{}/cancel", child_api::BASE);
+        if let Err(e) = send_json(stub, Method::Post, &url, &cancel).await {
+            worker::console_error!("agent-tools: cancelling {run_id} at the child failed: {e}");
         }
-        self.conclude(
-            record,
-            Terminal::Interrupted {
-                error: "the child's stream ended before its result; the child may still be running".into(),
-                reason: Some(InterruptedReason::NotTailable),
-                child_still_running: Some(true),
-            },
-        )
-        .await
     }
 
-    /// Cancels a run: the child stops its turn and the run ends `aborted`. Idempotent: an
-    /// unknown or finished run is left as it is.
+    /// Cancels a run: the child stops its turn, the run ends `aborted`, and a caller waiting on
+    /// it here gets the result at once. Idempotent: an unknown or finished run is left as it is.
     pub async fn cancel_agent_tool(&self, run_id: &str, reason: Option<String>) {
         let Ok(Some(record)) = self.registry().get(run_id) else { return };
         if record.status.is_hard_terminal() {
@@ -259,14 +377,13 @@ impl<A: ParentAgent> ParentHost<A> {
         }
         if let Some(class) = A::CHILDREN.iter().find(|c| c.class == record.agent_type) {
             if let Ok(stub) = self.child_stub(*class, run_id) {
-                let cancel = CancelRequest { run_id: run_id.to_owned(), reason: reason.clone() };
-                let url = format!("{}/cancel", child_api::BASE);
-                if let Err(e) = send_json(&stub, Method::Post, &url, &cancel).await {
-                    worker::console_error!("agent-tools: cancelling {run_id} at the child failed: {e}");
-                }
+                self.tell_child_to_cancel(&stub, run_id, reason.clone()).await;
             }
         }
         self.conclude(&record, Terminal::Aborted { reason }).await;
+        if let Some(entry) = self.0.inflight.borrow().get(run_id) {
+            entry.cancel.cancel(None);
+        }
     }
 
     /// Removes retained runs: cancels the live ones, deletes each child's storage and the
@@ -294,10 +411,10 @@ impl<A: ParentAgent> ParentHost<A> {
     }
 
     /// Records the terminal result (unless the row is already final), broadcasts its frame,
-    /// frees its slot and fires `on_agent_tool_finish` (once: only the transition that wrote
-    /// the row fires it).
-    async fn conclude(&self, record: &RunRecord, terminal: Terminal) -> RunResult {
-        match self.registry().finish(&record.run_id, &terminal, now_ms()) {
+    /// frees its slot and fires `on_agent_tool_finish` once per run.
+    pub(super) async fn conclude(&self, record: &RunRecord, terminal: Terminal) -> RunResult {
+        let now = now_ms();
+        match self.registry().finish(&record.run_id, &terminal, now) {
             Ok(Some(done)) => {
                 if let Some(frame) = done.terminal_frame() {
                     self.broadcast_frame(&frame);
@@ -306,7 +423,9 @@ impl<A: ParentAgent> ParentHost<A> {
                     let _ = waiter.send(());
                 }
                 let result = RunResult::from_record(&done);
-                self.0.agent.on_agent_tool_finish(self, &done, &result).await;
+                if self.registry().claim_finish_hook(&done.run_id, now).unwrap_or(false) {
+                    self.0.agent.on_agent_tool_finish(self, &done, &result).await;
+                }
                 result
             }
             Ok(None) => self.current_result(record),
@@ -320,27 +439,59 @@ impl<A: ParentAgent> ParentHost<A> {
         }
     }
 
-    fn current_result(&self, record: &RunRecord) -> RunResult {
-        match self.registry().get(&record.run_id) {
+    /// The run's recorded result; a run whose row is gone was cleared.
+    pub(super) fn current_result(&self, record: &RunRecord) -> RunResult {
+        self.current_result_of(&record.run_id, &record.agent_type)
+    }
+
+    fn current_result_of(&self, run_id: &str, agent_type: &str) -> RunResult {
+        match self.registry().get(run_id) {
             Ok(Some(now)) => RunResult::from_record(&now),
-            _ => RunResult::from_record(record),
+            _ => RunResult {
+                status: RunStatus::Aborted,
+                ..RunResult::refused(run_id, agent_type, "the run was cleared")
+            },
         }
     }
 }
 
-/// How a dispatch is admitted.
-enum Admit {
-    /// A new row.
-    New(RunRecord),
-    /// The run id is known.
-    Existing(RunRecord),
-    /// The cap is reached.
-    Full(usize),
+/// A chunk read from a tail.
+struct Chunk {
+    kind: ChunkKind,
+    body: String,
+    /// What to keep for replay instead of `body`.
+    kept: Option<String>,
+}
+
+/// Splits what a read brought into the chunks to forward, the child cursor reached and the
+/// outcome, if the run ended.
+fn parse_batch(
+    lines: &mut LineSplitter,
+    bytes: &[u8],
+    record: &RunRecord,
+) -> (Vec<Chunk>, Option<i64>, Option<RunOutcome>) {
+    let mut batch = Vec::new();
+    let mut cursor = None;
+    let mut end = None;
+    for line in lines.push(bytes) {
+        match line {
+            Ok(TailLine::Chunk { i, k, b, r }) => {
+                cursor = i.or(cursor);
+                let hidden = k == ChunkKind::Stored && record.event_delivery == EventDelivery::Terminal;
+                if !hidden {
+                    batch.push(Chunk { kind: k, body: b, kept: r });
+                }
+            }
+            Ok(TailLine::End { outcome }) => end = Some(outcome),
+            Err(e) => worker::console_error!("agent-tools: garbled tail line from {}: {e}", record.run_id),
+        }
+    }
+    (batch, cursor, end)
 }
 
 /// The parts of a child's inspection the parent reads.
 #[derive(serde::Deserialize)]
-struct InspectionReply {
+pub(super) struct InspectionReply {
     status: String,
     summary: Option<String>,
     output: Option<Value>,
@@ -348,14 +499,20 @@ struct InspectionReply {
 }
 
 impl InspectionReply {
-    fn outcome(self) -> Option<RunOutcome> {
+    /// The outcome, if the run ended.
+    pub(super) fn outcome(&self) -> Option<RunOutcome> {
         let status = match self.status.as_str() {
             "completed" => OutcomeStatus::Completed,
             "error" => OutcomeStatus::Error,
             "aborted" => OutcomeStatus::Aborted,
             _ => return None,
         };
-        Some(RunOutcome { status, summary: self.summary, output: self.output, error: self.error })
+        Some(RunOutcome {
+            status,
+            summary: self.summary.clone(),
+            output: self.output.clone(),
+            error: self.error.clone(),
+        })
     }
 }
 

@@ -20,6 +20,7 @@ use worker::{Env, Request, Response, State, WebSocket, WebSocketIncomingMessage,
 use super::chat::{self, Chat, ChatAction};
 use super::model::ModelProvider;
 use super::{json_error, DoSql};
+use crate::cancel::CancelToken;
 use crate::model::ModelError;
 use crate::parent::{Admission, AgentTool, Registry, RunRecord, RunResult};
 use crate::protocol::rpc::{self, ClientFrame, FrameError, RpcResponse};
@@ -63,6 +64,18 @@ pub trait ParentAgent: Sized + 'static {
     /// The model; by default the one the Worker's settings select (`MODEL_PROVIDER`, …).
     fn model(&self, env: &Env) -> Result<ModelProvider, ModelError> {
         ModelProvider::from_env(env)
+    }
+
+    /// How long a followed child may send nothing before the run is sealed `interrupted`
+    /// (`no-progress`, the child left running). Default 120 000 ms.
+    fn reattach_no_progress_timeout_ms(&self) -> u64 {
+        120_000
+    }
+
+    /// The longest a run may be followed after its tail first broke; past it the child is torn
+    /// down and the run sealed `interrupted` (`window-exceeded`). Default: unlimited.
+    fn reattach_max_window_ms(&self) -> Option<u64> {
+        None
     }
 
     /// The most runs `starting` or `running` at once (default: unlimited).
@@ -113,14 +126,23 @@ pub trait ParentAgent: Sized + 'static {
     }
 }
 
+/// A run this instance is driving.
+#[derive(Default)]
+struct Inflight {
+    /// Callers that dispatched the same run id meanwhile.
+    waiters: Vec<oneshot::Sender<RunResult>>,
+    /// Stops the driver (the run was cancelled here).
+    cancel: CancelToken,
+}
+
 struct Inner<A> {
     state: State,
     env: Env,
     sql: DoSql,
     agent: A,
     chat: Chat,
-    /// Runs this instance is driving, with the callers waiting on them.
-    inflight: RefCell<HashMap<String, Vec<oneshot::Sender<RunResult>>>>,
+    /// Runs this instance is driving, with the callers joined to them.
+    inflight: RefCell<HashMap<String, Inflight>>,
     /// The agent-tool runs each chat turn dispatched, by request id (to cancel them with it).
     turn_runs: RefCell<HashMap<String, Vec<String>>>,
     /// Dispatches queued for a concurrency slot.
