@@ -16,6 +16,7 @@ pub mod cancel;
 pub mod chat;
 pub mod child;
 pub mod model;
+pub mod observability;
 pub mod parent;
 pub mod protocol;
 pub mod routing;

@@ -15,6 +15,12 @@ CREATE TABLE IF NOT EXISTS chat_messages (
   created_at INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS chat_messages_by_ord ON chat_messages (ord);
+CREATE TABLE IF NOT EXISTS chat_open_streams (
+  stream_id TEXT PRIMARY KEY,
+  request_id TEXT NOT NULL,
+  message_id TEXT NOT NULL,
+  started_at INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS chat_stream_chunks (
   stream_id TEXT NOT NULL,
   idx INTEGER NOT NULL,
@@ -164,6 +170,61 @@ impl<'a, S: Sql + ?Sized> StreamLog<'a, S> {
     }
 }
 
+/// Turns being written, kept in SQL so a restart can tell which streams it cut short.
+pub struct OpenStreams<'a, S: Sql + ?Sized> {
+    sql: &'a S,
+}
+
+impl<'a, S: Sql + ?Sized> OpenStreams<'a, S> {
+    /// Open streams over `sql`.
+    pub fn new(sql: &'a S) -> Self {
+        Self { sql }
+    }
+
+    /// A turn starts writing `stream_id` as assistant message `message_id`.
+    pub fn open(&self, stream_id: &str, request_id: &str, message_id: &str, now: i64) -> Result<(), StoreError> {
+        self.sql.exec(
+            "INSERT INTO chat_open_streams (stream_id, request_id, message_id, started_at) VALUES (?, ?, ?, ?) \
+             ON CONFLICT (stream_id) DO UPDATE SET request_id = excluded.request_id, \
+             message_id = excluded.message_id, started_at = excluded.started_at",
+            &[V::from(stream_id), V::from(request_id), V::from(message_id), V::Int(now)],
+        )?;
+        Ok(())
+    }
+
+    /// The turn ended (its message is saved).
+    pub fn close(&self, stream_id: &str) -> Result<(), StoreError> {
+        self.sql.exec("DELETE FROM chat_open_streams WHERE stream_id = ?", &[V::from(stream_id)])?;
+        Ok(())
+    }
+
+    /// After a restart: every stream still open was cut short with its turn. Each one's
+    /// assistant message is rebuilt from the chunks it stored and saved, marked
+    /// `metadata.interrupted` (what was said stays said; nothing is re-run). Returns the
+    /// recovered messages.
+    pub fn recover(&self, now: i64) -> Result<Vec<Value>, StoreError> {
+        let open = self.sql.exec("SELECT stream_id, message_id FROM chat_open_streams ORDER BY started_at", &[])?;
+        let mut recovered = Vec::new();
+        for row in &open {
+            let (Some(stream_id), Some(message_id)) = (row.text(0), row.text(1)) else { continue };
+            let mut builder = crate::chat::message::MessageBuilder::new(message_id);
+            for chunk in StreamLog::new(self.sql).after(&stream_id, -1)? {
+                if let Ok(chunk) = serde_json::from_str::<Value>(&chunk.body) {
+                    builder.apply(&chunk);
+                }
+            }
+            if !builder.is_empty() {
+                let mut message = builder.message();
+                message["metadata"]["interrupted"] = Value::Bool(true);
+                Messages::new(self.sql).upsert(&message, now)?;
+                recovered.push(message);
+            }
+            self.close(&stream_id)?;
+        }
+        Ok(recovered)
+    }
+}
+
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod tests {
     use super::*;
@@ -235,5 +296,42 @@ mod tests {
         log.delete("s").unwrap();
         assert_eq!(log.next_index("s").unwrap(), 0);
         assert_eq!(log.next_index("other").unwrap(), 1);
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod recovery_tests {
+    use super::*;
+    use crate::store::sqlite;
+
+    #[test]
+    fn a_stream_cut_short_becomes_a_saved_partial_message() {
+        let db = sqlite::memory();
+        db.batch(SCHEMA).unwrap();
+        let open = OpenStreams::new(&db);
+        open.open("s1", "r1", "msg-1", 1).unwrap();
+        let log = StreamLog::new(&db);
+        for (i, chunk) in [
+            r#"{"type":"start","messageId":"msg-1"}"#,
+            r#"{"type":"text-start","id":"t"}"#,
+            r#"{"type":"text-delta","id":"t","delta":"half an "}"#,
+            r#"{"type":"text-delta","id":"t","delta":"answer"}"#,
+        ]
+        .iter()
+        .enumerate()
+        {
+            log.append("s1", i as i64, ChunkKind::Stored, chunk).unwrap();
+        }
+        open.open("s2", "r2", "msg-2", 2).unwrap();
+        open.open("done", "r3", "msg-3", 3).unwrap();
+        open.close("done").unwrap();
+        let recovered = open.recover(10).unwrap();
+        assert_eq!(recovered.len(), 1, "a stream with nothing stored leaves no message");
+        let saved = Messages::new(&db).list().unwrap();
+        assert_eq!(saved.len(), 1);
+        assert_eq!(saved[0]["id"], "msg-1");
+        assert_eq!(crate::chat::message::text_of(&saved[0]), "half an answer");
+        assert_eq!(saved[0]["metadata"]["interrupted"], true);
+        assert!(open.recover(11).unwrap().is_empty(), "recovered once");
     }
 }

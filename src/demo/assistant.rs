@@ -63,6 +63,11 @@ impl ParentAgent for AssistantAgent {
         setting(env, "MAX_CONCURRENT_AGENT_TOOLS").and_then(|v| v.parse().ok())
     }
 
+    /// `AGENT_TOOL_ALARM_MS` (default 10 000): the recovery alarm's interval.
+    fn recovery_alarm_ms(&self, env: &Env) -> u64 {
+        setting(env, "AGENT_TOOL_ALARM_MS").and_then(|v| v.parse().ok()).unwrap_or(10_000)
+    }
+
     /// `AGENT_TOOL_ADMISSION`: `reject` (default) or `queue`.
     fn admission(&self, env: &Env) -> Admission {
         match setting(env, "AGENT_TOOL_ADMISSION").as_deref() {

@@ -40,6 +40,9 @@ impl DurableObject for Assistant {
     async fn websocket_close(&self, ws: WebSocket, code: usize, reason: String, _clean: bool) -> worker::Result<()> {
         self.parent.websocket_close(ws, code, reason).await
     }
+    async fn alarm(&self) -> worker::Result<Response> {
+        self.parent.alarm().await
+    }
 }
 
 /// Declares a child Durable Object that delegates to a [`ChildHost`].

@@ -14,7 +14,7 @@ use super::{now_ms, random_id, DoSql};
 use crate::cancel::CancelToken;
 use crate::chat::convert::to_model_messages;
 use crate::chat::message::MessageBuilder;
-use crate::chat::store::{validate_message, Messages, StreamLog};
+use crate::chat::store::{validate_message, Messages, OpenStreams, StreamLog};
 use crate::chat::turn::{run_turn, Model, ToolBox, TurnOptions, TurnOutcome};
 use crate::protocol::tail::ChunkKind;
 use crate::store::Sql;
@@ -116,10 +116,14 @@ impl Drop for ActiveGuard<'_> {
 }
 
 impl Chat {
-    /// The chat over this agent's SQL (tables created if missing).
+    /// The chat over this agent's SQL (tables created if missing). A turn that a restart cut
+    /// short is saved as the partial message it had streamed.
     pub fn new(sql: DoSql) -> Self {
         if let Err(e) = sql.batch(crate::chat::store::SCHEMA) {
             worker::console_error!("agent-tools: chat schema failed: {e}");
+        }
+        if let Err(e) = OpenStreams::new(&sql).recover(now_ms()) {
+            worker::console_error!("agent-tools: recovering interrupted chat streams failed: {e}");
         }
         Self {
             sql,
@@ -365,6 +369,9 @@ impl Chat {
         });
         let _active = ActiveGuard { chat: self, request_id: spec.request_id.clone() };
         let message_id = format!("assistant_{}_{}", now_ms(), random_id().chars().take(8).collect::<String>());
+        if let Err(e) = OpenStreams::new(&self.sql).open(&spec.stream_id, &spec.request_id, &message_id, now_ms()) {
+            worker::console_error!("agent-tools: marking stream {} open failed: {e}", spec.stream_id);
+        }
         let builder = RefCell::new(MessageBuilder::new(message_id.clone()));
         let emit = |chunk: Value| {
             builder.borrow_mut().apply(&chunk);
@@ -390,7 +397,10 @@ impl Chat {
             }
         };
         let message = builder.borrow().message();
-        if let Err(e) = Messages::new(&self.sql).upsert(&message, now_ms()) {
+        if let Err(e) = Messages::new(&self.sql)
+            .upsert(&message, now_ms())
+            .and_then(|_| OpenStreams::new(&self.sql).close(&spec.stream_id))
+        {
             worker::console_error!("agent-tools: saving the assistant message failed: {e}");
         }
         *self.active.borrow_mut() = None;

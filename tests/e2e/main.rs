@@ -7,3 +7,4 @@ mod foundation;
 mod harness;
 mod lifecycle;
 mod mock_model;
+mod recovery;

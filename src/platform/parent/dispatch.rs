@@ -43,28 +43,41 @@ enum Admit {
 
 /// Removes a run's in-flight entry when its driver ends, however it ends: a dropped driver
 /// (its chat turn was cancelled, say) still releases the callers joined to it.
-struct InflightGuard<'a, A: ParentAgent> {
+pub(super) struct InflightGuard<'a, A: ParentAgent> {
     host: &'a ParentHost<A>,
-    run_id: String,
     record: RunRecord,
+    armed: bool,
 }
 
-impl<A: ParentAgent> InflightGuard<'_, A> {
-    fn finish(self, result: &RunResult) {
-        let entry = self.host.0.inflight.borrow_mut().remove(&self.run_id);
+impl<'a, A: ParentAgent> InflightGuard<'a, A> {
+    /// Guards the in-flight entry of `record`'s run (already registered).
+    pub(super) fn new(host: &'a ParentHost<A>, record: &RunRecord) -> Self {
+        Self { host, record: record.clone(), armed: true }
+    }
+
+    /// The driver ended with `result`: release the entry and hand the result to the joined.
+    pub(super) fn finish(mut self, result: &RunResult) {
+        self.armed = false;
+        self.release(result);
+    }
+
+    /// The entry passes to another driver, which guards it from now on.
+    pub(super) fn disarm(mut self) {
+        self.armed = false;
+    }
+
+    fn release(&self, result: &RunResult) {
+        let entry = self.host.0.inflight.borrow_mut().remove(&self.record.run_id);
         for tx in entry.map(|e| e.waiters).unwrap_or_default() {
             let _ = tx.send(result.clone());
         }
-        std::mem::forget(self);
     }
 }
 
 impl<A: ParentAgent> Drop for InflightGuard<'_, A> {
     fn drop(&mut self) {
-        let result = self.host.current_result(&self.record);
-        let entry = self.host.0.inflight.borrow_mut().remove(&self.run_id);
-        for tx in entry.map(|e| e.waiters).unwrap_or_default() {
-            let _ = tx.send(result.clone());
+        if self.armed {
+            self.release(&self.host.current_result(&self.record));
         }
     }
 }
@@ -123,9 +136,10 @@ impl<A: ParentAgent> ParentHost<A> {
                 Ok(Admit::Drive { record, fresh }) => break (record, fresh),
             }
         };
-        let guard = InflightGuard { host: self, run_id: run_id.clone(), record: record.clone() };
+        let guard = InflightGuard::new(self, &record);
         if fresh {
             self.broadcast_frame(&record.started_frame());
+            self.arm_alarm().await;
             self.0.agent.on_agent_tool_start(self, &record).await;
         }
         let result = self.drive(&record, class, &options.input, fresh).await;
@@ -324,7 +338,11 @@ impl<A: ParentAgent> ParentHost<A> {
 
     /// Inspects the child within [`INSPECT_TIMEOUT_MS`]: `Ok(None)` when it does not know the
     /// run (yet).
-    async fn inspect(&self, stub: &Stub, run_id: &str) -> Result<Option<InspectionReply>, InterruptedReason> {
+    pub(super) async fn inspect(
+        &self,
+        stub: &Stub,
+        run_id: &str,
+    ) -> Result<Option<InspectionReply>, InterruptedReason> {
         let url = child_api::inspect_url(run_id);
         let request = send_json(stub, Method::Get, &url, &());
         let timeout = Delay::from(Duration::from_millis(INSPECT_TIMEOUT_MS));
@@ -516,7 +534,7 @@ impl InspectionReply {
     }
 }
 
-fn terminal_from(outcome: RunOutcome) -> Terminal {
+pub(super) fn terminal_from(outcome: RunOutcome) -> Terminal {
     match outcome.status {
         OutcomeStatus::Completed => {
             Terminal::Completed { summary: outcome.summary.unwrap_or_default(), output: outcome.output }

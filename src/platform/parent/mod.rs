@@ -8,8 +8,9 @@
 
 mod chat_turn;
 mod dispatch;
+mod recovery;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -22,6 +23,7 @@ use super::model::ModelProvider;
 use super::{json_error, DoSql};
 use crate::cancel::CancelToken;
 use crate::model::ModelError;
+use crate::observability::ObservabilityEvent;
 use crate::parent::{Admission, AgentTool, Registry, RunRecord, RunResult};
 use crate::protocol::rpc::{self, ClientFrame, FrameError, RpcResponse};
 use crate::protocol::EventFrame;
@@ -76,6 +78,18 @@ pub trait ParentAgent: Sized + 'static {
     /// down and the run sealed `interrupted` (`window-exceeded`). Default: unlimited.
     fn reattach_max_window_ms(&self) -> Option<u64> {
         None
+    }
+
+    /// How soon after a run starts the parent's alarm fires (and then how often, while runs
+    /// are live) to recover runs a restart left undriven. Default 10 000 ms.
+    fn recovery_alarm_ms(&self, env: &Env) -> u64 {
+        let _ = env;
+        10_000
+    }
+
+    /// Subscribes to the engine's structured events (they are also logged as JSON lines).
+    fn on_observability(&self, event: &ObservabilityEvent) {
+        let _ = event;
     }
 
     /// The most runs `starting` or `running` at once (default: unlimited).
@@ -147,6 +161,12 @@ struct Inner<A> {
     turn_runs: RefCell<HashMap<String, Vec<String>>>,
     /// Dispatches queued for a concurrency slot.
     slot_waiters: RefCell<Vec<oneshot::Sender<()>>>,
+    /// Recovery was started in this instance.
+    recovery_started: Cell<bool>,
+    /// A recovery pass is under way.
+    recovering: Cell<bool>,
+    /// An alarm is known to be pending.
+    alarm_armed: Cell<bool>,
 }
 
 /// The parent's runtime. Clone is cheap (a shared handle). Hold one in your Durable Object and
@@ -176,6 +196,9 @@ impl<A: ParentAgent> ParentHost<A> {
             inflight: RefCell::new(HashMap::new()),
             turn_runs: RefCell::new(HashMap::new()),
             slot_waiters: RefCell::new(Vec::new()),
+            recovery_started: Cell::new(false),
+            recovering: Cell::new(false),
+            alarm_armed: Cell::new(false),
         }))
     }
 
@@ -235,6 +258,7 @@ impl<A: ParentAgent> ParentHost<A> {
         if self.name().is_none() {
             meta::set(&self.0.sql, "name", &path.name).map_err(|e| worker::Error::RustError(e.to_string()))?;
         }
+        self.ensure_recovery();
         if let Some(sub) = &path.sub {
             let Some(child) = A::CHILDREN.iter().find(|c| kebab_case(c.class) == sub.agent) else {
                 return json_error(404, format!("{} has no child agent {:?}", A::CLASS, sub.agent));
@@ -282,6 +306,7 @@ impl<A: ParentAgent> ParentHost<A> {
     /// Handles one client frame: RPC calls and chat frames. Anything malformed gets an error
     /// frame and the socket stays open.
     pub async fn websocket_message(&self, ws: WebSocket, message: WebSocketIncomingMessage) -> worker::Result<()> {
+        self.ensure_recovery();
         let frame = match message {
             WebSocketIncomingMessage::String(text) => rpc::parse_client_frame(&text),
             WebSocketIncomingMessage::Binary(_) => Err(FrameError::Binary),

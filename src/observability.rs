@@ -1,0 +1,81 @@
+//! Structured events of the agent-tool engine: one JSON line each (visible in `wrangler tail`)
+//! and a hook (`ParentAgent::on_observability`) to subscribe in Rust.
+//!
+//! ```text
+//! {"type":"agent_tool:recovery:row","agent":"Assistant","name":"alice","payload":{...},"timestamp":1700000000000}
+//! ```
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum EventType {
+    /// Recovery started on a fresh instance; payload `{runs}`.
+    #[serde(rename = "agent_tool:recovery:begin")]
+    RecoveryBegin,
+    /// One live run is being recovered; payload `{runId, agentType, status}`.
+    #[serde(rename = "agent_tool:recovery:row")]
+    RecoveryRow,
+    /// The recovery deadline passed; payload `{runId}`.
+    #[serde(rename = "agent_tool:recovery:deadline")]
+    RecoveryDeadline,
+    /// A live child is being followed again; payload `{runId, cursor}`.
+    #[serde(rename = "agent_tool:recovery:reattach")]
+    RecoveryReattach,
+    /// Recovery finished; payload `{runs, finalized, reattached}`.
+    #[serde(rename = "agent_tool:recovery:complete")]
+    RecoveryComplete,
+    /// Recovery of a run failed; payload `{runId, error}`.
+    #[serde(rename = "agent_tool:recovery:failed")]
+    RecoveryFailed,
+    /// Delivering a detached run's completion failed; payload `{runId, error}`.
+    #[serde(rename = "agent_tool:detached:delivery_failed")]
+    DetachedDeliveryFailed,
+    /// Many detached runs are live at once; payload `{live}`.
+    #[serde(rename = "agent_tool:detached:live_count_warning")]
+    DetachedLiveCountWarning,
+}
+
+/// One event.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ObservabilityEvent {
+    /// What happened.
+    #[serde(rename = "type")]
+    pub kind: EventType,
+    /// The agent class.
+    pub agent: String,
+    /// The agent instance's name.
+    pub name: String,
+    /// Details.
+    pub payload: Value,
+    /// Epoch ms.
+    pub timestamp: i64,
+}
+
+impl ObservabilityEvent {
+    /// The JSON log line.
+    pub fn to_line(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_serialize_as_one_line_with_the_sdk_names() {
+        let e = ObservabilityEvent {
+            kind: EventType::RecoveryRow,
+            agent: "Assistant".into(),
+            name: "alice".into(),
+            payload: serde_json::json!({"runId": "r1"}),
+            timestamp: 5,
+        };
+        assert_eq!(
+            e.to_line(),
+            r#"{"type":"agent_tool:recovery:row","agent":"Assistant","name":"alice","payload":{"runId":"r1"},"timestamp":5}"#
+        );
+    }
+}
