@@ -1,4 +1,5 @@
 use super::*;
+use crate::protocol::AgentToolEvent;
 use crate::store::sqlite;
 use serde_json::json;
 

@@ -8,6 +8,7 @@
 
 mod chat_turn;
 mod dispatch;
+mod follow;
 mod recovery;
 
 use std::cell::{Cell, RefCell};

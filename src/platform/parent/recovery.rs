@@ -7,7 +7,8 @@
 
 use serde_json::json;
 
-use super::dispatch::{terminal_from, InflightGuard};
+use super::dispatch::InflightGuard;
+use super::follow::terminal_from;
 use super::{Inflight, ParentAgent, ParentHost};
 use crate::observability::{EventType, ObservabilityEvent};
 use crate::parent::{RunRecord, Terminal};

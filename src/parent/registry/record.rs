@@ -1,0 +1,274 @@
+//! The registry's records: a run's status, what is known before it starts, its terminal
+//! result, and its row with the frames it implies.
+
+use serde_json::Value;
+
+use crate::protocol::{AgentToolEvent, EventFrame, InterruptedReason};
+use crate::store::Row;
+
+/// Where a run is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunStatus {
+    /// Row inserted; the child has not accepted the run yet.
+    Starting,
+    /// The child accepted the run.
+    Running,
+    /// Finished with a result.
+    Completed,
+    /// Failed.
+    Error,
+    /// Cancelled.
+    Aborted,
+    /// The parent stopped waiting without a logical outcome; repairable.
+    Interrupted,
+}
+
+impl RunStatus {
+    /// The SQL spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Running => "running",
+            Self::Completed => "completed",
+            Self::Error => "error",
+            Self::Aborted => "aborted",
+            Self::Interrupted => "interrupted",
+        }
+    }
+
+    /// Parses the SQL spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "starting" => Self::Starting,
+            "running" => Self::Running,
+            "completed" => Self::Completed,
+            "error" => Self::Error,
+            "aborted" => Self::Aborted,
+            "interrupted" => Self::Interrupted,
+            _ => return None,
+        })
+    }
+
+    /// `completed`, `error` and `aborted`: final, never overwritten.
+    pub fn is_hard_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Error | Self::Aborted)
+    }
+
+    /// `starting` and `running`: holds a concurrency slot.
+    pub fn is_live(self) -> bool {
+        matches!(self, Self::Starting | Self::Running)
+    }
+}
+
+/// Whether a run's ordinary chunks reach clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EventDelivery {
+    /// Every chunk is forwarded and replayed.
+    #[default]
+    Full,
+    /// Only lifecycle, progress and milestone frames.
+    Terminal,
+}
+
+impl EventDelivery {
+    /// The SQL spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Full => "full",
+            Self::Terminal => "terminal",
+        }
+    }
+}
+
+/// What a caller knows about a run before it starts.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NewRun {
+    /// Run id (the caller's, or a fresh one).
+    pub run_id: String,
+    /// The parent tool call that spawned it.
+    pub parent_tool_call_id: Option<String>,
+    /// Child class name.
+    pub agent_type: String,
+    /// Input preview (see [`input_preview`]).
+    pub input_preview: Option<String>,
+    /// UI metadata.
+    pub display: Option<Value>,
+    /// Sibling order.
+    pub display_order: i64,
+    /// Chunk delivery mode.
+    pub event_delivery: EventDelivery,
+}
+
+/// A terminal result to record.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Terminal {
+    /// The child finished.
+    Completed {
+        /// Its summary.
+        summary: String,
+        /// Its structured output, if any.
+        output: Option<Value>,
+    },
+    /// The run failed.
+    Error {
+        /// What went wrong.
+        message: String,
+    },
+    /// The run was cancelled.
+    Aborted {
+        /// Why.
+        reason: Option<String>,
+    },
+    /// The parent stopped waiting.
+    Interrupted {
+        /// Human-readable cause.
+        error: String,
+        /// Machine-readable cause.
+        reason: Option<InterruptedReason>,
+        /// Whether the child still runs.
+        child_still_running: Option<bool>,
+    },
+}
+
+impl Terminal {
+    /// The status this terminal writes.
+    pub fn status(&self) -> RunStatus {
+        match self {
+            Self::Completed { .. } => RunStatus::Completed,
+            Self::Error { .. } => RunStatus::Error,
+            Self::Aborted { .. } => RunStatus::Aborted,
+            Self::Interrupted { .. } => RunStatus::Interrupted,
+        }
+    }
+}
+
+/// One registry row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRecord {
+    /// Run id.
+    pub run_id: String,
+    /// Spawning tool call.
+    pub parent_tool_call_id: Option<String>,
+    /// Child class name.
+    pub agent_type: String,
+    /// Input preview.
+    pub input_preview: Option<String>,
+    /// Status.
+    pub status: RunStatus,
+    /// Summary (completed).
+    pub summary: Option<String>,
+    /// Structured output JSON (completed).
+    pub output_json: Option<String>,
+    /// Error message (error), abort reason (aborted) or cause (interrupted).
+    pub error_message: Option<String>,
+    /// Interrupted reason.
+    pub interrupted_reason: Option<InterruptedReason>,
+    /// Interrupted: whether the child still runs.
+    pub child_still_running: Option<bool>,
+    /// UI metadata.
+    pub display: Option<Value>,
+    /// Sibling order.
+    pub display_order: i64,
+    /// Epoch ms.
+    pub started_at: i64,
+    /// Epoch ms.
+    pub completed_at: Option<i64>,
+    /// Chunk delivery mode.
+    pub event_delivery: EventDelivery,
+    /// The next frame sequence to hand out.
+    pub next_seq: i64,
+    /// Index of the last child chunk forwarded (-1: none); a re-attach tails after it.
+    pub child_cursor: i64,
+    /// Sequence of the current terminal frame.
+    pub terminal_seq: Option<i64>,
+    /// The latest progress chunk and its sequence.
+    pub progress: Option<(i64, String)>,
+}
+
+pub(super) const COLUMNS: &str = "run_id, parent_tool_call_id, agent_type, input_preview, status, summary, \
+    output_json, error_message, interrupted_reason, child_still_running, display_json, \
+    display_order, started_at, completed_at, event_delivery, next_seq, child_cursor, \
+    terminal_seq, progress_json, progress_seq";
+
+impl RunRecord {
+    pub(super) fn from_row(r: &Row) -> Self {
+        Self {
+            run_id: r.text(0).unwrap_or_default(),
+            parent_tool_call_id: r.text(1),
+            agent_type: r.text(2).unwrap_or_default(),
+            input_preview: r.text(3),
+            status: r.text(4).and_then(|s| RunStatus::parse(&s)).unwrap_or(RunStatus::Error),
+            summary: r.text(5),
+            output_json: r.text(6),
+            error_message: r.text(7),
+            interrupted_reason: r.text(8).and_then(|s| InterruptedReason::parse(&s)),
+            child_still_running: r.int(9).map(|v| v != 0),
+            display: r.text(10).and_then(|s| serde_json::from_str(&s).ok()),
+            display_order: r.int(11).unwrap_or(0),
+            started_at: r.int(12).unwrap_or(0),
+            completed_at: r.int(13),
+            event_delivery: match r.text(14).as_deref() {
+                Some("terminal") => EventDelivery::Terminal,
+                _ => EventDelivery::Full,
+            },
+            next_seq: r.int(15).unwrap_or(1),
+            child_cursor: r.int(16).unwrap_or(-1),
+            terminal_seq: r.int(17),
+            progress: match (r.int(19), r.text(18)) {
+                (Some(seq), Some(body)) => Some((seq, body)),
+                _ => None,
+            },
+        }
+    }
+
+    /// The `started` event (always sequence 0).
+    pub fn started_event(&self) -> AgentToolEvent {
+        AgentToolEvent::Started {
+            run_id: self.run_id.clone(),
+            agent_type: self.agent_type.clone(),
+            input_preview: self.input_preview.clone(),
+            order: self.display_order,
+            display: self.display.clone(),
+        }
+    }
+
+    /// The terminal event, for a run that has one.
+    pub fn terminal_event(&self) -> Option<AgentToolEvent> {
+        let run_id = self.run_id.clone();
+        Some(match self.status {
+            RunStatus::Starting | RunStatus::Running => return None,
+            RunStatus::Completed => {
+                AgentToolEvent::Finished { run_id, summary: self.summary.clone().unwrap_or_default() }
+            }
+            RunStatus::Error => AgentToolEvent::Error { run_id, error: self.error_message.clone().unwrap_or_default() },
+            RunStatus::Aborted => AgentToolEvent::Aborted { run_id, reason: self.error_message.clone() },
+            RunStatus::Interrupted => AgentToolEvent::Interrupted {
+                run_id,
+                error: self.error_message.clone().unwrap_or_default(),
+                reason: self.interrupted_reason,
+                child_still_running: self.child_still_running,
+            },
+        })
+    }
+
+    /// The terminal frame, with its recorded sequence.
+    pub fn terminal_frame(&self) -> Option<EventFrame> {
+        let seq = self.terminal_seq?;
+        Some(EventFrame::new(self.parent_tool_call_id.clone(), seq, self.terminal_event()?))
+    }
+
+    /// The `started` frame.
+    pub fn started_frame(&self) -> EventFrame {
+        EventFrame::new(self.parent_tool_call_id.clone(), 0, self.started_event())
+    }
+
+    /// A chunk frame of this run.
+    pub fn chunk_frame(&self, seq: i64, body: String) -> EventFrame {
+        EventFrame::new(
+            self.parent_tool_call_id.clone(),
+            seq,
+            AgentToolEvent::Chunk { run_id: self.run_id.clone(), body },
+        )
+    }
+}
