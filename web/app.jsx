@@ -183,9 +183,22 @@ function App() {
     if (!input.trim()) return;
     sendMessage({ text: input });
   };
+  // Detached runs: each call returns at once; the chat is told when a run reaches its
+  // "sources-gathered" milestone and when it finishes (and the model answers that).
   const runInBackground = () => {
     const list = topics.split(",").map((t) => t.trim()).filter(Boolean);
-    agent.call("research", [{ topics: list, delayMs: 80, words: 40 }]).catch(() => {});
+    list.forEach((query, i) =>
+      agent
+        .call("dispatch", [
+          {
+            agent: "Researcher",
+            input: { query, delayMs: 80, words: 40 },
+            displayOrder: i,
+            detached: { notify: { source: "background" }, onMilestones: ["sources-gathered"] }
+          }
+        ])
+        .catch(() => {})
+    );
   };
   const clearFinished = async () => {
     await agent.call("clear", [{ status: TERMINAL }]);
@@ -217,6 +230,7 @@ function App() {
       </main>
       <section className="tray" data-testid="tray">
         <h2>Background runs</h2>
+        <p className="hint">Detached: the chat hears about milestones and results.</p>
         <div className="tray-controls">
           <input data-testid="topics" value={topics} onChange={(e) => setTopics(e.target.value)} />
           <button data-testid="run-background" onClick={runInBackground}>

@@ -7,6 +7,7 @@ use schemars::JsonSchema;
 use serde_json::{json, Value};
 use worker::Env;
 
+use crate::parent::detached::{DetachedOptions, MilestoneMode, OnMilestones};
 use crate::parent::{Admission, AgentTool, ClearFilter, EventDelivery, RunOptions, RunRecord, RunResult, RunStatus};
 use crate::platform::model::setting;
 use crate::platform::parent::{ChildClass, ParentAgent, ParentHost};
@@ -23,6 +24,16 @@ pub struct ResearchInput {
 
 /// The parent's logic.
 pub struct AssistantAgent;
+
+/// The demo's detached completion handlers: a typed registry, kept in SQL by name.
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum DemoHandler {
+    /// Records the outcome in the hook log.
+    Record,
+    /// Always fails (to show retries and the dead letter).
+    Failing,
+}
 
 const HOOK_LOG: &str = "CREATE TABLE IF NOT EXISTS demo_hook_log (n INTEGER PRIMARY KEY AUTOINCREMENT, \
     run_id TEXT NOT NULL, hook TEXT NOT NULL, status TEXT)";
@@ -82,6 +93,33 @@ impl ParentAgent for AssistantAgent {
 
     async fn on_agent_tool_finish(&self, parent: &ParentHost<Self>, run: &RunRecord, result: &RunResult) {
         log_hook(parent, &run.run_id, "finish", Some(result.status));
+    }
+
+    async fn on_detached_finish(
+        &self,
+        parent: &ParentHost<Self>,
+        handler: &Value,
+        run: &RunRecord,
+        result: &RunResult,
+    ) -> Result<(), String> {
+        match serde_json::from_value::<DemoHandler>(handler.clone()) {
+            Ok(DemoHandler::Record) => {
+                log_hook(parent, &run.run_id, "detached", Some(result.status));
+                Ok(())
+            }
+            Ok(DemoHandler::Failing) => {
+                log_hook(parent, &run.run_id, "detached-attempt", Some(result.status));
+                Err("the failing handler always fails".into())
+            }
+            Err(e) => Err(format!("unknown handler {handler}: {e}")),
+        }
+    }
+
+    /// `AGENT_TOOL_BACKBONE_MS`: a comma-separated cadence (default 5000,15000,30000,120000).
+    fn backbone_cadence_ms(&self, env: &Env) -> Vec<u64> {
+        setting(env, "AGENT_TOOL_BACKBONE_MS")
+            .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+            .unwrap_or_else(|| crate::parent::detached::CADENCE_MS.to_vec())
     }
 
     async fn call(&self, parent: &ParentHost<Self>, method: &str, args: Vec<Value>) -> Result<Value, String> {
@@ -158,8 +196,9 @@ async fn research(parent: &ParentHost<AssistantAgent>, arg: Value) -> Result<Val
     serde_json::to_value(results).map_err(|e| e.to_string())
 }
 
-/// `dispatch({agent, input, runId?, parentToolCallId?, displayOrder?, eventDelivery?, display?})`:
-/// one run of any child class, with every option.
+/// `dispatch({agent, input, runId?, parentToolCallId?, displayOrder?, eventDelivery?, display?,
+/// detached?})`: one run of any child class, with every option; detached runs return a handle
+/// at once.
 async fn dispatch(parent: &ParentHost<AssistantAgent>, arg: Value) -> Result<Value, String> {
     let agent = arg.get("agent").and_then(Value::as_str).ok_or("dispatch expects {agent, input, ...}")?;
     let text = |k: &str| arg.get(k).and_then(Value::as_str).map(str::to_owned);
@@ -177,7 +216,52 @@ async fn dispatch(parent: &ParentHost<AssistantAgent>, arg: Value) -> Result<Val
         display: arg.get("display").cloned(),
         event_delivery,
     };
-    serde_json::to_value(parent.run_agent_tool(agent, options).await).map_err(|e| e.to_string())
+    match arg.get("detached") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => {
+            serde_json::to_value(parent.run_agent_tool(agent, options).await).map_err(|e| e.to_string())
+        }
+        Some(detached) => {
+            let detached = detached_options(detached)?;
+            serde_json::to_value(parent.run_agent_tool_detached(agent, options, detached).await)
+                .map_err(|e| e.to_string())
+        }
+    }
+}
+
+/// `detached: true | {onFinish?: "record"|"failing", notify?: true|{source}, maxBudgetMs?,
+/// noProgressBudgetMs?, onMilestones?: [names] | {names, mode}}`.
+fn detached_options(arg: &Value) -> Result<DetachedOptions, String> {
+    if arg == &Value::Bool(true) {
+        return Ok(DetachedOptions::default());
+    }
+    let on_finish = match arg.get("onFinish") {
+        None | Some(Value::Null) => None,
+        Some(name) => {
+            let handler: DemoHandler =
+                serde_json::from_value(name.clone()).map_err(|_| format!("unknown onFinish handler {name}"))?;
+            Some(serde_json::to_value(handler).map_err(|e| e.to_string())?)
+        }
+    };
+    let notify = match arg.get("notify") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+        Some(Value::Bool(true)) => Some("agent-tool".to_owned()),
+        Some(other) => Some(other.get("source").and_then(Value::as_str).ok_or("notify: true or {source}")?.to_owned()),
+    };
+    let on_milestones = match arg.get("onMilestones") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(names)) => Some(OnMilestones {
+            names: names.iter().filter_map(Value::as_str).map(str::to_owned).collect(),
+            mode: MilestoneMode::Narrate,
+        }),
+        Some(other) => Some(serde_json::from_value(other.clone()).map_err(|e| format!("onMilestones: {e}"))?),
+    };
+    Ok(DetachedOptions {
+        on_finish,
+        notify,
+        max_budget_ms: arg.get("maxBudgetMs").and_then(Value::as_u64),
+        no_progress_budget_ms: arg.get("noProgressBudgetMs").and_then(Value::as_u64),
+        on_milestones,
+    })
 }
 
 fn run_json(r: &RunRecord) -> Value {

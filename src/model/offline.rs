@@ -3,12 +3,16 @@
 //! The same conversation always yields the same answer, so tests can assert it exactly, and the
 //! demo works with no network and no API keys. It behaves like a small tool-using model:
 //!
-//! 1. The last message is the user's and tools are offered: it reads **topics** from the text
-//!    (a JSON object's `query`/`topic`, else the text without a leading "research", "compare"
-//!    or "look into", split on commas, "and", "vs") and calls the first tool once per topic, all
-//!    in one step, with `{"query": topic}` (or `topic`/`text`, whichever the tool's schema has).
+//! 1. The last message is the user's, tools are offered, and the user asks for research (the
+//!    text starts with "research", "compare", "look into" or "find out about", after an
+//!    optional "please"): it reads **topics** from the rest (split on commas, "and", "vs") and
+//!    calls the first tool once per topic, all in one step, with `{"query": topic}` (or
+//!    `topic`/`text`, whichever the tool's schema has).
 //! 2. The last messages are tool results: it answers with one line per result.
-//! 3. Otherwise it answers the user's text with [`research_answer`] of its topics.
+//! 3. Tools are offered but the user did not ask for research (a background run's
+//!    notification, say): it answers `Noted: ` and the message's first words.
+//! 4. No tools (a child): it answers with [`research_answer`] of the topics (a JSON object's
+//!    `query`/`topic`/`text`, else the text).
 
 use super::{ModelEvent, ModelMessage, ModelRequest, ToolCall, ToolSpec};
 
@@ -95,6 +99,17 @@ pub fn deltas(text: &str) -> Vec<String> {
     out
 }
 
+const VERBS: [&str; 4] = ["research ", "compare ", "look into ", "find out about "];
+
+/// Whether a user message asks for research (see the module docs).
+pub fn asks_for_research(text: &str) -> bool {
+    let mut rest = text.trim();
+    if rest.get(..7).is_some_and(|head| head.eq_ignore_ascii_case("please ")) {
+        rest = rest[7..].trim_start();
+    }
+    VERBS.iter().any(|verb| rest.get(..verb.len()).is_some_and(|head| head.eq_ignore_ascii_case(verb)))
+}
+
 /// Reads the topics of a user message (see the module docs).
 pub fn topics(text: &str) -> Vec<String> {
     if let Ok(serde_json::Value::Object(o)) = serde_json::from_str::<serde_json::Value>(text) {
@@ -135,7 +150,9 @@ pub fn respond(request: &ModelRequest, words: usize) -> Vec<ModelEvent> {
     });
     let mut events = Vec::new();
     match request.messages.last() {
-        Some(ModelMessage::User(text)) if !request.tools.is_empty() && !topics(text).is_empty() => {
+        Some(ModelMessage::User(text))
+            if !request.tools.is_empty() && asks_for_research(text) && !topics(text).is_empty() =>
+        {
             let tool = &request.tools[0];
             for (n, topic) in topics(text).iter().enumerate() {
                 let id = format!("offline_call_{step}_{n}");
@@ -181,6 +198,10 @@ pub fn respond(request: &ModelRequest, words: usize) -> Vec<ModelEvent> {
                 }
             }
             events.extend(deltas(&text).into_iter().map(ModelEvent::TextDelta));
+        }
+        Some(ModelMessage::User(text)) if !request.tools.is_empty() => {
+            let gist: Vec<&str> = text.split_whitespace().take(12).collect();
+            events.extend(deltas(&format!("Noted: {}", gist.join(" "))).into_iter().map(ModelEvent::TextDelta));
         }
         _ => {
             let topic = last_user.map(|t| topics(t).join(" and ")).unwrap_or_default();
@@ -234,6 +255,28 @@ mod tests {
         assert_eq!(calls[0].input, json!({"query": "HTTP/3"}));
         assert_eq!(calls[1].input, json!({"query": "gRPC"}));
         assert_ne!(calls[0].id, calls[1].id);
+    }
+
+    #[test]
+    fn only_a_research_request_calls_tools() {
+        assert!(asks_for_research("Research HTTP/3"));
+        assert!(asks_for_research("please compare A and B"));
+        assert!(!asks_for_research("Background run r1 (Researcher) completed: Findings on x"));
+        assert!(!asks_for_research("résumé"));
+        let req = ModelRequest {
+            messages: vec![ModelMessage::User("Background run r1 completed: fine".into())],
+            tools: vec![research_tool()],
+        };
+        let events = respond(&req, 5);
+        assert!(events.iter().all(|e| !matches!(e, ModelEvent::ToolCallStart { .. })));
+        let text: String = events
+            .into_iter()
+            .filter_map(|e| match e {
+                ModelEvent::TextDelta(t) => Some(t),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(text, "Noted: Background run r1 completed: fine");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The parent room: the run registry, dispatch options and results.
 
 pub mod agent_tool;
+pub mod detached;
 pub mod registry;
 
 use serde::Serialize;

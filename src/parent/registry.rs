@@ -14,7 +14,7 @@ mod record;
 
 use serde_json::Value;
 
-pub use record::{EventDelivery, NewRun, RunRecord, RunStatus, Terminal};
+pub use record::{DetachedState, EventDelivery, NewRun, RunRecord, RunStatus, SlotState, Terminal};
 
 use crate::protocol::tail::ChunkKind;
 use crate::protocol::{EventFrame, InterruptedReason};

@@ -165,6 +165,19 @@ const scenarios = {
     assert.equal(fraction, "1", "progress and milestones replay after a reload");
   },
 
+  // A detached run tells the chat about its milestone and its result; the model answers.
+  async notify() {
+    const page = await openApp();
+    await page.fill('[data-testid="topics"]', "notified topic");
+    await page.click('[data-testid="run-background"]');
+    await page.waitForFunction(() => document.body.innerText.includes('reached milestone "sources-gathered"'));
+    await waitRuns(page, 1, "completed", '[data-testid="tray"]');
+    await page.waitForFunction(() => document.body.innerText.includes("Background run"));
+    await page.waitForFunction(() => document.body.innerText.includes("Noted: Background run"));
+    await shot(page, "notified");
+    assert.equal(await page.locator('[data-testid="message-user"]').count(), 1, "one notification");
+  },
+
   // Drill into a child and see its own conversation.
   async drill() {
     const page = await openApp();

@@ -57,6 +57,11 @@ async fn the_tray_shows_progress_and_milestones_and_replays_them() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_detached_run_tells_the_chat_and_the_model_answers() {
+    scenario("notify", QUICK).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn drilling_in_shows_the_childs_conversation() {
     scenario("drill", QUICK).await;
 }

@@ -3,6 +3,7 @@
 
 mod browser;
 mod chat;
+mod detached;
 mod foundation;
 mod harness;
 mod lifecycle;

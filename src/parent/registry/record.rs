@@ -184,12 +184,48 @@ pub struct RunRecord {
     pub terminal_seq: Option<i64>,
     /// The latest progress chunk and its sequence.
     pub progress: Option<(i64, String)>,
+    /// Detached configuration and delivery ledger (`None` for an awaited run).
+    pub detached: Option<DetachedState>,
+}
+
+/// A detached run's configuration and the state of its two delivery slots.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DetachedState {
+    /// The app's completion handler tag (its own serialized type), if any.
+    pub on_finish: Option<Value>,
+    /// Notify the chat, with this `metadata.source`.
+    pub notify_source: Option<String>,
+    /// Milestones to surface in the chat (`{names, mode}`).
+    pub on_milestones: Option<Value>,
+    /// Absolute deadline, epoch ms.
+    pub max_budget_at: Option<i64>,
+    /// Longest silence after the first signal, ms (0: no limit).
+    pub no_progress_budget_ms: Option<i64>,
+    /// Last progress or milestone seen, epoch ms.
+    pub last_signal_at: Option<i64>,
+    /// The `finish` slot: claimed at, delivered at, attempts.
+    pub finish: SlotState,
+    /// The `give_up` slot.
+    pub give_up: SlotState,
+}
+
+/// One delivery slot of the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SlotState {
+    /// When the last delivery attempt was claimed.
+    pub claimed_at: Option<i64>,
+    /// When delivery succeeded (or was settled without a handler).
+    pub delivered_at: Option<i64>,
+    /// Attempts so far.
+    pub attempts: i64,
 }
 
 pub(super) const COLUMNS: &str = "run_id, parent_tool_call_id, agent_type, input_preview, status, summary, \
     output_json, error_message, interrupted_reason, child_still_running, display_json, \
     display_order, started_at, completed_at, event_delivery, next_seq, child_cursor, \
-    terminal_seq, progress_json, progress_seq";
+    terminal_seq, progress_json, progress_seq, detached, on_finish, notify_source, on_milestones_json, \
+    max_budget_at, no_progress_budget_ms, last_signal_at, finish_claimed_at, finish_delivered_at, \
+    finish_attempts, give_up_claimed_at, give_up_delivered_at, give_up_attempts";
 
 impl RunRecord {
     pub(super) fn from_row(r: &Row) -> Self {
@@ -219,6 +255,16 @@ impl RunRecord {
                 (Some(seq), Some(body)) => Some((seq, body)),
                 _ => None,
             },
+            detached: (r.int(20) == Some(1)).then(|| DetachedState {
+                on_finish: r.text(21).and_then(|s| serde_json::from_str(&s).ok()),
+                notify_source: r.text(22),
+                on_milestones: r.text(23).and_then(|s| serde_json::from_str(&s).ok()),
+                max_budget_at: r.int(24),
+                no_progress_budget_ms: r.int(25),
+                last_signal_at: r.int(26),
+                finish: SlotState { claimed_at: r.int(27), delivered_at: r.int(28), attempts: r.int(29).unwrap_or(0) },
+                give_up: SlotState { claimed_at: r.int(30), delivered_at: r.int(31), attempts: r.int(32).unwrap_or(0) },
+            }),
         }
     }
 

@@ -44,7 +44,7 @@ impl<A: ParentAgent> ToolBox for ParentTools<'_, A> {
 
 impl<A: ParentAgent> ParentHost<A> {
     /// Runs the chat turn a client asked for.
-    pub(super) async fn run_chat_turn(&self, request_id: String, sender: String) {
+    pub(super) async fn run_chat_turn(&self, request_id: String, sender: Option<String>) {
         let inner = &self.0;
         let provider = match inner.agent.model(&inner.env) {
             Ok(p) => p,
@@ -69,7 +69,7 @@ impl<A: ParentAgent> ParentHost<A> {
         let spec = TurnSpec {
             request_id: request_id.clone(),
             stream_id: request_id.clone(),
-            sender: Some(sender),
+            sender,
             system: inner.agent.system_prompt(),
             max_steps: inner.agent.max_steps(),
             emit: &emit,

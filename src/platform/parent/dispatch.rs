@@ -17,7 +17,7 @@ use crate::platform::{now_ms, random_id};
 use crate::protocol::child_api::{self, CancelRequest, StartRequest};
 
 /// How a dispatch is admitted.
-enum Admit {
+pub(super) enum Admit {
     /// This caller drives the run (`fresh`: its row was just created).
     Drive { record: RunRecord, fresh: bool },
     /// Another dispatch of this instance drives it: wait for its result.
@@ -75,30 +75,11 @@ impl<A: ParentAgent> ParentHost<A> {
     /// child; it never starts a second child. Over `max_concurrent_agent_tools`, the dispatch is
     /// refused (writing nothing) or queued, as [`ParentAgent::admission`] says.
     pub async fn run_agent_tool(&self, child: &str, options: RunOptions) -> RunResult {
-        let run_id = options.run_id.clone().unwrap_or_else(random_id);
-        if let Err(problem) = validate_run_id(&run_id) {
-            return RunResult::refused(run_id, child, problem);
-        }
-        let Some(class) = A::CHILDREN.iter().find(|c| c.class == child).copied() else {
-            let known: Vec<&str> = A::CHILDREN.iter().map(|c| c.class).collect();
-            return RunResult::refused(
-                run_id,
-                child,
-                format!("unknown agent type {child:?}; {} dispatches {known:?}", A::CLASS),
-            );
+        let (class, new) = match self.prepare(child, &options) {
+            Ok(prepared) => prepared,
+            Err(refused) => return refused,
         };
-        let new = NewRun {
-            run_id: run_id.clone(),
-            parent_tool_call_id: options.parent_tool_call_id.clone(),
-            agent_type: class.class.to_owned(),
-            input_preview: options
-                .input_preview
-                .clone()
-                .or_else(|| crate::parent::registry::input_preview(&options.input)),
-            display: options.display.clone(),
-            display_order: options.display_order.unwrap_or(0),
-            event_delivery: options.event_delivery,
-        };
+        let run_id = new.run_id.clone();
         let (record, fresh) = loop {
             match self.admit(&new) {
                 Err(problem) => return RunResult::refused(run_id, child, problem),
@@ -126,7 +107,7 @@ impl<A: ParentAgent> ParentHost<A> {
         let guard = InflightGuard::new(self, &record);
         if fresh {
             self.broadcast_frame(&record.started_frame());
-            self.arm_alarm().await;
+            self.arm_alarm_in(self.0.agent.recovery_alarm_ms(&self.0.env)).await;
             self.0.agent.on_agent_tool_start(self, &record).await;
         }
         let result = self.drive(&record, class, &options.input, fresh).await;
@@ -134,10 +115,36 @@ impl<A: ParentAgent> ParentHost<A> {
         result
     }
 
+    /// Checks a dispatch's run id and child class, and describes its row.
+    pub(super) fn prepare(&self, child: &str, options: &RunOptions) -> Result<(ChildClass, NewRun), RunResult> {
+        let run_id = options.run_id.clone().unwrap_or_else(random_id);
+        if let Err(problem) = validate_run_id(&run_id) {
+            return Err(RunResult::refused(run_id, child, problem));
+        }
+        let Some(class) = A::CHILDREN.iter().find(|c| c.class == child).copied() else {
+            let known: Vec<&str> = A::CHILDREN.iter().map(|c| c.class).collect();
+            let problem = format!("unknown agent type {child:?}; {} dispatches {known:?}", A::CLASS);
+            return Err(RunResult::refused(run_id, child, problem));
+        };
+        let new = NewRun {
+            run_id,
+            parent_tool_call_id: options.parent_tool_call_id.clone(),
+            agent_type: class.class.to_owned(),
+            input_preview: options
+                .input_preview
+                .clone()
+                .or_else(|| crate::parent::registry::input_preview(&options.input)),
+            display: options.display.clone(),
+            display_order: options.display_order.unwrap_or(0),
+            event_delivery: options.event_delivery,
+        };
+        Ok((class, new))
+    }
+
     /// Looks the run up, checks the concurrency cap, inserts the row and registers the driver,
     /// all in one synchronous step: two dispatches can never both take the last slot, nor both
     /// drive one run.
-    fn admit(&self, new: &NewRun) -> Result<Admit, String> {
+    pub(super) fn admit(&self, new: &NewRun) -> Result<Admit, String> {
         let registry = self.registry();
         let existing = registry.get(&new.run_id).map_err(|e| e.to_string())?;
         let (record, fresh) = match existing {
@@ -195,7 +202,7 @@ impl<A: ParentAgent> ParentHost<A> {
         self.0.inflight.borrow().get(run_id).map(|e| e.cancel.clone()).unwrap_or_default()
     }
 
-    async fn drive(&self, record: &RunRecord, class: ChildClass, input: &Value, fresh: bool) -> RunResult {
+    pub(super) async fn drive(&self, record: &RunRecord, class: ChildClass, input: &Value, fresh: bool) -> RunResult {
         let stub = match self.child_stub(class, &record.run_id) {
             Ok(stub) => stub,
             Err(e) => {
@@ -297,7 +304,13 @@ impl<A: ParentAgent> ParentHost<A> {
                     let _ = waiter.send(());
                 }
                 let result = RunResult::from_record(&done);
-                if self.registry().claim_finish_hook(&done.run_id, now).unwrap_or(false) {
+                if done.detached.is_some() {
+                    // Delivered through the ledger (handler, notify, the global hook), at once
+                    // here and again by the backbone if this attempt fails.
+                    let host = self.clone();
+                    let run_id = done.run_id.clone();
+                    self.0.state.wait_until(async move { host.deliver(&run_id).await });
+                } else if self.registry().claim_finish_hook(&done.run_id, now).unwrap_or(false) {
                     self.0.agent.on_agent_tool_finish(self, &done, &result).await;
                 }
                 result

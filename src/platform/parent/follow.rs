@@ -61,6 +61,7 @@ impl<A: ParentAgent> ParentHost<A> {
                         last_progress = now_ms();
                         let (batch, cursor, end) = parse_batch(&mut lines, &bytes, record);
                         let live = self.forward(record, &batch, cursor);
+                        self.signals(record, &batch).await;
                         if let Some(outcome) = end {
                             return self.conclude(record, terminal_from(outcome)).await;
                         }
@@ -131,6 +132,24 @@ impl<A: ParentAgent> ParentHost<A> {
             Either::Right(_) => return Err(InterruptedReason::InspectTimeout),
         };
         resp.json::<Option<InspectionReply>>().await.map_err(|_| InterruptedReason::InspectFailed)
+    }
+
+    /// Hands the progress and milestones of a batch to `on_progress`, and a detached run's
+    /// milestones to its chat notifications.
+    async fn signals(&self, record: &RunRecord, batch: &[Chunk]) {
+        for chunk in batch.iter().filter(|c| c.kind != ChunkKind::Stored) {
+            let Ok(body) = serde_json::from_str::<Value>(&chunk.body) else { continue };
+            let mut data = body.get("data").cloned().unwrap_or(Value::Null);
+            if chunk.kind == ChunkKind::Milestone {
+                if record.detached.is_some() {
+                    self.milestone_reached(&record.run_id, &data).await;
+                }
+                if let Some(name) = data.get("name").cloned() {
+                    data["milestone"] = name;
+                }
+            }
+            self.0.agent.on_progress(self, record, &data).await;
+        }
     }
 
     /// Stores a batch of chunks and broadcasts their frames. `false` when the run is no

@@ -7,6 +7,7 @@
 //! reaches it exactly once: in the replay if it was stored before, live if after.
 
 mod chat_turn;
+mod detached;
 mod dispatch;
 mod follow;
 mod recovery;
@@ -25,7 +26,7 @@ use super::{json_error, DoSql};
 use crate::cancel::CancelToken;
 use crate::model::ModelError;
 use crate::observability::ObservabilityEvent;
-use crate::parent::{Admission, AgentTool, Registry, RunRecord, RunResult};
+use crate::parent::{Admission, AgentTool, Registry, RunRecord, RunResult, RunStatus};
 use crate::protocol::rpc::{self, ClientFrame, FrameError, RpcResponse};
 use crate::protocol::EventFrame;
 use crate::routing::{kebab_case, parse_agent_path};
@@ -86,6 +87,59 @@ pub trait ParentAgent: Sized + 'static {
     fn recovery_alarm_ms(&self, env: &Env) -> u64 {
         let _ = env;
         10_000
+    }
+
+    /// Delivers a detached run's outcome to the handler it was dispatched with (the tag given in
+    /// `DetachedOptions::on_finish`, typically the app's own enum, serialized). Called at least
+    /// once per outcome (exactly once unless a delivery crashed): make it idempotent. `Err`
+    /// is retried by the backbone, up to 5 attempts, then dead-lettered.
+    async fn on_detached_finish(
+        &self,
+        parent: &ParentHost<Self>,
+        handler: &Value,
+        run: &RunRecord,
+        result: &RunResult,
+    ) -> Result<(), String> {
+        let _ = (parent, handler, run, result);
+        Ok(())
+    }
+
+    /// The chat message a `notify` run injects on completion (empty: none).
+    fn format_detached_completion(&self, run: &RunRecord, result: &RunResult) -> String {
+        let outcome = match (&result.summary, &result.error) {
+            (Some(summary), _) if result.status == RunStatus::Completed => summary.clone(),
+            (_, Some(error)) => error.clone(),
+            _ => String::new(),
+        };
+        format!("Background run {} ({}) {}: {outcome}", run.run_id, run.agent_type, result.status.as_str())
+    }
+
+    /// The chat line a milestone of an `on_milestones` run adds (empty: none). `milestone` is
+    /// `{name, sequence, at, fraction?, message?, phase?, data?}`.
+    fn format_detached_milestone(&self, run: &RunRecord, milestone: &Value) -> String {
+        let name = milestone.get("name").and_then(Value::as_str).unwrap_or_default();
+        format!("{} ({}) reached milestone \"{name}\".", run.agent_type, run.run_id)
+    }
+
+    /// Best-effort: a child's progress or milestone passed through this parent. Not durable.
+    async fn on_progress(&self, parent: &ParentHost<Self>, run: &RunRecord, progress: &Value) {
+        let _ = (parent, run, progress);
+    }
+
+    /// The backbone's cadence for detached runs (default 5, 15, 30, then every 120 s).
+    fn backbone_cadence_ms(&self, env: &Env) -> Vec<u64> {
+        let _ = env;
+        crate::parent::detached::CADENCE_MS.to_vec()
+    }
+
+    /// A detached run's absolute budget unless it sets one (default 24 h).
+    fn detached_max_budget_ms(&self) -> u64 {
+        crate::parent::detached::DEFAULT_MAX_BUDGET_MS
+    }
+
+    /// A detached run's no-progress budget unless it sets one (default 1 h; 0 disables).
+    fn detached_no_progress_budget_ms(&self) -> u64 {
+        crate::parent::detached::DEFAULT_NO_PROGRESS_BUDGET_MS
     }
 
     /// Subscribes to the engine's structured events (they are also logged as JSON lines).
@@ -166,8 +220,10 @@ struct Inner<A> {
     recovery_started: Cell<bool>,
     /// A recovery pass is under way.
     recovering: Cell<bool>,
-    /// An alarm is known to be pending.
-    alarm_armed: Cell<bool>,
+    /// When the pending alarm fires, as far as this instance knows.
+    alarm_at: Cell<Option<i64>>,
+    /// Backbone ticks in a row that changed nothing (the cadence escalates with them).
+    backbone_quiet_ticks: Cell<usize>,
 }
 
 /// The parent's runtime. Clone is cheap (a shared handle). Hold one in your Durable Object and
@@ -184,7 +240,11 @@ impl<A: ParentAgent> ParentHost<A> {
     /// Creates the runtime and its tables.
     pub fn new(state: State, env: Env, agent: A) -> Self {
         let sql = DoSql(state.storage().sql());
-        if let Err(e) = Registry::new(&sql).migrate().and_then(|_| sql.batch(meta::SCHEMA)) {
+        let migrated = Registry::new(&sql)
+            .migrate()
+            .and_then(|_| crate::parent::detached::Ledger::new(&sql).migrate())
+            .and_then(|_| sql.batch(meta::SCHEMA));
+        if let Err(e) = migrated {
             worker::console_error!("agent-tools: parent schema failed: {e}");
         }
         let chat = Chat::new(sql.clone());
@@ -199,7 +259,8 @@ impl<A: ParentAgent> ParentHost<A> {
             slot_waiters: RefCell::new(Vec::new()),
             recovery_started: Cell::new(false),
             recovering: Cell::new(false),
-            alarm_armed: Cell::new(false),
+            alarm_at: Cell::new(None),
+            backbone_quiet_ticks: Cell::new(0),
         }))
     }
 
@@ -326,7 +387,9 @@ impl<A: ParentAgent> ParentHost<A> {
                     let _ = ws.send_with_str(json!({ "type": "cf_agent_error", "error": problem }).to_string());
                 }
                 Some(Ok(ChatAction::Done)) => {}
-                Some(Ok(ChatAction::RunTurn { request_id, sender })) => self.run_chat_turn(request_id, sender).await,
+                Some(Ok(ChatAction::RunTurn { request_id, sender })) => {
+                    self.run_chat_turn(request_id, Some(sender)).await
+                }
                 Some(Ok(ChatAction::Cancel { request_id })) => self.cancel_chat_turn(&request_id).await,
             },
             Err(FrameError::BadRpc { id, problem }) => {

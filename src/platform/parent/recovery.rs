@@ -41,32 +41,48 @@ impl<A: ParentAgent> ParentHost<A> {
         self.0.state.wait_until(async move { host.recover().await });
     }
 
-    /// Handles the alarm: recovers undriven runs, and keeps the alarm armed while runs are live.
+    /// Handles the alarm: recovers undriven runs, runs the detached backbone, and keeps the
+    /// alarm armed while runs are live or deliveries are due.
     pub async fn alarm(&self) -> worker::Result<worker::Response> {
-        self.0.alarm_armed.set(false);
+        self.0.alarm_at.set(None);
         self.0.recovery_started.set(true);
         self.recover().await;
+        if self.backbone_tick().await {
+            self.0.backbone_quiet_ticks.set(0);
+        } else {
+            self.0.backbone_quiet_ticks.set(self.0.backbone_quiet_ticks.get() + 1);
+        }
+        let mut next = None;
         if self.registry().live_count().unwrap_or(0) > 0 {
-            self.arm_alarm().await;
+            next = Some(self.0.agent.recovery_alarm_ms(&self.0.env));
+        }
+        if !self.ledger().outstanding().unwrap_or_default().is_empty() {
+            let cadence = self.cadence_ms();
+            next = Some(next.map_or(cadence, |n| n.min(cadence)));
+        }
+        if let Some(ms) = next {
+            self.arm_alarm_in(ms).await;
         }
         worker::Response::ok("")
     }
 
-    /// Makes sure an alarm is pending (so a restart is noticed without any client).
-    pub(super) async fn arm_alarm(&self) {
-        if self.0.alarm_armed.replace(true) {
+    /// Makes sure an alarm fires within `ms` (an earlier pending one stays).
+    pub(super) async fn arm_alarm_in(&self, ms: u64) {
+        let at = now_ms() + ms as i64;
+        if self.0.alarm_at.get().is_some_and(|pending| pending <= at) {
             return;
         }
-        let at = now_ms() + self.0.agent.recovery_alarm_ms(&self.0.env) as i64;
         let storage = self.0.state.storage();
         let pending = storage.get_alarm().await.ok().flatten();
-        if pending.is_none_or(|p| p > at) {
-            // `set_alarm(i64)` takes an offset from now, not a time: pass a Date.
-            let when = worker::ScheduledTime::new(js_sys::Date::new(&wasm_bindgen::JsValue::from_f64(at as f64)));
-            if let Err(e) = storage.set_alarm(when).await {
-                self.0.alarm_armed.set(false);
-                worker::console_error!("agent-tools: arming the alarm failed: {e}");
-            }
+        if pending.is_some_and(|p| p <= at) {
+            self.0.alarm_at.set(pending);
+            return;
+        }
+        // `set_alarm(i64)` takes an offset from now, not a time: pass a Date.
+        let when = worker::ScheduledTime::new(js_sys::Date::new(&wasm_bindgen::JsValue::from_f64(at as f64)));
+        match storage.set_alarm(when).await {
+            Ok(()) => self.0.alarm_at.set(Some(at)),
+            Err(e) => worker::console_error!("agent-tools: arming the alarm failed: {e}"),
         }
     }
 

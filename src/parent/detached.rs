@@ -1,0 +1,446 @@
+//! Detached runs: dispatched without waiting, completed durably.
+//!
+//! Plain decisions over [`Sql`] with an explicit `now`: the run's configuration, the delivery
+//! ledger (two slots, `finish` and `give_up`, each claimed under a lease and marked delivered
+//! after the handler succeeded: exactly once on the happy path, at least once after a crash,
+//! and never more than [`MAX_ATTEMPTS`] times: then the slot is dead-lettered), the budgets,
+//! the at-most-once milestone notifications, and the backbone's cadence.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::registry::RunRecord;
+use super::RunStatus;
+use crate::protocol::InterruptedReason;
+use crate::store::{Sql, StoreError, Value as V};
+
+/// A detached run's absolute budget by default: 24 h.
+pub const DEFAULT_MAX_BUDGET_MS: u64 = 24 * 60 * 60 * 1000;
+/// Its resetting no-progress budget by default: 1 h.
+pub const DEFAULT_NO_PROGRESS_BUDGET_MS: u64 = 60 * 60 * 1000;
+/// How long a claimed delivery is held before another attempt may take it.
+pub const LEASE_MS: i64 = 60_000;
+/// Attempts per slot before it is dead-lettered.
+pub const MAX_ATTEMPTS: i64 = 5;
+/// The backbone's cadence: 5, 15, 30, then every 120 s while nothing changes.
+pub const CADENCE_MS: [u64; 4] = [5_000, 15_000, 30_000, 120_000];
+/// Live detached runs past which a warning is emitted.
+pub const LIVE_WARNING: i64 = 50;
+
+/// How a milestone surfaces in the parent's chat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MilestoneMode {
+    /// A synthetic assistant line; no model turn.
+    #[default]
+    Narrate,
+    /// A user-role message and a model turn.
+    React,
+}
+
+/// Milestones a detached run surfaces in the chat, at most once each.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct OnMilestones {
+    /// Milestone names.
+    pub names: Vec<String>,
+    /// How they surface.
+    #[serde(default)]
+    pub mode: MilestoneMode,
+}
+
+/// How a detached run is configured.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DetachedOptions {
+    /// The app's completion handler: any serializable tag (an enum of the app's handlers, say),
+    /// kept in SQL and handed back to `ParentAgent::on_detached_finish`. It survives eviction.
+    pub on_finish: Option<Value>,
+    /// Inject a chat message with this `metadata.source` and run a model turn on completion.
+    pub notify: Option<String>,
+    /// Absolute budget (default [`DEFAULT_MAX_BUDGET_MS`]).
+    pub max_budget_ms: Option<u64>,
+    /// Resetting budget once the child has signalled (default
+    /// [`DEFAULT_NO_PROGRESS_BUDGET_MS`]; 0 disables it).
+    pub no_progress_budget_ms: Option<u64>,
+    /// Milestones to surface in the chat.
+    pub on_milestones: Option<OnMilestones>,
+}
+
+/// What a detached dispatch returns at once.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DetachedHandle {
+    /// Run id.
+    pub run_id: String,
+    /// Child class.
+    pub agent_type: String,
+    /// `running`, or `error` when the dispatch itself was refused.
+    pub status: RunStatus,
+    /// Why it was refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The two delivery slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    /// The run's real outcome (completed, error, aborted).
+    Finish,
+    /// A give-up (`interrupted`).
+    GiveUp,
+}
+
+impl Slot {
+    fn column(self) -> &'static str {
+        match self {
+            Self::Finish => "finish",
+            Self::GiveUp => "give_up",
+        }
+    }
+}
+
+/// The result of a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// Deliver now; this is attempt `n` (from 1).
+    Claimed(i64),
+    /// Already delivered.
+    Delivered,
+    /// Another attempt holds the lease.
+    Leased,
+    /// [`MAX_ATTEMPTS`] used up: dead-lettered.
+    Exhausted,
+    /// Not a detached run, or unknown.
+    NotDetached,
+}
+
+/// What the backbone should do about a run's `finish` slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishDue {
+    /// Deliver the outcome.
+    Deliver,
+    /// Settle without a delivery: the `aborted` that follows a give-up's teardown is not news.
+    Suppress,
+    /// Nothing to do.
+    No,
+}
+
+/// Decides the `finish` slot of a run.
+pub fn finish_due(run: &RunRecord) -> FinishDue {
+    let Some(d) = &run.detached else { return FinishDue::No };
+    if !run.status.is_hard_terminal() || d.finish.delivered_at.is_some() || d.finish.attempts >= MAX_ATTEMPTS {
+        return FinishDue::No;
+    }
+    if run.status == RunStatus::Aborted && d.give_up.delivered_at.is_some() {
+        return FinishDue::Suppress;
+    }
+    FinishDue::Deliver
+}
+
+/// Decides the `give_up` slot of a run: an `interrupted` detached run not yet delivered.
+pub fn give_up_due(run: &RunRecord) -> bool {
+    run.detached.as_ref().is_some_and(|d| {
+        run.status == RunStatus::Interrupted && d.give_up.delivered_at.is_none() && d.give_up.attempts < MAX_ATTEMPTS
+    })
+}
+
+/// Whether a live detached run has used up a budget, and which: the absolute ceiling always
+/// applies; the resetting no-progress budget only once the child has signalled.
+pub fn budget_exceeded(run: &RunRecord, now: i64) -> Option<InterruptedReason> {
+    let d = run.detached.as_ref()?;
+    if !run.status.is_live() {
+        return None;
+    }
+    if d.max_budget_at.is_some_and(|at| now >= at) {
+        return Some(InterruptedReason::BudgetExceeded);
+    }
+    match (d.no_progress_budget_ms, d.last_signal_at) {
+        (Some(budget), Some(last)) if budget > 0 && now - last >= budget => Some(InterruptedReason::NoProgress),
+        _ => None,
+    }
+}
+
+/// The backbone's next delay after `quiet_ticks` ticks in which nothing changed.
+pub fn cadence_ms(quiet_ticks: usize, cadence: &[u64]) -> u64 {
+    let cadence = if cadence.is_empty() { &CADENCE_MS[..] } else { cadence };
+    cadence[quiet_ticks.min(cadence.len() - 1)]
+}
+
+/// The detached ledger over any [`Sql`].
+pub struct Ledger<'a, S: Sql + ?Sized> {
+    sql: &'a S,
+}
+
+const COLUMNS_SQL: &str = "SELECT run_id FROM agent_tool_runs WHERE detached = 1 AND (\
+    status IN ('starting','running') \
+    OR (status IN ('completed','error','aborted') AND finish_delivered_at IS NULL AND finish_attempts < ?) \
+    OR (status = 'interrupted' AND give_up_delivered_at IS NULL AND give_up_attempts < ?))";
+
+impl<'a, S: Sql + ?Sized> Ledger<'a, S> {
+    /// The ledger over `sql` (the registry's tables, plus the milestone deliveries).
+    pub fn new(sql: &'a S) -> Self {
+        Self { sql }
+    }
+
+    /// Its own table. Safe to run on every activation.
+    pub fn migrate(&self) -> Result<(), StoreError> {
+        self.sql.batch(
+            "CREATE TABLE IF NOT EXISTS agent_tool_milestone_deliveries (\
+               run_id TEXT NOT NULL, name TEXT NOT NULL, delivered_at INTEGER NOT NULL, \
+               PRIMARY KEY (run_id, name)) WITHOUT ROWID",
+        )
+    }
+
+    /// Marks a freshly inserted run detached, with its budgets and handlers.
+    pub fn configure(&self, run_id: &str, options: &DetachedOptions, now: i64) -> Result<(), StoreError> {
+        let max = options.max_budget_ms.unwrap_or(DEFAULT_MAX_BUDGET_MS) as i64;
+        let no_progress = options.no_progress_budget_ms.unwrap_or(DEFAULT_NO_PROGRESS_BUDGET_MS) as i64;
+        self.sql.exec(
+            "UPDATE agent_tool_runs SET detached = 1, on_finish = ?, notify_source = ?, on_milestones_json = ?, \
+             max_budget_at = ?, no_progress_budget_ms = ? WHERE run_id = ?",
+            &[
+                V::from(options.on_finish.as_ref().map(Value::to_string)),
+                V::from(options.notify.clone()),
+                V::from(options.on_milestones.as_ref().and_then(|m| serde_json::to_string(m).ok())),
+                V::Int(now.saturating_add(max)),
+                V::Int(no_progress),
+                V::from(run_id),
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Claims a slot for one delivery attempt: free when never claimed or its lease expired,
+    /// not delivered, attempts left. One synchronous statement: only one claimant wins.
+    pub fn claim(&self, run_id: &str, slot: Slot, now: i64) -> Result<Claim, StoreError> {
+        let c = slot.column();
+        let won = self.sql.one(
+            &format!(
+                "UPDATE agent_tool_runs SET {c}_claimed_at = ?, {c}_attempts = {c}_attempts + 1 \
+                 WHERE run_id = ? AND detached = 1 AND {c}_delivered_at IS NULL AND {c}_attempts < ? \
+                 AND ({c}_claimed_at IS NULL OR {c}_claimed_at <= ?) RETURNING {c}_attempts"
+            ),
+            &[V::Int(now), V::from(run_id), V::Int(MAX_ATTEMPTS), V::Int(now - LEASE_MS)],
+        )?;
+        if let Some(attempt) = won.and_then(|r| r.int(0)) {
+            return Ok(Claim::Claimed(attempt));
+        }
+        let state = self.sql.one(
+            &format!("SELECT detached, {c}_delivered_at, {c}_attempts FROM agent_tool_runs WHERE run_id = ?"),
+            &[V::from(run_id)],
+        )?;
+        Ok(match state {
+            Some(r) if r.int(0) == Some(1) => {
+                if r.int(1).is_some() {
+                    Claim::Delivered
+                } else if r.int(2).unwrap_or(0) >= MAX_ATTEMPTS {
+                    Claim::Exhausted
+                } else {
+                    Claim::Leased
+                }
+            }
+            _ => Claim::NotDetached,
+        })
+    }
+
+    /// The claimed delivery succeeded (or the slot was settled without one).
+    pub fn delivered(&self, run_id: &str, slot: Slot, now: i64) -> Result<(), StoreError> {
+        let c = slot.column();
+        self.sql.exec(
+            &format!("UPDATE agent_tool_runs SET {c}_delivered_at = ? WHERE run_id = ? AND {c}_delivered_at IS NULL"),
+            &[V::Int(now), V::from(run_id)],
+        )?;
+        Ok(())
+    }
+
+    /// The claimed delivery failed: its lease is released at once, so the next pass may retry.
+    pub fn failed(&self, run_id: &str, slot: Slot) -> Result<(), StoreError> {
+        let c = slot.column();
+        self.sql
+            .exec(&format!("UPDATE agent_tool_runs SET {c}_claimed_at = NULL WHERE run_id = ?"), &[V::from(run_id)])?;
+        Ok(())
+    }
+
+    /// Detached runs the backbone still has work for: live, or with a delivery due.
+    pub fn outstanding(&self) -> Result<Vec<String>, StoreError> {
+        let rows = self.sql.exec(COLUMNS_SQL, &[V::Int(MAX_ATTEMPTS), V::Int(MAX_ATTEMPTS)])?;
+        Ok(rows.iter().filter_map(|r| r.text(0)).collect())
+    }
+
+    /// Live detached runs.
+    pub fn live_count(&self) -> Result<i64, StoreError> {
+        let row = self
+            .sql
+            .one("SELECT COUNT(*) FROM agent_tool_runs WHERE detached = 1 AND status IN ('starting','running')", &[])?;
+        Ok(row.and_then(|r| r.int(0)).unwrap_or(0))
+    }
+
+    /// Claims the one notification of milestone `name` of a run: `true` for the first caller,
+    /// whether the milestone was seen live or reconciled later.
+    pub fn claim_milestone(&self, run_id: &str, name: &str, now: i64) -> Result<bool, StoreError> {
+        let rows = self.sql.exec(
+            "INSERT INTO agent_tool_milestone_deliveries (run_id, name, delivered_at) VALUES (?, ?, ?) \
+             ON CONFLICT (run_id, name) DO NOTHING RETURNING 1",
+            &[V::from(run_id), V::from(name), V::Int(now)],
+        )?;
+        Ok(!rows.is_empty())
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::*;
+    use crate::parent::registry::{NewRun, Registry, Terminal};
+    use crate::store::sqlite;
+    use serde_json::json;
+
+    fn db() -> rusqlite::Connection {
+        let db = sqlite::memory();
+        Registry::new(&db).migrate().unwrap();
+        Ledger::new(&db).migrate().unwrap();
+        db
+    }
+
+    fn detached(db: &rusqlite::Connection, id: &str, options: &DetachedOptions, now: i64) {
+        let reg = Registry::new(db);
+        reg.insert(&NewRun { run_id: id.into(), agent_type: "Researcher".into(), ..Default::default() }, now).unwrap();
+        Ledger::new(db).configure(id, options, now).unwrap();
+    }
+
+    #[test]
+    fn configuration_is_kept_in_the_row() {
+        let db = db();
+        let options = DetachedOptions {
+            on_finish: Some(json!({"handler": "importDone"})),
+            notify: Some("research-background".into()),
+            max_budget_ms: Some(1000),
+            no_progress_budget_ms: Some(0),
+            on_milestones: Some(OnMilestones { names: vec!["m".into()], mode: MilestoneMode::React }),
+        };
+        detached(&db, "r", &options, 100);
+        let run = Registry::new(&db).get("r").unwrap().unwrap();
+        let d = run.detached.unwrap();
+        assert_eq!(d.on_finish, Some(json!({"handler": "importDone"})));
+        assert_eq!(d.notify_source.as_deref(), Some("research-background"));
+        assert_eq!(d.on_milestones, Some(json!({"names": ["m"], "mode": "react"})));
+        assert_eq!((d.max_budget_at, d.no_progress_budget_ms), (Some(1100), Some(0)));
+        let defaults = {
+            detached(&db, "d", &DetachedOptions::default(), 0);
+            Registry::new(&db).get("d").unwrap().unwrap().detached.unwrap()
+        };
+        assert_eq!(defaults.max_budget_at, Some(DEFAULT_MAX_BUDGET_MS as i64));
+        assert_eq!(defaults.no_progress_budget_ms, Some(DEFAULT_NO_PROGRESS_BUDGET_MS as i64));
+    }
+
+    #[test]
+    fn a_slot_is_claimed_once_under_a_lease_and_dead_letters_after_max_attempts() {
+        let db = db();
+        detached(&db, "r", &DetachedOptions::default(), 0);
+        let ledger = Ledger::new(&db);
+        assert_eq!(ledger.claim("r", Slot::Finish, 1000).unwrap(), Claim::Claimed(1));
+        assert_eq!(ledger.claim("r", Slot::Finish, 1001).unwrap(), Claim::Leased, "the lease holds");
+        assert_eq!(ledger.claim("r", Slot::GiveUp, 1001).unwrap(), Claim::Claimed(1), "slots are independent");
+        // The first attempt crashed: after the lease, another may claim.
+        assert_eq!(ledger.claim("r", Slot::Finish, 1000 + LEASE_MS).unwrap(), Claim::Claimed(2));
+        ledger.failed("r", Slot::Finish).unwrap();
+        for n in 3..=MAX_ATTEMPTS {
+            assert_eq!(ledger.claim("r", Slot::Finish, 200_000 + n).unwrap(), Claim::Claimed(n));
+            ledger.failed("r", Slot::Finish).unwrap();
+        }
+        assert_eq!(ledger.claim("r", Slot::Finish, 900_000).unwrap(), Claim::Exhausted, "never retried forever");
+        ledger.delivered("r", Slot::GiveUp, 5).unwrap();
+        assert_eq!(ledger.claim("r", Slot::GiveUp, 900_000).unwrap(), Claim::Delivered);
+        Registry::new(&db)
+            .insert(&NewRun { run_id: "awaited".into(), agent_type: "R".into(), ..Default::default() }, 0)
+            .unwrap();
+        assert_eq!(ledger.claim("awaited", Slot::Finish, 0).unwrap(), Claim::NotDetached);
+    }
+
+    #[test]
+    fn budgets() {
+        let db = db();
+        let options =
+            DetachedOptions { max_budget_ms: Some(1000), no_progress_budget_ms: Some(300), ..Default::default() };
+        detached(&db, "r", &options, 0);
+        let reg = Registry::new(&db);
+        reg.mark_running("r").unwrap();
+        let run = reg.get("r").unwrap().unwrap();
+        assert_eq!(budget_exceeded(&run, 999), None, "never signalled: only the ceiling applies");
+        assert_eq!(budget_exceeded(&run, 1000), Some(InterruptedReason::BudgetExceeded));
+        let progress = crate::parent::registry::Forward {
+            kind: crate::protocol::tail::ChunkKind::Progress,
+            body: "{}",
+            replay: None,
+        };
+        reg.append("r", &[progress], None, 100).unwrap();
+        let run = reg.get("r").unwrap().unwrap();
+        assert_eq!(budget_exceeded(&run, 399), None);
+        assert_eq!(budget_exceeded(&run, 400), Some(InterruptedReason::NoProgress));
+        reg.append("r", &[progress], None, 350).unwrap();
+        assert_eq!(budget_exceeded(&reg.get("r").unwrap().unwrap(), 600), None, "progress resets it");
+        detached(&db, "off", &DetachedOptions { no_progress_budget_ms: Some(0), ..Default::default() }, 0);
+        reg.append("off", &[progress], None, 1).unwrap();
+        assert_eq!(budget_exceeded(&reg.get("off").unwrap().unwrap(), 10_000_000), None, "0 disables it");
+    }
+
+    #[test]
+    fn the_aborted_after_a_give_up_is_not_delivered() {
+        let db = db();
+        detached(&db, "r", &DetachedOptions::default(), 0);
+        let reg = Registry::new(&db);
+        let ledger = Ledger::new(&db);
+        reg.finish(
+            "r",
+            &Terminal::Interrupted {
+                error: "x".into(),
+                reason: Some(InterruptedReason::BudgetExceeded),
+                child_still_running: Some(false),
+            },
+            1,
+        )
+        .unwrap();
+        let run = reg.get("r").unwrap().unwrap();
+        assert!(give_up_due(&run));
+        assert_eq!(finish_due(&run), FinishDue::No);
+        ledger.claim("r", Slot::GiveUp, 2).unwrap();
+        ledger.delivered("r", Slot::GiveUp, 3).unwrap();
+        reg.finish("r", &Terminal::Aborted { reason: Some("torn down".into()) }, 4).unwrap();
+        assert_eq!(finish_due(&reg.get("r").unwrap().unwrap()), FinishDue::Suppress);
+        // A real completion after a give-up is news.
+        detached(&db, "late", &DetachedOptions::default(), 0);
+        reg.finish("late", &Terminal::Interrupted { error: "x".into(), reason: None, child_still_running: None }, 1)
+            .unwrap();
+        ledger.claim("late", Slot::GiveUp, 2).unwrap();
+        ledger.delivered("late", Slot::GiveUp, 3).unwrap();
+        reg.finish("late", &Terminal::Completed { summary: "s".into(), output: None }, 4).unwrap();
+        assert_eq!(finish_due(&reg.get("late").unwrap().unwrap()), FinishDue::Deliver);
+    }
+
+    #[test]
+    fn outstanding_and_milestones() {
+        let db = db();
+        let reg = Registry::new(&db);
+        let ledger = Ledger::new(&db);
+        detached(&db, "live", &DetachedOptions::default(), 0);
+        detached(&db, "done", &DetachedOptions::default(), 0);
+        reg.finish("done", &Terminal::Completed { summary: "s".into(), output: None }, 1).unwrap();
+        detached(&db, "delivered", &DetachedOptions::default(), 0);
+        reg.finish("delivered", &Terminal::Error { message: "x".into() }, 1).unwrap();
+        ledger.delivered("delivered", Slot::Finish, 2).unwrap();
+        reg.insert(&NewRun { run_id: "awaited".into(), agent_type: "R".into(), ..Default::default() }, 0).unwrap();
+        let mut out = ledger.outstanding().unwrap();
+        out.sort();
+        assert_eq!(out, vec!["done", "live"]);
+        assert_eq!(ledger.live_count().unwrap(), 1);
+        assert!(ledger.claim_milestone("live", "m", 1).unwrap());
+        assert!(!ledger.claim_milestone("live", "m", 2).unwrap(), "at most once per (run, name)");
+        assert!(ledger.claim_milestone("live", "n", 2).unwrap());
+    }
+
+    #[test]
+    fn the_cadence_escalates_and_caps() {
+        let got: Vec<u64> = (0..6).map(|n| cadence_ms(n, &CADENCE_MS)).collect();
+        assert_eq!(got, vec![5_000, 15_000, 30_000, 120_000, 120_000, 120_000]);
+        assert_eq!(cadence_ms(3, &[100]), 100);
+        assert_eq!(cadence_ms(0, &[]), 5_000);
+    }
+}

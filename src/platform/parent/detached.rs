@@ -1,0 +1,261 @@
+//! Detached runs on the platform: dispatch without waiting, deliver completion through the
+//! ledger (at once on the fast path, again from the backbone), give up on budgets, and surface
+//! milestones and completions in the chat.
+
+use serde_json::{json, Value};
+
+use super::dispatch::{Admit, InflightGuard};
+use super::{ParentAgent, ParentHost};
+use crate::chat::store::Messages;
+use crate::observability::EventType;
+use crate::parent::detached::{
+    budget_exceeded, finish_due, give_up_due, Claim, DetachedHandle, DetachedOptions, FinishDue, Ledger, MilestoneMode,
+    OnMilestones, Slot, LIVE_WARNING, MAX_ATTEMPTS,
+};
+use crate::parent::{EventDelivery, RunOptions, RunRecord, RunResult, RunStatus, Terminal};
+use crate::platform::now_ms;
+use crate::protocol::InterruptedReason;
+
+impl<A: ParentAgent> ParentHost<A> {
+    /// The detached ledger.
+    pub fn ledger(&self) -> Ledger<'_, crate::platform::DoSql> {
+        Ledger::new(&self.0.sql)
+    }
+
+    /// Dispatches a run and returns at once; the run goes on in the background and its outcome
+    /// is delivered durably (see [`DetachedOptions`]). No caller's cancellation reaches it:
+    /// cancel it with [`ParentHost::cancel_agent_tool`]. A known run id returns its state and
+    /// never starts a second child.
+    pub async fn run_agent_tool_detached(
+        &self,
+        child: &str,
+        options: RunOptions,
+        mut detached: DetachedOptions,
+    ) -> DetachedHandle {
+        let refused = |run_id: String, error: String| DetachedHandle {
+            run_id,
+            agent_type: child.to_owned(),
+            status: RunStatus::Error,
+            error: Some(error),
+        };
+        if options.event_delivery == EventDelivery::Terminal {
+            let run_id = options.run_id.clone().unwrap_or_default();
+            return refused(run_id, "event_delivery \"terminal\" is not supported for detached runs".into());
+        }
+        let (class, new) = match self.prepare(child, &options) {
+            Ok(prepared) => prepared,
+            Err(result) => return refused(result.run_id, result.error.unwrap_or_default()),
+        };
+        detached.max_budget_ms.get_or_insert(self.0.agent.detached_max_budget_ms());
+        detached.no_progress_budget_ms.get_or_insert(self.0.agent.detached_no_progress_budget_ms());
+        let running = |record: &RunRecord| DetachedHandle {
+            run_id: record.run_id.clone(),
+            agent_type: record.agent_type.clone(),
+            status: if record.status.is_live() { RunStatus::Running } else { record.status },
+            error: None,
+        };
+        let record = match self.admit(&new) {
+            Err(problem) => return refused(new.run_id, problem),
+            Ok(Admit::Full(limit)) => {
+                let message = format!("maxConcurrentAgentTools ({limit}) reached; retry when a run finishes");
+                return refused(new.run_id, message);
+            }
+            Ok(Admit::Finished(record)) => return running(&record),
+            Ok(Admit::Join(_)) => {
+                let record = self.registry().get(&new.run_id).ok().flatten();
+                return record
+                    .map_or_else(|| refused(new.run_id.clone(), "the run was cleared".into()), |r| running(&r));
+            }
+            Ok(Admit::Drive { record, fresh: false }) => {
+                // Known here but nobody drives it (a restart): follow it again in the background.
+                self.spawn_driver(record.clone(), class, options.input, false);
+                return running(&record);
+            }
+            Ok(Admit::Drive { record, fresh: true }) => {
+                // Still the synchronous step of the insert: a crash cannot leave it unconfigured.
+                if let Err(e) = self.ledger().configure(&record.run_id, &detached, now_ms()) {
+                    worker::console_error!("agent-tools: configuring detached run {} failed: {e}", record.run_id);
+                }
+                record
+            }
+        };
+        let record = self.registry().get(&record.run_id).ok().flatten().unwrap_or(record);
+        self.broadcast_frame(&record.started_frame());
+        self.0.backbone_quiet_ticks.set(0);
+        self.arm_alarm_in(self.cadence_ms()).await;
+        let live = self.ledger().live_count().unwrap_or(0);
+        if live >= LIVE_WARNING {
+            self.observe(EventType::DetachedLiveCountWarning, json!({ "live": live }));
+        }
+        self.0.agent.on_agent_tool_start(self, &record).await;
+        self.spawn_driver(record.clone(), class, options.input, true);
+        running(&record)
+    }
+
+    /// Drives a run in the background (the run's in-flight entry is already registered).
+    fn spawn_driver(&self, record: RunRecord, class: super::ChildClass, input: Value, fresh: bool) {
+        let host = self.clone();
+        self.0.state.wait_until(async move {
+            let guard = InflightGuard::new(&host, &record);
+            let result = host.drive(&record, class, &input, fresh).await;
+            guard.finish(&result);
+        });
+    }
+
+    /// Delivers whatever a detached run's ledger has due: its outcome (`finish`) or a give-up.
+    /// Safe to call any number of times: each slot is claimed under a lease.
+    pub(super) async fn deliver(&self, run_id: &str) {
+        let Ok(Some(run)) = self.registry().get(run_id) else { return };
+        let now = now_ms();
+        match finish_due(&run) {
+            FinishDue::No => {}
+            FinishDue::Suppress => {
+                let _ = self.ledger().delivered(run_id, Slot::Finish, now);
+            }
+            FinishDue::Deliver => self.deliver_slot(&run, Slot::Finish).await,
+        }
+        if give_up_due(&run) {
+            self.deliver_slot(&run, Slot::GiveUp).await;
+        }
+    }
+
+    async fn deliver_slot(&self, run: &RunRecord, slot: Slot) {
+        let Ok(Claim::Claimed(attempt)) = self.ledger().claim(&run.run_id, slot, now_ms()) else { return };
+        let result = RunResult::from_record(run);
+        match self.deliver_outcome(run, &result).await {
+            Ok(()) => {
+                let _ = self.ledger().delivered(&run.run_id, slot, now_ms());
+            }
+            Err(error) => {
+                let _ = self.ledger().failed(&run.run_id, slot);
+                let dead = attempt >= MAX_ATTEMPTS;
+                let payload = json!({ "runId": run.run_id, "slot": if slot == Slot::Finish { "finish" } else { "give_up" },
+                                      "attempt": attempt, "deadLetter": dead, "error": error });
+                self.observe(EventType::DetachedDeliveryFailed, payload);
+            }
+        }
+    }
+
+    /// One delivery: the global hook, then the run's handler, or the chat notification.
+    async fn deliver_outcome(&self, run: &RunRecord, result: &RunResult) -> Result<(), String> {
+        self.0.agent.on_agent_tool_finish(self, run, result).await;
+        let Some(detached) = &run.detached else { return Ok(()) };
+        if let Some(handler) = &detached.on_finish {
+            return self.0.agent.on_detached_finish(self, handler, run, result).await;
+        }
+        if let Some(source) = &detached.notify_source {
+            let text = self.0.agent.format_detached_completion(run, result);
+            if !text.is_empty() {
+                let id = format!("detached-finish:{}:{}", run.run_id, result.status.as_str());
+                self.inject(&id, "user", &text, source, run, true).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds a synthetic message to the chat once (by id), and runs a model turn after it when
+    /// asked. A message already there is not added again, nor its turn run again.
+    async fn inject(
+        &self,
+        id: &str,
+        role: &str,
+        text: &str,
+        source: &str,
+        run: &RunRecord,
+        turn: bool,
+    ) -> Result<(), String> {
+        let messages = self.messages();
+        if messages.iter().any(|m| m.get("id").and_then(Value::as_str) == Some(id)) {
+            return Ok(());
+        }
+        let message = json!({
+            "id": id, "role": role, "parts": [{ "type": "text", "text": text }],
+            "metadata": { "source": source, "runId": run.run_id, "agentType": run.agent_type },
+        });
+        Messages::new(&self.0.sql).upsert(&message, now_ms()).map_err(|e| e.to_string())?;
+        let transcript = json!({ "type": "cf_agent_chat_messages", "messages": self.messages() });
+        self.broadcast(&transcript.to_string());
+        if turn {
+            self.run_chat_turn(id.to_owned(), None).await;
+        }
+        Ok(())
+    }
+
+    /// A milestone of a detached run arrived (live, or found by the backbone): surface it in
+    /// the chat if the run asked for it, at most once per `(run, name)`.
+    pub(super) async fn milestone_reached(&self, run_id: &str, milestone: &Value) {
+        let Some(name) = milestone.get("name").and_then(Value::as_str) else { return };
+        let Ok(Some(run)) = self.registry().get(run_id) else { return };
+        let Some(wanted) = run.detached.as_ref().and_then(|d| d.on_milestones.clone()) else { return };
+        let Ok(wanted) = serde_json::from_value::<OnMilestones>(wanted) else { return };
+        if !wanted.names.iter().any(|n| n == name)
+            || !self.ledger().claim_milestone(run_id, name, now_ms()).unwrap_or(false)
+        {
+            return;
+        }
+        let text = self.0.agent.format_detached_milestone(&run, milestone);
+        if text.is_empty() {
+            return;
+        }
+        let source = run.detached.as_ref().and_then(|d| d.notify_source.clone()).unwrap_or_else(|| "agent-tool".into());
+        let id = format!("detached-milestone:{run_id}:{name}");
+        let (role, turn) = match wanted.mode {
+            MilestoneMode::Narrate => ("assistant", false),
+            MilestoneMode::React => ("user", true),
+        };
+        if let Err(e) = self.inject(&id, role, &text, &source, &run, turn).await {
+            worker::console_error!("agent-tools: milestone notification for {run_id} failed: {e}");
+        }
+    }
+
+    /// The backbone's tick: recover undriven runs, deliver what is due, give up on exhausted
+    /// budgets. Returns whether anything changed (the cadence starts over when it did).
+    pub(super) async fn backbone_tick(&self) -> bool {
+        let mut changed = false;
+        for run_id in self.ledger().outstanding().unwrap_or_default() {
+            let Ok(Some(run)) = self.registry().get(&run_id) else { continue };
+            if let Some(reason) = budget_exceeded(&run, now_ms()) {
+                self.give_up(&run, reason).await;
+                changed = true;
+            }
+            let before = self.registry().get(&run_id).ok().flatten();
+            self.deliver(&run_id).await;
+            changed |= before != self.registry().get(&run_id).ok().flatten();
+        }
+        changed
+    }
+
+    /// Gives up on a detached run: delivers `interrupted` with `reason`, tears the child down,
+    /// and, if the child had finished anyway, records and delivers its real result. The
+    /// `aborted` the teardown causes is never delivered.
+    async fn give_up(&self, run: &RunRecord, reason: InterruptedReason) {
+        if let Some(entry) = self.0.inflight.borrow().get(&run.run_id) {
+            entry.cancel.cancel(None);
+        }
+        let error = match reason {
+            InterruptedReason::BudgetExceeded => "the detached run used up its budget",
+            _ => "the detached run made no progress within its budget",
+        };
+        let terminal =
+            Terminal::Interrupted { error: error.into(), reason: Some(reason), child_still_running: Some(false) };
+        self.conclude(run, terminal).await;
+        let Some(class) = A::CHILDREN.iter().find(|c| c.class == run.agent_type).copied() else { return };
+        let Ok(stub) = self.child_stub(class, &run.run_id) else { return };
+        self.tell_child_to_cancel(&stub, &run.run_id, Some(format!("given up: {}", reason.as_str()))).await;
+        if let Ok(Some(inspection)) = self.inspect(&stub, &run.run_id).await {
+            if let Some(outcome) =
+                inspection.outcome().filter(|o| o.status == crate::protocol::tail::OutcomeStatus::Completed)
+            {
+                self.conclude(run, super::follow::terminal_from(outcome)).await;
+            }
+        }
+    }
+
+    /// The backbone's next delay.
+    pub(super) fn cadence_ms(&self) -> u64 {
+        crate::parent::detached::cadence_ms(
+            self.0.backbone_quiet_ticks.get(),
+            &self.0.agent.backbone_cadence_ms(&self.0.env),
+        )
+    }
+}

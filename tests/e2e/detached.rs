@@ -1,0 +1,214 @@
+//! Detached runs: dispatched without waiting, completed durably through the ledger.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::harness::{unique, Client, Worker, WAIT};
+
+const FAST_BACKBONE: &[(&str, &str)] = &[("AGENT_TOOL_BACKBONE_MS", "300"), ("AGENT_TOOL_ALARM_MS", "1000")];
+
+fn detached(run_id: &str, words: u64, delay_ms: u64, options: Value) -> Value {
+    json!([{ "agent": "Researcher", "runId": run_id, "input": { "query": run_id, "words": words, "delayMs": delay_ms },
+             "detached": options }])
+}
+
+async fn hooks(client: &mut Client, run_id: &str) -> Vec<(String, Option<String>)> {
+    let rows = client.call("hooks", json!([])).await.unwrap();
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["runId"] == run_id)
+        .map(|r| (r["hook"].as_str().unwrap().to_owned(), r["status"].as_str().map(str::to_owned)))
+        .collect()
+}
+
+async fn transcript(worker: &Worker, name: &str) -> Vec<Value> {
+    let url = worker.http(&format!("/agents/assistant/{name}/get-messages"));
+    reqwest::get(url).await.unwrap().json::<Vec<Value>>().await.unwrap()
+}
+
+async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_detached_run_returns_at_once_and_its_handler_runs_once() {
+    let worker = Worker::start_with(None, FAST_BACKBONE).await;
+    let mut client = worker.client(&unique("detached")).await;
+    let handle = client.call("dispatch", detached("bg-1", 20, 40, json!({"onFinish": "record"}))).await.unwrap();
+    assert_eq!(handle, json!({"runId": "bg-1", "agentType": "Researcher", "status": "running"}));
+    assert!(
+        client.run_events("bg-1").iter().all(|e| e["event"]["kind"] != "finished"),
+        "returned before the run ended"
+    );
+    client.wait_for(WAIT, |f| f["event"]["runId"] == "bg-1" && f["event"]["kind"] == "finished").await;
+    let log = eventually("the handler", async || {
+        let h = hooks(&mut client, "bg-1").await;
+        h.iter().any(|(hook, _)| hook == "detached").then_some(h)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1200)).await; // several backbone ticks
+    let after = hooks(&mut client, "bg-1").await;
+    assert_eq!(after, log, "nothing delivered twice");
+    assert_eq!(
+        after,
+        vec![
+            ("start".into(), None),
+            ("finish".into(), Some("completed".into())),
+            ("detached".into(), Some("completed".into()))
+        ]
+    );
+    // The same run id again: its state, no second child.
+    let again = client.call("dispatch", detached("bg-1", 20, 40, json!({"onFinish": "record"}))).await.unwrap();
+    assert_eq!(again["status"], "completed");
+    // Refusals.
+    let mut terminal = detached("bg-2", 3, 0, json!(true));
+    terminal[0]["eventDelivery"] = json!("terminal");
+    let refused = client.call("dispatch", terminal).await.unwrap();
+    assert_eq!(refused["status"], "error");
+    assert!(refused["error"].as_str().unwrap().contains("not supported for detached runs"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn notify_injects_one_message_and_a_model_turn() {
+    let worker = Worker::start_with(None, FAST_BACKBONE).await;
+    let name = unique("notify");
+    let mut client = worker.client(&name).await;
+    client.call("dispatch", detached("note-1", 6, 10, json!({"notify": true}))).await.unwrap();
+    let messages = eventually("the notification and the model's answer", async || {
+        let m = transcript(&worker, &name).await;
+        (m.len() >= 2).then_some(m)
+    })
+    .await;
+    assert_eq!(messages[0]["id"], "detached-finish:note-1:completed");
+    assert_eq!(messages[0]["role"], "user");
+    assert_eq!(messages[0]["metadata"]["source"], "agent-tool");
+    let text = messages[0]["parts"][0]["text"].as_str().unwrap();
+    assert!(text.starts_with("Background run note-1 (Researcher) completed: Findings on note-1"), "{text}");
+    assert_eq!(messages[1]["role"], "assistant");
+    let answer: String = messages[1]["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["type"] == "text")
+        .map(|p| p["text"].as_str().unwrap())
+        .collect();
+    assert!(answer.starts_with("Noted: Background run note-1"), "{answer}");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(transcript(&worker, &name).await.len(), 2, "injected once, answered once");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn milestones_reach_the_chat_live_and_once() {
+    // A slow backbone (60 s): a milestone that arrived only on a tick would come far too late.
+    let worker = Worker::start_with(None, &[("AGENT_TOOL_BACKBONE_MS", "60000")]).await;
+    let name = unique("milestone");
+    let mut client = worker.client(&name).await;
+    let options = json!({"onMilestones": ["sources-gathered"], "notify": {"source": "research-background"}});
+    client.call("dispatch", detached("ms-1", 40, 80, options)).await.unwrap();
+    let narrated = eventually("the milestone line", async || {
+        transcript(&worker, &name).await.into_iter().find(|m| m["id"] == "detached-milestone:ms-1:sources-gathered")
+    })
+    .await;
+    assert!(
+        client.run_events("ms-1").iter().all(|e| e["event"]["kind"] != "finished"),
+        "surfaced while the run was still going"
+    );
+    assert_eq!(narrated["role"], "assistant", "narrate: a synthetic assistant line, no model turn");
+    assert_eq!(narrated["metadata"]["source"], "research-background");
+    assert_eq!(narrated["parts"][0]["text"], "Researcher (ms-1) reached milestone \"sources-gathered\".");
+    client.wait_for(WAIT, |f| f["event"]["runId"] == "ms-1" && f["event"]["kind"] == "finished").await;
+    let messages = eventually("the completion notice and its answer", async || {
+        let m = transcript(&worker, &name).await;
+        (m.len() == 3).then_some(m)
+    })
+    .await;
+    let ids: Vec<&str> = messages.iter().map(|m| m["id"].as_str().unwrap()).collect();
+    assert_eq!(ids.iter().filter(|id| id.starts_with("detached-milestone:")).count(), 1);
+    assert_eq!(ids[1], "detached-finish:ms-1:completed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_budget_give_up_is_delivered_once_and_its_teardown_never() {
+    let worker = Worker::start_with(None, FAST_BACKBONE).await;
+    let mut client = worker.client(&unique("budget")).await;
+    let options = json!({"onFinish": "record", "maxBudgetMs": 1200});
+    client.call("dispatch", detached("long-1", 80, 80, options)).await.unwrap();
+    let interrupted =
+        client.wait_for(WAIT, |f| f["event"]["runId"] == "long-1" && f["event"]["kind"] == "interrupted").await;
+    assert_eq!(interrupted["event"]["reason"], "budget-exceeded");
+    assert_eq!(interrupted["event"]["childStillRunning"], false);
+    let seq = interrupted["sequence"].as_i64().unwrap();
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    client.drain(Duration::from_millis(200)).await;
+    let later: Vec<&Value> = client
+        .frames
+        .iter()
+        .filter(|f| f["event"]["runId"] == "long-1" && f["sequence"].as_i64() > Some(seq))
+        .collect();
+    assert!(later.is_empty(), "the torn-down child sent nothing more: {later:#?}");
+    let log = hooks(&mut client, "long-1").await;
+    let delivered: Vec<&Option<String>> = log.iter().filter(|(h, _)| h == "detached").map(|(_, s)| s).collect();
+    assert_eq!(delivered, vec![&Some("interrupted".to_owned())], "no second 'aborted' from the teardown: {log:?}");
+    let row = client.call("runs", json!([])).await.unwrap()[0].clone();
+    assert_eq!(row["status"], "interrupted");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handler_that_always_fails_is_dead_lettered() {
+    let worker = Worker::start_with(None, &[("AGENT_TOOL_BACKBONE_MS", "200"), ("AGENT_TOOL_ALARM_MS", "1000")]).await;
+    let mut client = worker.client(&unique("dead")).await;
+    client.call("dispatch", detached("fail-1", 3, 0, json!({"onFinish": "failing"}))).await.unwrap();
+    let attempts = |log: &[(String, Option<String>)]| log.iter().filter(|(h, _)| h == "detached-attempt").count();
+    eventually("five attempts", async || (attempts(&hooks(&mut client, "fail-1").await) == 5).then_some(())).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(attempts(&hooks(&mut client, "fail-1").await), 5, "not retried forever");
+    let failures: Vec<Value> = worker
+        .log_text()
+        .lines()
+        .filter_map(|l| l.find('{').and_then(|i| serde_json::from_str::<Value>(&l[i..]).ok()))
+        .filter(|v| v["type"] == "agent_tool:detached:delivery_failed")
+        .collect();
+    assert_eq!(failures.len(), 5);
+    assert_eq!(failures[4]["payload"]["deadLetter"], true);
+    assert_eq!(failures[3]["payload"]["deadLetter"], false);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn detached_runs_recover_after_the_runtime_is_killed() {
+    let vars = [("AGENT_TOOL_BACKBONE_MS", "500"), ("AGENT_TOOL_ALARM_MS", "1000")];
+    let mut worker = Worker::start_with(None, &vars).await;
+    let state = worker.take_temp().unwrap();
+    let persist = worker.persist.clone();
+    let name = unique("detached-kill");
+    let mut client = worker.client(&name).await;
+    client.call("dispatch", detached("survivor", 60, 80, json!({"onFinish": "record"}))).await.unwrap();
+    client.wait_deltas("survivor", 3).await;
+    worker.kill();
+    let worker = Worker::start_with(Some(&persist), &vars).await;
+    // No client: the alarm wakes the parent without a name; it must recover and deliver.
+    let deadline = Instant::now() + WAIT;
+    while !worker.log_text().contains("agent_tool:recovery:complete") {
+        assert!(Instant::now() < deadline, "no recovery:\n{}", worker.log_text());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut client = Client::connect(&worker.ws(&format!("/agents/assistant/{name}"))).await;
+    let log = eventually("the handler after the restart", async || {
+        let h = hooks(&mut client, "survivor").await;
+        h.iter().any(|(hook, _)| hook == "detached").then_some(h)
+    })
+    .await;
+    let delivered: Vec<&Option<String>> = log.iter().filter(|(h, _)| h == "detached").map(|(_, s)| s).collect();
+    assert_eq!(delivered, vec![&Some("error".to_owned())]);
+    let row = client.call("runs", json!([])).await.unwrap()[0].clone();
+    assert!(row["error"].as_str().unwrap().contains("restarted"), "{row}");
+    drop(state);
+}
