@@ -23,6 +23,9 @@ pub mod routing;
 pub mod schema;
 pub mod store;
 
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod fuzz_tests;
+
 #[cfg(target_arch = "wasm32")]
 pub mod platform;
 

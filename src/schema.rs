@@ -12,7 +12,7 @@ use serde_json::Value;
 /// Validates `value` against `schema`; on failure, the first problem found, e.g.
 /// `/query: must be at least 3 characters long`.
 pub fn validate(schema: &Value, value: &Value) -> Result<(), String> {
-    check(schema, schema, value, "").map_err(|(path, problem)| {
+    check(schema, schema, value, "", 0).map_err(|(path, problem)| {
         let path = if path.is_empty() { "input".to_owned() } else { path };
         format!("{path}: {problem}")
     })
@@ -44,14 +44,22 @@ fn resolve<'a>(root: &'a Value, reference: &str) -> Option<&'a Value> {
     root.pointer(pointer)
 }
 
-fn check(root: &Value, schema: &Value, value: &Value, path: &str) -> Result<(), Problem> {
+/// How deep schemas may nest (through `$ref`s and combinators) before validation gives up: a
+/// schema that refers to itself without consuming the value would otherwise never end.
+const MAX_DEPTH: usize = 64;
+
+fn check(root: &Value, schema: &Value, value: &Value, path: &str, depth: usize) -> Result<(), Problem> {
     let fail = |problem: String| Err((path.to_owned(), problem));
+    if depth > MAX_DEPTH {
+        return fail("the schema nests too deeply (a $ref cycle?)".into());
+    }
+    let depth = depth + 1;
     let Value::Object(s) = schema else {
         return if schema == &Value::Bool(false) { fail("no value is allowed here".into()) } else { Ok(()) };
     };
     if let Some(reference) = s.get("$ref").and_then(Value::as_str) {
         let Some(target) = resolve(root, reference) else { return fail(format!("unresolvable $ref {reference}")) };
-        check(root, target, value, path)?;
+        check(root, target, value, path, depth)?;
     }
     if value.is_null() && s.get("nullable") == Some(&Value::Bool(true)) {
         return Ok(());
@@ -115,7 +123,7 @@ fn check(root: &Value, schema: &Value, value: &Value, path: &str) -> Result<(), 
             }
             if let Some(item_schema) = s.get("items") {
                 for (i, item) in items.iter().enumerate() {
-                    check(root, item_schema, item, &format!("{path}/{i}"))?;
+                    check(root, item_schema, item, &format!("{path}/{i}"), depth)?;
                 }
             }
         }
@@ -131,10 +139,10 @@ fn check(root: &Value, schema: &Value, value: &Value, path: &str) -> Result<(), 
             for (key, field) in fields {
                 let field_path = format!("{path}/{key}");
                 match props.and_then(|p| p.get(key)) {
-                    Some(field_schema) => check(root, field_schema, field, &field_path)?,
+                    Some(field_schema) => check(root, field_schema, field, &field_path, depth)?,
                     None => match s.get("additionalProperties") {
                         Some(Value::Bool(false)) => return Err((field_path, "is not an allowed property".into())),
-                        Some(extra @ Value::Object(_)) => check(root, extra, field, &field_path)?,
+                        Some(extra @ Value::Object(_)) => check(root, extra, field, &field_path, depth)?,
                         _ => {}
                     },
                 }
@@ -144,16 +152,16 @@ fn check(root: &Value, schema: &Value, value: &Value, path: &str) -> Result<(), 
     }
     if let Some(all) = s.get("allOf").and_then(Value::as_array) {
         for sub in all {
-            check(root, sub, value, path)?;
+            check(root, sub, value, path, depth)?;
         }
     }
     if let Some(any) = s.get("anyOf").and_then(Value::as_array) {
-        if !any.iter().any(|sub| check(root, sub, value, path).is_ok()) {
+        if !any.iter().any(|sub| check(root, sub, value, path, depth).is_ok()) {
             return fail("matches none of the allowed shapes".into());
         }
     }
     if let Some(one) = s.get("oneOf").and_then(Value::as_array) {
-        let matching = one.iter().filter(|sub| check(root, sub, value, path).is_ok()).count();
+        let matching = one.iter().filter(|sub| check(root, sub, value, path, depth).is_ok()).count();
         if matching != 1 {
             return fail(format!("must match exactly one allowed shape, matches {matching}"));
         }
@@ -218,5 +226,13 @@ mod tests {
         let s = json!({"oneOf": [{"type": "number"}, {"type": "integer"}]});
         assert!(validate(&s, &json!(1)).unwrap_err().contains("exactly one"));
         assert!(validate(&json!({"type": "string", "nullable": true}), &Value::Null).is_ok());
+    }
+
+    #[test]
+    fn a_ref_cycle_is_an_error_not_a_stack_overflow() {
+        assert!(validate(&json!({"$ref": "#"}), &json!(1)).unwrap_err().contains("nests too deeply"));
+        let tree = json!({"$ref": "#/$defs/Node", "$defs": {"Node": {"type": "object",
+            "properties": {"children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}}}}});
+        assert!(validate(&tree, &json!({"children": [{"children": []}]})).is_ok(), "recursive types still validate");
     }
 }

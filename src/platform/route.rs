@@ -1,6 +1,7 @@
 //! The Worker entry's router: `/agents/<agent-kebab>/<name>` to the agent's Durable Object.
 
-use worker::{Env, Request, Response};
+use wasm_bindgen_futures::JsFuture;
+use worker::{Env, Method, Request, RequestInit, Response};
 
 use super::json_error;
 use crate::routing::{kebab_case, parse_agent_path};
@@ -8,9 +9,13 @@ use crate::routing::{kebab_case, parse_agent_path};
 /// Routes a request to the agent it names. Only the classes in `agents` are routable (list your
 /// parents here, never a child: children are reached only through their parent's drill-in
 /// gate). Each class must be bound under its own name in `wrangler.toml`. Anything else is a
-/// 404 with a JSON error body.
+/// JSON error: 404 for an unknown path or agent, 405 for a method other than GET/HEAD (agents
+/// talk over WebSockets and answer GETs), 400 for an oversized name.
 pub async fn route_agent_request(req: Request, env: &Env, agents: &[&str]) -> worker::Result<Response> {
     let url = req.url()?;
+    // A body no handler reads must still be consumed, or the runtime's proxy fails the next
+    // request ("Can't read from request stream after response has been sent").
+    let req = without_body(req).await?;
     let Some(path) = parse_agent_path(url.path()) else {
         return json_error(404, format!("no route for {}; agents live at /agents/<agent>/<name>", url.path()));
     };
@@ -18,9 +23,28 @@ pub async fn route_agent_request(req: Request, env: &Env, agents: &[&str]) -> wo
         let known: Vec<String> = agents.iter().map(|c| kebab_case(c)).collect();
         return json_error(404, format!("unknown agent {:?}; this Worker serves {known:?}", path.agent));
     };
+    if !matches!(req.method(), Method::Get | Method::Head) {
+        return json_error(
+            405,
+            format!("{} is not served here: agents answer GET and WebSocket upgrades", req.method()),
+        );
+    }
     if path.name.len() > 512 {
         return json_error(400, "agent name is longer than 512 bytes");
     }
     let stub = env.durable_object(class)?.id_from_name(&path.name)?.get_stub()?;
     stub.fetch_with_request(req).await
+}
+
+/// The request without its body (cancelled, so the sender is not left writing into the void).
+async fn without_body(req: Request) -> worker::Result<Request> {
+    let Some(body) = req.inner().body() else { return Ok(req) };
+    let _ = JsFuture::from(body.cancel()).await;
+    let headers = req.headers().clone();
+    for framing in ["content-length", "transfer-encoding", "content-type"] {
+        headers.delete(framing)?;
+    }
+    let mut init = RequestInit::new();
+    init.with_method(req.method()).with_headers(headers);
+    Request::new_with_init(req.url()?.as_ref(), &init)
 }

@@ -6,6 +6,7 @@ mod chat;
 mod detached;
 mod foundation;
 mod harness;
+mod hostile;
 mod lifecycle;
 mod mock_model;
 mod recovery;
