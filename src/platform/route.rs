@@ -1,6 +1,6 @@
 //! The Worker entry's router: `/agents/<agent-kebab>/<name>` to the agent's Durable Object.
 
-use wasm_bindgen_futures::JsFuture;
+use futures::StreamExt;
 use worker::{Env, Method, Request, RequestInit, Response};
 
 use super::json_error;
@@ -13,8 +13,8 @@ use crate::routing::{kebab_case, parse_agent_path};
 /// talk over WebSockets and answer GETs), 400 for an oversized name.
 pub async fn route_agent_request(req: Request, env: &Env, agents: &[&str]) -> worker::Result<Response> {
     let url = req.url()?;
-    // A body no handler reads must still be consumed, or the runtime's proxy fails the next
-    // request ("Can't read from request stream after response has been sent").
+    // A body no handler reads must still be consumed, or the runtime's proxy fails later
+    // requests ("Can't read from request stream after response has been sent").
     let req = without_body(req).await?;
     let Some(path) = parse_agent_path(url.path()) else {
         return json_error(404, format!("no route for {}; agents live at /agents/<agent>/<name>", url.path()));
@@ -36,10 +36,18 @@ pub async fn route_agent_request(req: Request, env: &Env, agents: &[&str]) -> wo
     stub.fetch_with_request(req).await
 }
 
-/// The request without its body (cancelled, so the sender is not left writing into the void).
+/// The request without its body (read and dropped, so the sender is not left writing into the
+/// void).
 async fn without_body(req: Request) -> worker::Result<Request> {
-    let Some(body) = req.inner().body() else { return Ok(req) };
-    let _ = JsFuture::from(body.cancel()).await;
+    if req.inner().body().is_none() {
+        return Ok(req);
+    }
+    // Read to the end chunk by chunk, keeping nothing: memory stays flat for any size. (Cancelling
+    // the stream instead makes wrangler dev's proxy fail later requests with 503/500 or hang.)
+    let mut req = req;
+    if let Ok(mut body) = req.stream() {
+        while let Some(Ok(_)) = body.next().await {}
+    }
     let headers = req.headers().clone();
     for framing in ["content-length", "transfer-encoding", "content-type"] {
         headers.delete(framing)?;
