@@ -10,4 +10,4 @@ cd "$ROOT"
 cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
 cargo clippy --target wasm32-unknown-unknown --lib -- -D warnings
-cargo test --all-targets -- --test-threads="${TEST_THREADS:-2}" "$@"
+cargo test --lib --tests -- --test-threads="${TEST_THREADS:-2}" "$@"

@@ -164,8 +164,9 @@ impl ParentAgent for AssistantAgent {
     }
 }
 
-/// `research(topics)` or `research({topics, runIds?, parentToolCallId?, words?, delayMs?})`:
-/// one `Researcher` run per topic, all at once; resolves with their results in order.
+/// `research(topics)` or `research({topics, runIds?, parentToolCallId?, words?, delayMs?, agent?})`:
+/// one run per topic (of `Researcher`, or the `agent` given), all at once; resolves with their
+/// results in order.
 async fn research(parent: &ParentHost<AssistantAgent>, arg: Value) -> Result<Value, String> {
     let (topics, options) = match arg {
         Value::Array(topics) => (topics, Value::Null),
@@ -176,6 +177,7 @@ async fn research(parent: &ParentHost<AssistantAgent>, arg: Value) -> Result<Val
         return Err("research takes 1 to 16 topics".into());
     }
     let run_ids = options.get("runIds").and_then(Value::as_array).cloned().unwrap_or_default();
+    let agent = options.get("agent").and_then(Value::as_str).unwrap_or("Researcher");
     let runs = topics.iter().enumerate().map(|(i, topic)| {
         let mut input = json!({ "query": topic });
         for key in ["words", "delayMs"] {
@@ -190,7 +192,7 @@ async fn research(parent: &ParentHost<AssistantAgent>, arg: Value) -> Result<Val
             display_order: Some(i as i64),
             ..Default::default()
         };
-        parent.run_agent_tool("Researcher", opts)
+        parent.run_agent_tool(agent, opts)
     });
     let results = join_all(runs).await;
     serde_json::to_value(results).map_err(|e| e.to_string())

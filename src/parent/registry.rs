@@ -156,6 +156,9 @@ pub struct Registry<'a, S: Sql + ?Sized> {
 
 const LIVE_STATUSES: &str = "('starting','running')";
 const HARD_TERMINALS: &str = "('completed','error','aborted')";
+/// Frames written by one `INSERT`: three parameters each, under the Durable Object SQL limit
+/// of 100 bound parameters per statement.
+const FRAMES_PER_INSERT: usize = 32;
 
 impl<'a, S: Sql + ?Sized> Registry<'a, S> {
     /// A registry over `sql`; call [`Registry::migrate`] once per activation.
@@ -296,20 +299,24 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
             &[V::Int(n), V::Int(cursor.unwrap_or(-1)), V::from(signalled), V::Int(now), V::from(run_id), V::Int(n)],
         )?;
         let Some(first) = row.and_then(|r| r.int(0)) else { return Ok(None) };
-        let mut seqs = Vec::with_capacity(chunks.len());
+        let seqs: Vec<i64> = (first..first + n).collect();
         let mut latest_progress = None;
-        for (offset, chunk) in chunks.iter().enumerate() {
-            let seq = first + offset as i64;
-            seqs.push(seq);
+        let mut kept = Vec::with_capacity(chunks.len());
+        for (&seq, chunk) in seqs.iter().zip(chunks) {
             match chunk.kind {
                 ChunkKind::Progress => latest_progress = Some((seq, chunk.replay.unwrap_or(chunk.body))),
-                ChunkKind::Stored | ChunkKind::Milestone => {
-                    self.sql.exec(
-                        "INSERT OR IGNORE INTO agent_tool_frames (run_id, seq, body) VALUES (?, ?, ?)",
-                        &[V::from(run_id), V::Int(seq), V::from(chunk.body)],
-                    )?;
-                }
+                ChunkKind::Stored | ChunkKind::Milestone => kept.push((seq, chunk.body)),
             }
+        }
+        // Several rows per statement, within SQLite's bound-parameter limit.
+        for rows in kept.chunks(FRAMES_PER_INSERT) {
+            let sql = format!(
+                "INSERT OR IGNORE INTO agent_tool_frames (run_id, seq, body) VALUES {}",
+                vec!["(?, ?, ?)"; rows.len()].join(", ")
+            );
+            let params: Vec<V> =
+                rows.iter().flat_map(|&(seq, body)| [V::from(run_id), V::Int(seq), V::from(body)]).collect();
+            self.sql.exec(&sql, &params)?;
         }
         if let Some((seq, body)) = latest_progress {
             self.sql.exec(

@@ -182,8 +182,12 @@ impl Chat {
 
     /// Sends `text` to every client except `except` and those still resuming.
     pub fn broadcast(&self, state: &State, text: &str, except: Option<&str>) {
+        self.broadcast_to(state.get_websockets_with_tag(CLIENT_TAG), text, except);
+    }
+
+    fn broadcast_to(&self, sockets: Vec<WebSocket>, text: &str, except: Option<&str>) {
         let pending = self.pending.borrow();
-        for ws in state.get_websockets_with_tag(CLIENT_TAG) {
+        for ws in sockets {
             if except.is_some() || !pending.is_empty() {
                 let id = connection_id(&ws);
                 if Some(id.as_str()) == except || pending.contains(&id) {
@@ -207,8 +211,12 @@ impl Chat {
 
     /// Sends one chunk of request `request_id` to the chat clients (except those resuming).
     pub fn send(&self, state: &State, request_id: &str, body: &str) {
+        let sockets = state.get_websockets_with_tag(CLIENT_TAG);
+        if sockets.is_empty() {
+            return; // a child run nobody watches: skip building the frame
+        }
         let frame = json!({ "type": RESPONSE, "id": request_id, "body": body, "done": false });
-        self.broadcast(state, &frame.to_string(), None);
+        self.broadcast_to(sockets, &frame.to_string(), None);
     }
 
     /// The frames a chat client gets first: `cf_agent_stream_resuming` while a stream is active

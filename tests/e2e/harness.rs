@@ -111,12 +111,24 @@ impl Worker {
 
     async fn start_on(config: PathBuf, persist: Option<&Path>, vars: &[(&str, &str)]) -> Worker {
         ensure_built();
+        Self::start_custom(&root().join("node_modules/.bin/wrangler"), &config, &root(), persist, vars).await
+    }
+
+    /// Starts any Worker: `wrangler` with `config`, from `cwd`.
+    #[allow(dead_code)] // the benchmark starts the TypeScript baseline with it
+    pub async fn start_custom(
+        wrangler: &Path,
+        config: &Path,
+        cwd: &Path,
+        persist: Option<&Path>,
+        vars: &[(&str, &str)],
+    ) -> Worker {
         let temp = tempfile::tempdir().unwrap();
         let persist = persist.map(Path::to_path_buf).unwrap_or_else(|| temp.path().join("state"));
         let port = free_port();
         let log = temp.path().join("wrangler.log");
         let log_file = std::fs::File::create(&log).unwrap();
-        let mut cmd = Command::new(root().join("node_modules/.bin/wrangler"));
+        let mut cmd = Command::new(wrangler);
         cmd.args(["dev", "--local", "--ip", "127.0.0.1", "--show-interactive-dev-session=false"])
             .args(["--port", &port.to_string(), "--inspector-port", &free_port().to_string()])
             .arg("--persist-to")
@@ -127,7 +139,7 @@ impl Worker {
             .env("WRANGLER_SEND_METRICS", "false")
             .env("WRANGLER_LOG_PATH", temp.path().join("logs"))
             .env("NO_COLOR", "1")
-            .current_dir(root())
+            .current_dir(cwd)
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().unwrap())
             .stderr(log_file);

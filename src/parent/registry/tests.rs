@@ -314,3 +314,24 @@ fn the_finish_hook_is_claimed_once() {
     assert!(!reg.claim_finish_hook("r", 3).unwrap());
     assert!(!reg.claim_finish_hook("missing", 3).unwrap());
 }
+
+#[test]
+fn a_batch_larger_than_one_insert_keeps_every_frame_in_order() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    reg.insert(&new_run("big"), 1).unwrap();
+    let bodies: Vec<String> = (0..FRAMES_PER_INSERT * 2 + 5).map(|i| format!("{{\"n\":{i}}}")).collect();
+    let forwards: Vec<Forward<'_>> = bodies.iter().map(|b| stored(b)).collect();
+    let seqs = reg.append("big", &forwards, Some(bodies.len() as i64 - 1), 2).unwrap().unwrap();
+    assert_eq!(seqs, (1..=bodies.len() as i64).collect::<Vec<_>>());
+    let replayed: Vec<String> = reg
+        .replay()
+        .unwrap()
+        .into_iter()
+        .filter_map(|f| match f.event {
+            AgentToolEvent::Chunk { body, .. } => Some(body),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(replayed, bodies);
+}

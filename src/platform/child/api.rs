@@ -112,14 +112,16 @@ impl<C: ChildAgent> ChildHost<C> {
                     let _ = tx.unbounded_send(line);
                 }
                 live.subscribers.push(tx);
-                Box::pin(rx.map(Ok))
+                // Lines queued while the reader was busy go out as one write.
+                Box::pin(rx.ready_chunks(256).map(|lines| Ok(lines.concat())))
             }
             None => {
                 let mut lines = lines;
                 if let Some(outcome) = run.outcome() {
                     lines.push(TailLine::End { outcome }.to_line().into_bytes());
                 }
-                Box::pin(futures::stream::iter(lines).map(Ok))
+                let all = lines.concat();
+                Box::pin(futures::stream::iter((!all.is_empty()).then_some(Ok(all))))
             }
         };
         let mut resp = Response::from_stream(body)?;

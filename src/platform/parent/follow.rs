@@ -162,9 +162,12 @@ impl<A: ParentAgent> ParentHost<A> {
             batch.iter().map(|c| Forward { kind: c.kind, body: &c.body, replay: c.kept.as_deref() }).collect();
         match self.registry().append(&record.run_id, &forwards, cursor, now_ms()) {
             Ok(Some(seqs)) => {
-                for (seq, chunk) in seqs.into_iter().zip(batch) {
-                    self.broadcast_frame(&record.chunk_frame(seq, chunk.body.clone()));
-                }
+                let frames: Vec<String> = seqs
+                    .into_iter()
+                    .zip(batch)
+                    .map(|(seq, chunk)| record.chunk_frame(seq, chunk.body.clone()).to_json())
+                    .collect();
+                self.broadcast_all(&frames);
                 true
             }
             Ok(None) => false,

@@ -307,6 +307,18 @@ impl<A: ParentAgent> ParentHost<A> {
         }
     }
 
+    /// Sends text frames, in order, to every connected client.
+    fn broadcast_all(&self, texts: &[String]) {
+        if texts.is_empty() {
+            return;
+        }
+        for ws in self.0.state.get_websockets_with_tag(chat::CLIENT_TAG) {
+            for text in texts {
+                let _ = ws.send_with_str(text);
+            }
+        }
+    }
+
     fn broadcast_frame(&self, frame: &EventFrame) {
         self.broadcast(&frame.to_json());
     }
