@@ -1,6 +1,7 @@
 //! Side-by-side benchmark: this Worker against the TypeScript Agents SDK (agents@0.32.0,
 //! @cloudflare/ai-chat@0.12.2) doing the same work, both under `wrangler dev` (workerd) on
-//! this machine. Run with `./scripts/bench.sh`; it prints numbers and asserts nothing.
+//! this machine. Run with `./scripts/bench.sh`; it prints numbers (it checks only that every
+//! run completed, so a number never stands for a failed run).
 //!
 //! - fan-out: one RPC dispatches K children that each stream W text deltas with no delay;
 //!   time to the first chunk frame and to the RPC's answer, frames per second at the client.
@@ -12,11 +13,11 @@
 #[allow(dead_code)]
 mod harness;
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use harness::{root, unique, Client, Worker};
-use serde_json::{json, Value};
+use serde_json::json;
 
 struct Target {
     label: &'static str,
@@ -44,11 +45,10 @@ async fn fanout(target: &Target, runs: usize, words: u64) -> (f64, f64, usize) {
     }
     let started = Instant::now();
     let id = client.send_call("research", json!([arg])).await;
-    let first = client.wait_for(Duration::from_secs(60), |f| f["event"]["kind"] == "chunk").await;
+    client.wait_for(Duration::from_secs(60), |f| f["event"]["kind"] == "chunk").await;
     let to_first = started.elapsed().as_secs_f64() * 1000.0;
     let result = client.reply(&id).await.expect("the fan-out completes");
     let to_done = started.elapsed().as_secs_f64() * 1000.0;
-    assert!(first.is_object());
     let completed = result.as_array().map_or(0, |r| r.iter().filter(|r| r["status"] == "completed").count());
     assert_eq!(completed, runs, "{} runs completed: {result}", target.label);
     (to_first, to_done, client.events().len())
@@ -84,7 +84,7 @@ async fn replay(target: &Target, retained: usize, words: u64, samples: usize) ->
     (median(times), expected)
 }
 
-fn bundle_gzip_kib(config: &PathBuf, cwd: &PathBuf, wrangler: &PathBuf) -> Option<f64> {
+fn bundle_gzip_kib(config: &Path, cwd: &Path, wrangler: &Path) -> Option<f64> {
     let out = tempfile::tempdir().ok()?;
     let output = std::process::Command::new(wrangler)
         .args(["deploy", "--dry-run", "--outdir"])
@@ -165,5 +165,4 @@ async fn main() {
     println!("{:<18} {:>10}", "", "gzip KiB");
     println!("{:<18} {:>10}", rust.label, rust_gzip.map_or("?".into(), |v| format!("{v:.1}")));
     println!("{:<18} {:>10}", ts.label, ts_gzip.map_or("?".into(), |v| format!("{v:.1}")));
-    let _: Value = json!(null);
 }

@@ -73,7 +73,7 @@ pub fn percent_decode(s: &str) -> Option<String> {
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
+            let hex = s.get(i + 1..i + 3).filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))?;
             out.push(u8::from_str_radix(hex, 16).ok()?);
             i += 3;
         } else {
@@ -140,5 +140,8 @@ mod tests {
         let s = "agent-tool:call 1/é";
         assert_eq!(percent_decode(&percent_encode(s)).as_deref(), Some(s));
         assert_eq!(percent_encode("a b:c"), "a%20b%3Ac");
+        for malformed in ["%+F", "%-1", "% f", "%4", "%"] {
+            assert_eq!(percent_decode(malformed), None, "{malformed}");
+        }
     }
 }

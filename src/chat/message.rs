@@ -11,7 +11,7 @@ pub struct MessageBuilder {
     role: String,
     parts: Vec<Value>,
     metadata: Option<Value>,
-    text_parts: Vec<(String, usize)>,
+    text_parts: Vec<(String, String, usize)>,
 }
 
 fn get_str<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
@@ -24,23 +24,18 @@ impl MessageBuilder {
         Self { id: id.into(), role: "assistant".into(), parts: Vec::new(), metadata: None, text_parts: Vec::new() }
     }
 
-    /// The message's id.
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
     /// Whether any part was added.
     pub fn is_empty(&self) -> bool {
         self.parts.is_empty()
     }
 
     fn text_part(&mut self, kind: &str, id: &str) -> usize {
-        if let Some((_, i)) = self.text_parts.iter().find(|(k, _)| k == &format!("{kind}:{id}")) {
-            return *i;
+        if let Some(&(_, _, i)) = self.text_parts.iter().find(|(k, d, _)| k == kind && d == id) {
+            return i;
         }
         self.parts.push(json!({ "type": kind, "text": "", "state": "streaming" }));
         let index = self.parts.len() - 1;
-        self.text_parts.push((format!("{kind}:{id}"), index));
+        self.text_parts.push((kind.to_owned(), id.to_owned(), index));
         index
     }
 
@@ -145,11 +140,6 @@ impl MessageBuilder {
                 m.insert(k.clone(), v.clone());
             }
         }
-    }
-
-    /// All the text parts, concatenated.
-    pub fn text(&self) -> String {
-        text_of(&self.message())
     }
 
     /// The message as JSON: `{id, role, parts, metadata?}`. Text still streaming is marked done.

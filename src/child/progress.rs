@@ -52,20 +52,17 @@ impl Coalescer {
     /// Decides what happens to a report made at `now`.
     pub fn offer(&mut self, report: Report, now: i64) -> Decision {
         let done = report.progress.fraction.is_some_and(|f| f >= 1.0);
-        let open = self.last_emit.is_none_or(|last| now - last >= WINDOW_MS);
-        if report.progress.milestone.is_some() || done || open {
+        let within_window = self.last_emit.filter(|last| now - last < WINDOW_MS);
+        let Some(last) = within_window.filter(|_| report.progress.milestone.is_none() && !done) else {
             if report.progress.milestone.is_none() {
                 self.pending = None;
             }
             self.last_emit = Some(now);
             return Decision::Emit(report);
-        }
-        let scheduled = self.pending.is_some();
-        self.pending = Some(report);
-        match (scheduled, self.last_emit) {
-            (true, _) => Decision::Replaced,
-            (false, Some(last)) => Decision::Defer { flush_at: last + WINDOW_MS },
-            (false, None) => Decision::Defer { flush_at: now },
+        };
+        match self.pending.replace(report) {
+            Some(_) => Decision::Replaced,
+            None => Decision::Defer { flush_at: last + WINDOW_MS },
         }
     }
 

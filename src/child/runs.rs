@@ -10,7 +10,7 @@ use serde_json::Value;
 
 pub use crate::chat::store::StoredChunk;
 use crate::chat::store::StreamLog;
-use crate::protocol::tail::{ChunkKind, OutcomeStatus, RunOutcome};
+use crate::protocol::tail::{OutcomeStatus, RunOutcome};
 use crate::store::{Row, Sql, StoreError, Value as V};
 
 /// The child's tables. Safe to run on every activation.
@@ -234,11 +234,6 @@ impl<'a, S: Sql + ?Sized> ChildRuns<'a, S> {
         StreamLog::new(self.sql).next_index(run_id)
     }
 
-    /// Appends a chunk at `index` (the caller owns the counter; see [`ChildRuns::next_index`]).
-    pub fn append_chunk(&self, run_id: &str, index: i64, kind: ChunkKind, body: &str) -> Result<(), StoreError> {
-        StreamLog::new(self.sql).append(run_id, index, kind, body)
-    }
-
     /// Stored chunks with an index greater than `after`, in order.
     pub fn chunks_after(&self, run_id: &str, after: i64) -> Result<Vec<StoredChunk>, StoreError> {
         StreamLog::new(self.sql).after(run_id, after)
@@ -310,6 +305,7 @@ impl<'a, S: Sql + ?Sized> ChildRuns<'a, S> {
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod tests {
     use super::*;
+    use crate::protocol::tail::ChunkKind;
     use crate::store::sqlite;
     use serde_json::json;
 
@@ -346,7 +342,7 @@ mod tests {
         runs.start("r", &json!("q"), false, 1).unwrap();
         for i in 0..5 {
             let kind = if i == 3 { ChunkKind::Milestone } else { ChunkKind::Stored };
-            runs.append_chunk("r", i, kind, &format!("{{\"n\":{i}}}")).unwrap();
+            StreamLog::new(&db).append("r", i, kind, &format!("{{\"n\":{i}}}")).unwrap();
         }
         assert_eq!(runs.next_index("r").unwrap(), 5);
         let after = runs.chunks_after("r", 2).unwrap();
@@ -354,7 +350,7 @@ mod tests {
         assert_eq!(after[0].kind, ChunkKind::Milestone);
         assert_eq!(runs.chunks_after("r", -1).unwrap().len(), 5);
         // Re-appending an index is ignored, never a duplicate.
-        runs.append_chunk("r", 4, ChunkKind::Stored, "{\"dup\":1}").unwrap();
+        StreamLog::new(&db).append("r", 4, ChunkKind::Stored, "{\"dup\":1}").unwrap();
         assert_eq!(runs.chunks_after("r", 3).unwrap()[0].body, "{\"n\":4}");
     }
 

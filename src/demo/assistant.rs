@@ -39,11 +39,13 @@ const HOOK_LOG: &str = "CREATE TABLE IF NOT EXISTS demo_hook_log (n INTEGER PRIM
     run_id TEXT NOT NULL, hook TEXT NOT NULL, status TEXT)";
 
 fn log_hook(parent: &ParentHost<AssistantAgent>, run_id: &str, hook: &str, status: Option<RunStatus>) {
+    let status = status.map(RunStatus::as_str);
+    worker::console_log!("{}", json!({ "type": "demo:hook", "runId": run_id, "hook": hook, "status": status }));
     let sql = parent.sql();
     let _ = sql.batch(HOOK_LOG);
     let _ = sql.exec(
         "INSERT INTO demo_hook_log (run_id, hook, status) VALUES (?, ?, ?)",
-        &[V::from(run_id), V::from(hook), V::from(status.map(RunStatus::as_str))],
+        &[V::from(run_id), V::from(hook), V::from(status)],
     );
 }
 

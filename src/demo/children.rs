@@ -46,7 +46,12 @@ impl ChildAgent for ResearcherAgent {
     }
 
     async fn run(&self, turn: &Turn) -> Result<TurnOutput, String> {
-        let pause = turn.input().get("delayMs").and_then(Value::as_u64).unwrap_or(60).min(1000) * 2;
+        // Two word-delays between the research phases, at the pace the model streams.
+        let delay = match paced_model(turn.env(), Some(turn.input())) {
+            Ok(ModelProvider::Offline(pace)) => pace.delay_ms,
+            _ => 60,
+        };
+        let pause = delay.min(1000) * 2;
         let step = |fraction: f64, phase: &str, message: &str| Progress {
             fraction: Some(fraction),
             phase: Some(phase.into()),

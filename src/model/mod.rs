@@ -96,6 +96,15 @@ pub enum ModelEvent {
     Finish(String),
 }
 
+/// Turns a provider's streamed event data (one SSE `data:` payload at a time) into
+/// [`ModelEvent`]s.
+pub trait EventDecoder {
+    /// Feeds one event's data.
+    fn feed(&mut self, data: &str) -> Result<Vec<ModelEvent>, ModelError>;
+    /// The stream ended: completes what is pending, or says the stream was cut short.
+    fn end(&mut self) -> Result<Vec<ModelEvent>, ModelError>;
+}
+
 /// A tool call whose arguments were not valid JSON.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InvalidToolCall {

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use super::{InvalidToolCall, ModelError, ModelEvent, ModelMessage, ModelRequest, ToolCall};
+use super::{EventDecoder, InvalidToolCall, ModelError, ModelEvent, ModelMessage, ModelRequest, ToolCall};
 
 /// Where and what to call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -103,9 +103,8 @@ fn finish_reason(raw: &str) -> String {
     .to_owned()
 }
 
-impl StreamDecoder {
-    /// Feeds one event's data.
-    pub fn feed(&mut self, data: &str) -> Result<Vec<ModelEvent>, ModelError> {
+impl EventDecoder for StreamDecoder {
+    fn feed(&mut self, data: &str) -> Result<Vec<ModelEvent>, ModelError> {
         if self.done {
             return Ok(Vec::new());
         }
@@ -115,6 +114,27 @@ impl StreamDecoder {
         }
         let chunk: Value = serde_json::from_str(data)
             .map_err(|e| ModelError::Protocol(format!("event is not JSON ({e}): {}", preview(data))))?;
+        self.feed_chunk(&chunk)
+    }
+
+    fn end(&mut self) -> Result<Vec<ModelEvent>, ModelError> {
+        if self.done {
+            return Ok(Vec::new());
+        }
+        if self.finish_reason.is_none() {
+            return Err(ModelError::Protocol("the stream ended before the model finished".into()));
+        }
+        self.done = true;
+        self.flush()
+    }
+}
+
+impl StreamDecoder {
+    /// Feeds one event's already parsed chunk.
+    pub fn feed_chunk(&mut self, chunk: &Value) -> Result<Vec<ModelEvent>, ModelError> {
+        if self.done {
+            return Ok(Vec::new());
+        }
         if let Some(error) = chunk.get("error") {
             let message = error.get("message").and_then(Value::as_str).map_or_else(|| error.to_string(), str::to_owned);
             return Err(ModelError::Protocol(format!("provider error: {message}")));
@@ -163,18 +183,6 @@ impl StreamDecoder {
             self.finish_reason = Some(finish_reason(reason));
         }
         Ok(events)
-    }
-
-    /// The stream ended: completes the tool calls and the step.
-    pub fn end(&mut self) -> Result<Vec<ModelEvent>, ModelError> {
-        if self.done {
-            return Ok(Vec::new());
-        }
-        if self.finish_reason.is_none() {
-            return Err(ModelError::Protocol("the stream ended before the model finished".into()));
-        }
-        self.done = true;
-        self.flush()
     }
 
     fn flush(&mut self) -> Result<Vec<ModelEvent>, ModelError> {
@@ -283,10 +291,22 @@ mod tests {
     #[test]
     fn bad_arguments_fail_only_their_call() {
         let got = decode(&[
-            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"t","arguments":"{oops"}}]},"finish_reason":"tool_calls"}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"t","arguments":"{oops"}},{"index":1,"id":"d","function":{"name":"t","arguments":"{\"q\":1}"}}]},"finish_reason":"tool_calls"}]}"#,
         ])
         .unwrap();
-        assert!(matches!(&got[2], ModelEvent::ToolCallReady(Err(InvalidToolCall { raw, .. })) if raw == "{oops"));
+        let ready: Vec<&Result<ToolCall, InvalidToolCall>> = got
+            .iter()
+            .filter_map(|e| match e {
+                ModelEvent::ToolCallReady(r) => Some(r),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ready.len(), 2, "{got:?}");
+        assert!(matches!(ready[0], Err(InvalidToolCall { id, raw, .. }) if id == "c" && raw == "{oops"));
+        assert!(
+            matches!(ready[1], Ok(call) if call.id == "d" && call.input == serde_json::json!({"q": 1})),
+            "the other call is unharmed"
+        );
     }
 
     #[test]

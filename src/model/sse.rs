@@ -13,9 +13,11 @@ impl SseDecoder {
     pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<String>, String> {
         self.pending.extend_from_slice(bytes);
         let mut events = Vec::new();
-        while let Some(pos) = self.pending.iter().position(|&b| b == b'\n') {
-            let raw: Vec<u8> = self.pending.drain(..=pos).collect();
-            let line = std::str::from_utf8(&raw[..raw.len() - 1]).map_err(|e| format!("invalid UTF-8: {e}"))?;
+        let mut start = 0;
+        while let Some(len) = self.pending[start..].iter().position(|&b| b == b'\n') {
+            let raw = &self.pending[start..start + len];
+            start += len + 1;
+            let line = std::str::from_utf8(raw).map_err(|e| format!("invalid UTF-8: {e}"))?;
             let line = line.strip_suffix('\r').unwrap_or(line);
             if line.is_empty() {
                 if !self.data.is_empty() {
@@ -25,6 +27,7 @@ impl SseDecoder {
                 self.data.push(value.strip_prefix(' ').unwrap_or(value).to_owned());
             }
         }
+        self.pending.drain(..start);
         Ok(events)
     }
 

@@ -7,7 +7,7 @@
 use serde_json::Value;
 
 use super::openai::StreamDecoder;
-use super::{InvalidToolCall, ModelError, ModelEvent, ToolCall};
+use super::{EventDecoder, InvalidToolCall, ModelError, ModelEvent, ToolCall};
 
 /// Decodes a Workers AI stream.
 #[derive(Debug, Default)]
@@ -18,20 +18,23 @@ pub struct WorkersAiDecoder {
     done: bool,
 }
 
-impl WorkersAiDecoder {
-    /// Feeds one event's data.
-    pub fn feed(&mut self, data: &str) -> Result<Vec<ModelEvent>, ModelError> {
+impl EventDecoder for WorkersAiDecoder {
+    fn feed(&mut self, data: &str) -> Result<Vec<ModelEvent>, ModelError> {
         if self.done {
             return Ok(Vec::new());
         }
         if data.trim() == "[DONE]" {
+            if self.saw_openai {
+                self.done = true;
+                return self.openai.feed(data);
+            }
             return self.end();
         }
         let chunk: Value = serde_json::from_str(data)
             .map_err(|e| ModelError::Protocol(format!("Workers AI event is not JSON ({e})")))?;
         if chunk.get("choices").is_some() {
             self.saw_openai = true;
-            return self.openai.feed(data);
+            return self.openai.feed_chunk(&chunk);
         }
         let mut events = Vec::new();
         if let Some(text) = chunk.get("response").and_then(Value::as_str) {
@@ -50,14 +53,13 @@ impl WorkersAiDecoder {
         Ok(events)
     }
 
-    /// The stream ended.
-    pub fn end(&mut self) -> Result<Vec<ModelEvent>, ModelError> {
+    fn end(&mut self) -> Result<Vec<ModelEvent>, ModelError> {
         if self.done {
             return Ok(Vec::new());
         }
         self.done = true;
         if self.saw_openai {
-            return self.openai.feed("[DONE]");
+            return self.openai.end();
         }
         let mut events = Vec::new();
         let has_calls = !self.calls.is_empty();
@@ -104,5 +106,19 @@ mod tests {
         let mut events = d.feed(r#"{"choices":[{"delta":{"content":"x"},"finish_reason":"stop"}]}"#).unwrap();
         events.extend(d.end().unwrap());
         assert_eq!(events, vec![ModelEvent::TextDelta("x".into()), ModelEvent::Finish("stop".into())]);
+    }
+
+    #[test]
+    fn an_openai_shaped_stream_cut_short_is_an_error() {
+        let mut d = WorkersAiDecoder::default();
+        assert_eq!(
+            d.feed(r#"{"choices":[{"delta":{"content":"x"}}]}"#).unwrap(),
+            vec![ModelEvent::TextDelta("x".into())]
+        );
+        assert!(matches!(d.end(), Err(ModelError::Protocol(_))), "no finish reason and no [DONE]");
+        let mut done = WorkersAiDecoder::default();
+        done.feed(r#"{"choices":[{"delta":{"content":"x"}}]}"#).unwrap();
+        assert!(done.feed("[DONE]").is_ok(), "an explicit [DONE] ends the stream");
+        assert_eq!(done.end().unwrap(), vec![], "and nothing follows it");
     }
 }

@@ -170,7 +170,9 @@ pub struct Ledger<'a, S: Sql + ?Sized> {
     sql: &'a S,
 }
 
-const COLUMNS_SQL: &str = "SELECT run_id FROM agent_tool_runs WHERE detached = 1 AND (\
+/// Detached runs with something left to do: live, or an outcome not yet delivered (within the
+/// attempt limit).
+const OUTSTANDING_SQL: &str = "SELECT run_id FROM agent_tool_runs WHERE detached = 1 AND (\
     status IN ('starting','running') \
     OR (status IN ('completed','error','aborted') AND finish_delivered_at IS NULL AND finish_attempts < ?) \
     OR (status = 'interrupted' AND give_up_delivered_at IS NULL AND give_up_attempts < ?))";
@@ -192,8 +194,10 @@ impl<'a, S: Sql + ?Sized> Ledger<'a, S> {
 
     /// Marks a freshly inserted run detached, with its budgets and handlers.
     pub fn configure(&self, run_id: &str, options: &DetachedOptions, now: i64) -> Result<(), StoreError> {
-        let max = options.max_budget_ms.unwrap_or(DEFAULT_MAX_BUDGET_MS) as i64;
-        let no_progress = options.no_progress_budget_ms.unwrap_or(DEFAULT_NO_PROGRESS_BUDGET_MS) as i64;
+        // Saturating: a budget past `i64::MAX` ms is "never", not a negative number.
+        let ms = |budget: u64| i64::try_from(budget).unwrap_or(i64::MAX);
+        let max = ms(options.max_budget_ms.unwrap_or(DEFAULT_MAX_BUDGET_MS));
+        let no_progress = ms(options.no_progress_budget_ms.unwrap_or(DEFAULT_NO_PROGRESS_BUDGET_MS));
         self.sql.exec(
             "UPDATE agent_tool_runs SET detached = 1, on_finish = ?, notify_source = ?, on_milestones_json = ?, \
              max_budget_at = ?, no_progress_budget_ms = ? WHERE run_id = ?",
@@ -262,7 +266,7 @@ impl<'a, S: Sql + ?Sized> Ledger<'a, S> {
 
     /// Detached runs the backbone still has work for: live, or with a delivery due.
     pub fn outstanding(&self) -> Result<Vec<String>, StoreError> {
-        let rows = self.sql.exec(COLUMNS_SQL, &[V::Int(MAX_ATTEMPTS), V::Int(MAX_ATTEMPTS)])?;
+        let rows = self.sql.exec(OUTSTANDING_SQL, &[V::Int(MAX_ATTEMPTS), V::Int(MAX_ATTEMPTS)])?;
         Ok(rows.iter().filter_map(|r| r.text(0)).collect())
     }
 
@@ -329,6 +333,14 @@ mod tests {
         };
         assert_eq!(defaults.max_budget_at, Some(DEFAULT_MAX_BUDGET_MS as i64));
         assert_eq!(defaults.no_progress_budget_ms, Some(DEFAULT_NO_PROGRESS_BUDGET_MS as i64));
+        let huge = DetachedOptions {
+            max_budget_ms: Some(u64::MAX),
+            no_progress_budget_ms: Some(u64::MAX),
+            ..Default::default()
+        };
+        detached(&db, "h", &huge, 5);
+        let h = Registry::new(&db).get("h").unwrap().unwrap().detached.unwrap();
+        assert_eq!((h.max_budget_at, h.no_progress_budget_ms), (Some(i64::MAX), Some(i64::MAX)), "never, not negative");
     }
 
     #[test]

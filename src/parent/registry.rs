@@ -156,9 +156,9 @@ pub struct Registry<'a, S: Sql + ?Sized> {
 
 const LIVE_STATUSES: &str = "('starting','running')";
 const HARD_TERMINALS: &str = "('completed','error','aborted')";
-/// Frames written by one `INSERT`: three parameters each, under the Durable Object SQL limit
-/// of 100 bound parameters per statement.
-const FRAMES_PER_INSERT: usize = 32;
+/// Frames written by one `INSERT`: the run id, then two parameters per frame, under the Durable
+/// Object SQL limit of 100 bound parameters per statement.
+const FRAMES_PER_INSERT: usize = 49;
 
 impl<'a, S: Sql + ?Sized> Registry<'a, S> {
     /// A registry over `sql`; call [`Registry::migrate`] once per activation.
@@ -289,40 +289,50 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
     ) -> Result<Option<Vec<i64>>, StoreError> {
         let n = chunks.len() as i64;
         let signalled = chunks.iter().any(|c| c.kind != ChunkKind::Stored);
+        // Only the latest progress of a batch is kept, at its offset in the batch.
+        let progress = chunks
+            .iter()
+            .enumerate()
+            .rfind(|(_, c)| c.kind == ChunkKind::Progress)
+            .map(|(offset, c)| (offset as i64, c.replay.unwrap_or(c.body)));
+        // One statement: the sequences, the cursor, the signal time and the progress snapshot
+        // (`next_seq` on the right is the value before the update, the batch's first sequence).
         let row = self.sql.one(
             &format!(
-                "UPDATE agent_tool_runs SET next_seq = next_seq + ?, \
-                 child_cursor = MAX(child_cursor, ?), \
-                 last_signal_at = CASE WHEN ? THEN ? ELSE last_signal_at END \
-                 WHERE run_id = ? AND status IN {LIVE_STATUSES} RETURNING next_seq - ?"
+                "UPDATE agent_tool_runs SET next_seq = next_seq + ?1, \
+                 child_cursor = MAX(child_cursor, ?2), \
+                 last_signal_at = CASE WHEN ?3 THEN ?4 ELSE last_signal_at END, \
+                 progress_json = COALESCE(?6, progress_json), \
+                 progress_seq = CASE WHEN ?6 IS NULL THEN progress_seq ELSE next_seq + ?7 END \
+                 WHERE run_id = ?5 AND status IN {LIVE_STATUSES} RETURNING next_seq - ?1"
             ),
-            &[V::Int(n), V::Int(cursor.unwrap_or(-1)), V::from(signalled), V::Int(now), V::from(run_id), V::Int(n)],
+            &[
+                V::Int(n),
+                V::Int(cursor.unwrap_or(-1)),
+                V::from(signalled),
+                V::Int(now),
+                V::from(run_id),
+                V::from(progress.map(|(_, body)| body)),
+                V::Int(progress.map_or(0, |(offset, _)| offset)),
+            ],
         )?;
         let Some(first) = row.and_then(|r| r.int(0)) else { return Ok(None) };
         let seqs: Vec<i64> = (first..first + n).collect();
-        let mut latest_progress = None;
-        let mut kept = Vec::with_capacity(chunks.len());
-        for (&seq, chunk) in seqs.iter().zip(chunks) {
-            match chunk.kind {
-                ChunkKind::Progress => latest_progress = Some((seq, chunk.replay.unwrap_or(chunk.body))),
-                ChunkKind::Stored | ChunkKind::Milestone => kept.push((seq, chunk.body)),
-            }
-        }
-        // Several rows per statement, within SQLite's bound-parameter limit.
+        let kept: Vec<(i64, &str)> = seqs
+            .iter()
+            .zip(chunks)
+            .filter(|(_, c)| c.kind != ChunkKind::Progress)
+            .map(|(&seq, c)| (seq, c.body))
+            .collect();
+        // Several rows per statement, the run id bound once, within SQLite's parameter limit.
         for rows in kept.chunks(FRAMES_PER_INSERT) {
-            let sql = format!(
-                "INSERT OR IGNORE INTO agent_tool_frames (run_id, seq, body) VALUES {}",
-                vec!["(?, ?, ?)"; rows.len()].join(", ")
-            );
-            let params: Vec<V> =
-                rows.iter().flat_map(|&(seq, body)| [V::from(run_id), V::Int(seq), V::from(body)]).collect();
+            let values: Vec<String> =
+                (0..rows.len()).map(|i| format!("(?1, ?{}, ?{})", 2 + 2 * i, 3 + 2 * i)).collect();
+            let sql =
+                format!("INSERT OR IGNORE INTO agent_tool_frames (run_id, seq, body) VALUES {}", values.join(", "));
+            let mut params = vec![V::from(run_id)];
+            params.extend(rows.iter().flat_map(|&(seq, body)| [V::Int(seq), V::from(body)]));
             self.sql.exec(&sql, &params)?;
-        }
-        if let Some((seq, body)) = latest_progress {
-            self.sql.exec(
-                "UPDATE agent_tool_runs SET progress_json = ?, progress_seq = ? WHERE run_id = ?",
-                &[V::from(body), V::Int(seq), V::from(run_id)],
-            )?;
         }
         Ok(Some(seqs))
     }

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use futures::future::{select, Either};
 use futures::lock::Mutex;
 use serde_json::{json, Map, Value};
-use worker::{State, WebSocket};
+use worker::{State, WebSocket, WebSocketIncomingMessage};
 
 use super::{now_ms, random_id, DoSql};
 use crate::cancel::CancelToken;
@@ -16,6 +16,7 @@ use crate::chat::convert::to_model_messages;
 use crate::chat::message::MessageBuilder;
 use crate::chat::store::{validate_message, Messages, OpenStreams, StreamLog};
 use crate::chat::turn::{run_turn, Model, ToolBox, TurnOptions, TurnOutcome};
+use crate::protocol::rpc::{self, ClientFrame, FrameError, RpcRequest, RpcResponse};
 use crate::protocol::tail::ChunkKind;
 use crate::store::Sql;
 
@@ -44,19 +45,20 @@ pub fn connection_id(ws: &WebSocket) -> String {
 /// The stream a turn is writing.
 #[derive(Debug, Clone)]
 pub struct ActiveStream {
-    /// The chat request id (the id of every response frame).
+    /// The chat request id: the id of every response frame and of the stream log (an
+    /// agent-tool run's turn uses its run id).
     pub request_id: String,
-    /// The stream log id (the request id, or the run id of an agent-tool run).
-    pub stream_id: String,
     /// Cancels the turn.
     pub cancel: CancelToken,
 }
 
-/// What a chat frame asks of the host.
+/// What a client frame asks of the host, once the chat has handled its own frames.
 #[derive(Debug)]
 pub enum ChatAction {
     /// Nothing more to do.
     Done,
+    /// Answer this RPC call.
+    Call(RpcRequest),
     /// Run a turn for this request, sent by this connection.
     RunTurn {
         /// The request id.
@@ -73,10 +75,12 @@ pub enum ChatAction {
 
 /// How one turn runs.
 pub struct TurnSpec<'a> {
-    /// Response frame id.
+    /// Response frame id and stream log id.
     pub request_id: String,
-    /// Stream log id.
-    pub stream_id: String,
+    /// Whether the turn starts a new stream log under its id, dropping what an earlier turn of
+    /// the same client request id stored (an agent-tool run keeps its log: it may already hold
+    /// milestones).
+    pub fresh_stream: bool,
     /// The connection that asked (it already has its messages).
     pub sender: Option<String>,
     /// System prompt.
@@ -95,9 +99,13 @@ pub struct Chat {
     active: RefCell<Option<ActiveStream>>,
     pending: RefCell<HashSet<String>>,
     last_stream: RefCell<Option<String>>,
-    /// Requests cancelled while they waited for the turn before them.
+    /// Requests waiting for the turn before them.
+    waiting: RefCell<HashSet<String>>,
+    /// Those of `waiting` cancelled meanwhile.
     cancelled: RefCell<HashSet<String>>,
     turns: Mutex<()>,
+    /// Request ids a client may not use (they name streams the host writes itself).
+    reserved: Option<fn(&DoSql, &str) -> bool>,
 }
 
 /// Clears the active stream when a turn ends, however it ends (a dropped turn too).
@@ -130,13 +138,22 @@ impl Chat {
             active: RefCell::new(None),
             pending: RefCell::new(HashSet::new()),
             last_stream: RefCell::new(None),
+            waiting: RefCell::new(HashSet::new()),
             cancelled: RefCell::new(HashSet::new()),
             turns: Mutex::new(()),
+            reserved: None,
         }
     }
 
-    /// Cancels a turn: the running one, or one still waiting for its turn. Returns the running
-    /// turn's stream, if that was the one.
+    /// Refuses client requests whose id `reserved` claims: a child's run ids, whose stream
+    /// logs share the table with client turns.
+    pub fn with_reserved_ids(mut self, reserved: fn(&DoSql, &str) -> bool) -> Self {
+        self.reserved = Some(reserved);
+        self
+    }
+
+    /// Cancels a turn: the running one, or one still waiting for its turn (a cancel for any
+    /// other id is ignored). Returns the running turn's stream, if that was the one.
     pub fn cancel(&self, request_id: &str, reason: &str) -> Option<ActiveStream> {
         match self.active().filter(|a| a.request_id == request_id) {
             Some(active) => {
@@ -144,13 +161,15 @@ impl Chat {
                 Some(active)
             }
             None => {
-                self.cancelled.borrow_mut().insert(request_id.to_owned());
+                if self.waiting.borrow().contains(request_id) {
+                    self.cancelled.borrow_mut().insert(request_id.to_owned());
+                }
                 None
             }
         }
     }
 
-    /// Forgets a finished stream of a client request id, before the id is used again.
+    /// Forgets the stream log of `stream_id`.
     pub fn reset_stream(&self, stream_id: &str) {
         if let Err(e) = StreamLog::new(&self.sql).delete(stream_id) {
             worker::console_error!("agent-tools: clearing stream {stream_id} failed: {e}");
@@ -162,6 +181,7 @@ impl Chat {
         *self.active.borrow_mut() = None;
         *self.last_stream.borrow_mut() = None;
         self.pending.borrow_mut().clear();
+        self.waiting.borrow_mut().clear();
         self.cancelled.borrow_mut().clear();
     }
 
@@ -175,9 +195,9 @@ impl Chat {
         self.active.borrow().clone()
     }
 
-    /// Whether stream `stream_id` is being written.
-    pub fn is_streaming(&self, stream_id: &str) -> bool {
-        self.active.borrow().as_ref().is_some_and(|a| a.stream_id == stream_id)
+    /// Whether the stream of `request_id` is being written.
+    pub fn is_streaming(&self, request_id: &str) -> bool {
+        self.active.borrow().as_ref().is_some_and(|a| a.request_id == request_id)
     }
 
     /// Sends `text` to every client except `except` and those still resuming.
@@ -215,8 +235,18 @@ impl Chat {
         if sockets.is_empty() {
             return; // a child run nobody watches: skip building the frame
         }
-        let frame = json!({ "type": RESPONSE, "id": request_id, "body": body, "done": false });
-        self.broadcast_to(sockets, &frame.to_string(), None);
+        let frame = format!(
+            r#"{{"type":"{RESPONSE}","id":{},"body":{},"done":false}}"#,
+            Value::from(request_id),
+            Value::from(body)
+        );
+        self.broadcast_to(sockets, &frame, None);
+    }
+
+    /// Tells every client that request `request_id` failed before it began.
+    pub fn fail_request(&self, state: &State, request_id: &str, problem: &str) {
+        let frame = json!({ "type": RESPONSE, "id": request_id, "body": problem, "done": true, "error": true });
+        self.broadcast(state, &frame.to_string(), None);
     }
 
     /// The frames a chat client gets first: `cf_agent_stream_resuming` while a stream is active
@@ -230,12 +260,43 @@ impl Chat {
     }
 
     /// Forgets a closed connection.
-    pub fn on_close(&self, connection: &str) {
+    fn on_close(&self, connection: &str) {
         self.pending.borrow_mut().remove(connection);
     }
 
+    /// Reads one client frame: chat frames are handled here and anything malformed or refused
+    /// gets its error frame (the socket stays open); what is left for the host (an RPC call, a
+    /// turn to run, a cancel) is returned.
+    pub fn receive(&self, state: &State, ws: &WebSocket, message: WebSocketIncomingMessage) -> ChatAction {
+        let frame = match message {
+            WebSocketIncomingMessage::String(text) => rpc::parse_client_frame(&text),
+            WebSocketIncomingMessage::Binary(_) => Err(FrameError::Binary),
+        };
+        let reply = match frame {
+            Ok(ClientFrame::Rpc(call)) => return ChatAction::Call(call),
+            Ok(ClientFrame::Other { kind, frame }) => match self.handle(state, ws, &kind, &frame) {
+                None => return ChatAction::Done,
+                Some(Ok(action)) => return action,
+                Some(Err(problem)) => json!({ "type": "cf_agent_error", "error": problem }).to_string(),
+            },
+            Err(FrameError::BadRpc { id, problem }) => {
+                RpcResponse::err(id, format!("malformed rpc frame: {problem}")).to_json()
+            }
+            Err(e) => rpc::protocol_error_frame(&e),
+        };
+        let _ = ws.send_with_str(reply);
+        ChatAction::Done
+    }
+
+    /// Forgets a client that went away and completes the close handshake.
+    pub fn closed(&self, ws: &WebSocket, code: usize, reason: String) {
+        self.on_close(&connection_id(ws));
+        let code = if code == 1005 || code == 1006 { 1000 } else { code as u16 };
+        let _ = ws.close(Some(code), Some(reason));
+    }
+
     /// Handles one chat frame. Returns `None` for frames that are not chat frames.
-    pub fn handle(
+    fn handle(
         &self,
         state: &State,
         ws: &WebSocket,
@@ -311,6 +372,9 @@ impl Chat {
             let _ = ws.send_with_str(error.to_string());
             Ok(ChatAction::Done)
         };
+        if self.reserved.is_some_and(|reserved| reserved(&self.sql, request_id)) {
+            return fail(format!("request id {request_id:?} names an agent-tool run of this agent"));
+        }
         let init = frame.get("init").and_then(Value::as_object);
         if init.and_then(|i| i.get("method")).and_then(Value::as_str) != Some("POST") {
             return fail("cf_agent_use_chat_request needs init.method \"POST\"".into());
@@ -334,7 +398,7 @@ impl Chat {
     fn on_resume_ack(&self, ws: &WebSocket, connection: &str, request_id: &str) {
         let active = self.active().filter(|a| a.request_id == request_id);
         let stream_id = match &active {
-            Some(a) => Some(a.stream_id.clone()),
+            Some(a) => Some(a.request_id.clone()),
             None => self.last_stream.borrow().clone().filter(|s| s == request_id),
         };
         let chunks = stream_id.map(|s| StreamLog::new(&self.sql).after(&s, -1).unwrap_or_default()).unwrap_or_default();
@@ -352,6 +416,39 @@ impl Chat {
         self.pending.borrow_mut().remove(connection);
     }
 
+    /// Runs the turn a chat client asked for: a fresh stream under its request id, each chunk
+    /// stored, then sent to the clients.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn run_client_turn<M: Model, T: ToolBox>(
+        &self,
+        state: &State,
+        request_id: &str,
+        sender: Option<String>,
+        system: Option<String>,
+        max_steps: usize,
+        model: &M,
+        tools: &T,
+    ) -> ChatEnd {
+        let next = std::cell::Cell::new(0_i64);
+        let emit = |body: String| {
+            let index = next.get();
+            if self.store(request_id, index, ChunkKind::Stored, &body) {
+                self.send(state, request_id, &body);
+                next.set(index + 1);
+            }
+        };
+        let spec = TurnSpec {
+            request_id: request_id.to_owned(),
+            fresh_stream: true,
+            sender,
+            system,
+            max_steps,
+            emit: &emit,
+            cancel: CancelToken::new(),
+        };
+        self.run(state, spec, model, tools).await.1
+    }
+
     /// Runs one turn over the transcript (after any turn already running), streaming through
     /// `spec.emit`, then persists the assistant message, sends the transcript to the other
     /// clients and the final frame to all. Returns the assistant message and the outcome.
@@ -362,7 +459,9 @@ impl Chat {
         model: &M,
         tools: &T,
     ) -> (Value, ChatEnd) {
+        self.waiting.borrow_mut().insert(spec.request_id.clone());
         let _turn = self.turns.lock().await;
+        self.waiting.borrow_mut().remove(&spec.request_id);
         if self.cancelled.borrow_mut().remove(&spec.request_id) {
             let done =
                 json!({ "type": RESPONSE, "id": spec.request_id, "body": "", "done": true, "outcome": "aborted" });
@@ -370,15 +469,15 @@ impl Chat {
             return (Value::Null, ChatEnd::Aborted(Some("cancelled before it began".into())));
         }
         let history = to_model_messages(spec.system.as_deref(), &self.messages());
-        *self.active.borrow_mut() = Some(ActiveStream {
-            request_id: spec.request_id.clone(),
-            stream_id: spec.stream_id.clone(),
-            cancel: spec.cancel.clone(),
-        });
+        if spec.fresh_stream {
+            self.reset_stream(&spec.request_id);
+        }
+        *self.active.borrow_mut() =
+            Some(ActiveStream { request_id: spec.request_id.clone(), cancel: spec.cancel.clone() });
         let _active = ActiveGuard { chat: self, request_id: spec.request_id.clone() };
         let message_id = format!("assistant_{}_{}", now_ms(), random_id().chars().take(8).collect::<String>());
-        if let Err(e) = OpenStreams::new(&self.sql).open(&spec.stream_id, &spec.request_id, &message_id, now_ms()) {
-            worker::console_error!("agent-tools: marking stream {} open failed: {e}", spec.stream_id);
+        if let Err(e) = OpenStreams::new(&self.sql).open(&spec.request_id, &spec.request_id, &message_id, now_ms()) {
+            worker::console_error!("agent-tools: marking stream {} open failed: {e}", spec.request_id);
         }
         let builder = RefCell::new(MessageBuilder::new(message_id.clone()));
         let emit = |chunk: Value| {
@@ -407,7 +506,7 @@ impl Chat {
         let message = builder.borrow().message();
         if let Err(e) = Messages::new(&self.sql)
             .upsert(&message, now_ms())
-            .and_then(|_| OpenStreams::new(&self.sql).close(&spec.stream_id))
+            .and_then(|_| OpenStreams::new(&self.sql).close(&spec.request_id))
         {
             worker::console_error!("agent-tools: saving the assistant message failed: {e}");
         }

@@ -88,8 +88,3 @@ pub fn random_id() -> String {
 pub fn json_error(status: u16, message: impl Into<String>) -> worker::Result<Response> {
     Ok(Response::from_json(&json!({ "error": message.into() }))?.with_status(status))
 }
-
-/// Writes one structured log line (visible in `wrangler tail`).
-pub fn log_json(value: &serde_json::Value) {
-    worker::console_log!("{}", value);
-}

@@ -24,7 +24,7 @@ use crate::model::offline::{self, OfflinePace};
 use crate::model::openai::{self, OpenAiConfig, StreamDecoder};
 use crate::model::sse::SseDecoder;
 use crate::model::workers_ai::WorkersAiDecoder;
-use crate::model::{ModelError, ModelEvent, ModelRequest};
+use crate::model::{EventDecoder, ModelError, ModelEvent, ModelRequest};
 
 /// Which model answers, and how to reach it.
 #[derive(Debug, Clone, PartialEq)]
@@ -125,12 +125,17 @@ impl Model for PlatformModel<'_> {
     }
 }
 
-/// Reads a byte stream with a stall timeout, feeding SSE event data to `feed`.
+/// Reads an SSE byte stream with a stall timeout, decoding each event's data with `decoder`.
 async fn read_sse(
     mut body: worker::ByteStream,
     stall_timeout_ms: u64,
-    mut feed: impl FnMut(&str) -> Result<(), ModelError>,
+    mut decoder: impl EventDecoder,
+    on_event: &mut dyn FnMut(ModelEvent),
 ) -> Result<(), ModelError> {
+    let mut feed = |data: &str| -> Result<(), ModelError> {
+        decoder.feed(data)?.into_iter().for_each(&mut *on_event);
+        Ok(())
+    };
     let mut sse = SseDecoder::default();
     loop {
         let next = body.next();
@@ -150,6 +155,7 @@ async fn read_sse(
     if let Some(data) = sse.finish().map_err(ModelError::Protocol)? {
         feed(&data)?;
     }
+    decoder.end()?.into_iter().for_each(on_event);
     Ok(())
 }
 
@@ -185,18 +191,7 @@ async fn openai_step(
         return Err(ModelError::Http { status: resp.status_code(), body: text.chars().take(300).collect() });
     }
     let stream = resp.stream().map_err(net)?;
-    let mut decoder = StreamDecoder::default();
-    read_sse(stream, config.stall_timeout_ms, |data| {
-        for e in decoder.feed(data)? {
-            on_event(e);
-        }
-        Ok(())
-    })
-    .await?;
-    for e in decoder.end()? {
-        on_event(e);
-    }
-    Ok(())
+    read_sse(stream, config.stall_timeout_ms, StreamDecoder::default(), on_event).await
 }
 
 async fn workers_ai_step(
@@ -212,17 +207,12 @@ async fn workers_ai_step(
     if let Value::Object(o) = &mut input {
         o.remove("model");
     }
-    let stream = ai.run_bytes(model, input).await.map_err(|e| ModelError::Network(e.to_string()))?;
-    let mut decoder = WorkersAiDecoder::default();
-    read_sse(stream, stall_timeout_ms, |data| {
-        for e in decoder.feed(data)? {
-            on_event(e);
-        }
-        Ok(())
-    })
-    .await?;
-    for e in decoder.end()? {
-        on_event(e);
-    }
-    Ok(())
+    let run = ai.run_bytes(model, input);
+    let stall = Delay::from(Duration::from_millis(stall_timeout_ms));
+    futures::pin_mut!(run, stall);
+    let stream = match select(run, stall).await {
+        Either::Left((stream, _)) => stream.map_err(|e| ModelError::Network(e.to_string()))?,
+        Either::Right(_) => return Err(ModelError::Stalled { after_ms: stall_timeout_ms }),
+    };
+    read_sse(stream, stall_timeout_ms, WorkersAiDecoder::default(), on_event).await
 }

@@ -1,7 +1,8 @@
 //! AI SDK `UIMessageChunk` bodies (the `ai` package's UI message stream), built and classified.
 //!
-//! Bodies travel as JSON strings; these helpers build the ones this crate emits and recognise
-//! the two reserved data parts of agent tools.
+//! Bodies travel as JSON strings. The chat turn builds its chunks where it emits them
+//! (`chat::turn`); these helpers build the agent-tool ones: the two reserved data parts and
+//! `abort`.
 
 use serde_json::{json, Map, Value};
 
@@ -10,41 +11,6 @@ pub const PROGRESS_PART: &str = "data-agent-progress";
 /// Reserved chunk type for a durable milestone.
 pub const MILESTONE_PART: &str = "data-agent-milestone";
 
-/// `{"type":"start","messageId":..}`: a new assistant message begins.
-pub fn start(message_id: &str) -> String {
-    json!({ "type": "start", "messageId": message_id }).to_string()
-}
-/// `{"type":"start-step"}`.
-pub fn start_step() -> String {
-    json!({ "type": "start-step" }).to_string()
-}
-/// `{"type":"text-start","id":..}`.
-pub fn text_start(id: &str) -> String {
-    json!({ "type": "text-start", "id": id }).to_string()
-}
-/// `{"type":"text-delta","id":..,"delta":..}`.
-pub fn text_delta(id: &str, delta: &str) -> String {
-    json!({ "type": "text-delta", "id": id, "delta": delta }).to_string()
-}
-/// `{"type":"text-end","id":..}`.
-pub fn text_end(id: &str) -> String {
-    json!({ "type": "text-end", "id": id }).to_string()
-}
-/// `{"type":"finish-step"}`.
-pub fn finish_step() -> String {
-    json!({ "type": "finish-step" }).to_string()
-}
-/// `{"type":"finish"}`, with the finish reason when known.
-pub fn finish(reason: Option<&str>) -> String {
-    match reason {
-        Some(r) => json!({ "type": "finish", "finishReason": r }).to_string(),
-        None => json!({ "type": "finish" }).to_string(),
-    }
-}
-/// `{"type":"error","errorText":..}`.
-pub fn error(text: &str) -> String {
-    json!({ "type": "error", "errorText": text }).to_string()
-}
 /// `{"type":"abort"}`, with a reason when given.
 pub fn abort(reason: Option<&str>) -> String {
     match reason {
@@ -107,12 +73,6 @@ pub fn milestone(name: &str, sequence: i64, at: i64, p: &Progress) -> String {
     json!({ "type": MILESTONE_PART, "data": data }).to_string()
 }
 
-/// The `type` of a chunk body, when it parses.
-pub fn chunk_type(body: &str) -> Option<String> {
-    let v: Value = serde_json::from_str(body).ok()?;
-    v.get("type")?.as_str().map(str::to_owned)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,8 +85,8 @@ mod tests {
             r#"{"data":{"fraction":0.5,"phase":"reading"},"id":"p1","transient":true,"type":"data-agent-progress"}"#
         );
         let m = milestone("sources", 0, 42, &Progress::default());
-        assert_eq!(chunk_type(&m).as_deref(), Some(MILESTONE_PART));
         let v: Value = serde_json::from_str(&m).unwrap();
+        assert_eq!(v["type"], MILESTONE_PART);
         assert_eq!(v["data"]["name"], "sources");
         assert_eq!(v["data"]["sequence"], 0);
     }

@@ -141,6 +141,15 @@ impl Terminal {
             Self::Interrupted { .. } => RunStatus::Interrupted,
         }
     }
+
+    /// The child could not be inspected (`InspectFailed`/`InspectTimeout`); it may still run.
+    pub fn inspect_failed(reason: InterruptedReason) -> Self {
+        Self::Interrupted {
+            error: format!("the child could not be inspected ({})", reason.as_str()),
+            reason: Some(reason),
+            child_still_running: Some(true),
+        }
+    }
 }
 
 /// One registry row.
@@ -269,7 +278,7 @@ impl RunRecord {
     }
 
     /// The `started` event (always sequence 0).
-    pub fn started_event(&self) -> AgentToolEvent {
+    fn started_event(&self) -> AgentToolEvent {
         AgentToolEvent::Started {
             run_id: self.run_id.clone(),
             agent_type: self.agent_type.clone(),
@@ -280,7 +289,7 @@ impl RunRecord {
     }
 
     /// The terminal event, for a run that has one.
-    pub fn terminal_event(&self) -> Option<AgentToolEvent> {
+    fn terminal_event(&self) -> Option<AgentToolEvent> {
         let run_id = self.run_id.clone();
         Some(match self.status {
             RunStatus::Starting | RunStatus::Running => return None,

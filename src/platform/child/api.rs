@@ -37,6 +37,10 @@ impl<C: ChildAgent> ChildHost<C> {
         let begin =
             created || (run.status == ChildStatus::Starting && !self.core.live.borrow().contains_key(&run.run_id));
         let status = if begin { "running" } else { status_str(run.status) };
+        if created {
+            // A drill-in chat turn may have used this id before the run existed.
+            self.core.chat.reset_stream(&run.run_id);
+        }
         if begin {
             self.begin_turn(run);
         }
@@ -142,14 +146,15 @@ impl<C: ChildAgent> ChildHost<C> {
     /// Deletes everything this child stored (its run, stream, milestones and messages), after
     /// stopping any live turn. The instance is left empty, with its tables in place.
     pub(super) async fn clear(&self) -> worker::Result<Response> {
-        let live: Vec<CancelToken> = self.core.live.borrow().values().map(|run| run.cancel.clone()).collect();
+        let mut live: Vec<CancelToken> = self.core.live.borrow().values().map(|run| run.cancel.clone()).collect();
+        live.extend(self.core.chat.active().map(|chat| chat.cancel)); // a drill-in chat turn
         for token in live {
             token.cancel(Some("cleared".into()));
         }
-        // Let the cancelled turns finish writing (they seal and leave `live`) before deleting,
-        // so nothing they write survives the clear.
+        // Let the cancelled turns finish writing (runs seal and leave `live`, a chat turn saves
+        // its message) before deleting, so nothing they write survives the clear.
         for _ in 0..200 {
-            if self.core.live.borrow().is_empty() {
+            if self.core.live.borrow().is_empty() && self.core.chat.active().is_none() {
                 break;
             }
             worker::Delay::from(std::time::Duration::from_millis(10)).await;

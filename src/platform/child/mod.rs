@@ -22,7 +22,7 @@ use worker::{Env, Method, Request, Response, State, WebSocket, WebSocketIncoming
 
 pub use turn::{ChildTools, Turn};
 
-use super::chat::{self, Chat, ChatAction, TurnSpec};
+use super::chat::{self, Chat, ChatAction};
 use super::model::{ModelProvider, PlatformModel};
 use super::{json_error, now_ms, random_id, DoSql};
 use crate::cancel::CancelToken;
@@ -32,7 +32,7 @@ use crate::child::runs::{ChildRun, ChildRuns, ChildStatus};
 use crate::model::{ModelError, ToolCall, ToolSpec};
 use crate::protocol::child_api::{CancelRequest, StartRequest};
 use crate::protocol::chunk;
-use crate::protocol::rpc::{self, ClientFrame, FrameError, RpcResponse};
+use crate::protocol::rpc::RpcResponse;
 use crate::protocol::tail::{ChunkKind, OutcomeStatus, RunOutcome, TailLine};
 use crate::routing::{kebab_case, parse_agent_path};
 use crate::store::meta;
@@ -177,6 +177,11 @@ impl ChildCore {
     /// Sends a progress report: live with its `data`, kept for replay without it unless
     /// persisted.
     fn emit_progress(&self, run_id: &str, report: &Report) {
+        if let Ok(snapshot) = serde_json::to_value(report.kept()) {
+            if let Err(e) = self.runs().record_progress(run_id, &snapshot, now_ms()) {
+                worker::console_error!("agent-tools: progress of {run_id} failed: {e}");
+            }
+        }
         let id = random_id();
         let live = chunk::progress(&id, &report.progress);
         let kept = (!report.persist && report.progress.data.is_some()).then(|| chunk::progress(&id, &report.kept()));
@@ -237,7 +242,8 @@ impl<C: ChildAgent> ChildHost<C> {
         if let Err(e) = runs.migrate().and_then(|_| crate::store::Sql::batch(&sql, meta::SCHEMA)) {
             worker::console_error!("agent-tools: child schema failed: {e}");
         }
-        let chat = Chat::new(sql.clone());
+        let chat =
+            Chat::new(sql.clone()).with_reserved_ids(|sql, id| matches!(ChildRuns::new(sql).get(id), Ok(Some(_))));
         let core = Rc::new(ChildCore { state, env, sql, chat, live: RefCell::new(HashMap::new()) });
         Self { core, agent: Rc::new(agent) }
     }
@@ -301,32 +307,15 @@ impl<C: ChildAgent> ChildHost<C> {
 
     /// Handles one frame from a drill-in client: the child's own chat.
     pub async fn websocket_message(&self, ws: WebSocket, message: WebSocketIncomingMessage) -> worker::Result<()> {
-        let frame = match message {
-            WebSocketIncomingMessage::String(text) => rpc::parse_client_frame(&text),
-            WebSocketIncomingMessage::Binary(_) => Err(FrameError::Binary),
-        };
-        match frame {
-            Ok(ClientFrame::Rpc(call)) => {
-                let _ = ws.send_with_str(
-                    RpcResponse::err(call.id, format!("Method {} does not exist", call.method)).to_json(),
-                );
+        match self.core.chat.receive(&self.core.state, &ws, message) {
+            ChatAction::Done => {}
+            ChatAction::Call(call) => {
+                let reply = RpcResponse::err(call.id, format!("Method {} does not exist", call.method));
+                let _ = ws.send_with_str(reply.to_json());
             }
-            Ok(ClientFrame::Other { kind, frame }) => match self.core.chat.handle(&self.core.state, &ws, &kind, &frame)
-            {
-                None | Some(Ok(ChatAction::Done)) => {}
-                Some(Err(problem)) => {
-                    let _ = ws.send_with_str(json!({ "type": "cf_agent_error", "error": problem }).to_string());
-                }
-                Some(Ok(ChatAction::RunTurn { request_id, sender })) => self.chat_turn(request_id, sender).await,
-                Some(Ok(ChatAction::Cancel { request_id })) => {
-                    self.core.chat.cancel(&request_id, "cancelled by the client");
-                }
-            },
-            Err(FrameError::BadRpc { id, problem }) => {
-                let _ = ws.send_with_str(RpcResponse::err(id, format!("malformed rpc frame: {problem}")).to_json());
-            }
-            Err(e) => {
-                let _ = ws.send_with_str(rpc::protocol_error_frame(&e));
+            ChatAction::RunTurn { request_id, sender } => self.chat_turn(request_id, sender).await,
+            ChatAction::Cancel { request_id } => {
+                self.core.chat.cancel(&request_id, "cancelled by the client");
             }
         }
         Ok(())
@@ -334,45 +323,22 @@ impl<C: ChildAgent> ChildHost<C> {
 
     /// Handles a drill-in client going away.
     pub async fn websocket_close(&self, ws: WebSocket, code: usize, reason: String) -> worker::Result<()> {
-        self.core.chat.on_close(&chat::connection_id(&ws));
-        let code = if code == 1005 || code == 1006 { 1000 } else { code as u16 };
-        let _ = ws.close(Some(code), Some(reason));
+        self.core.chat.closed(&ws, code, reason);
         Ok(())
     }
 
-    /// A chat turn a drill-in client asked for (outside any agent-tool run).
+    /// A chat turn a drill-in client asked for (outside any agent-tool run; its request id
+    /// never names a run, see [`Chat::with_reserved_ids`]).
     async fn chat_turn(&self, request_id: String, sender: String) {
         let core = &self.core;
         let provider = match self.agent.model(&core.env, None) {
             Ok(p) => p,
-            Err(e) => {
-                let frame = json!({ "type": "cf_agent_use_chat_response", "id": request_id,
-                                    "body": e.to_string(), "done": true, "error": true });
-                core.chat.broadcast(&core.state, &frame.to_string(), None);
-                return;
-            }
+            Err(e) => return core.chat.fail_request(&core.state, &request_id, &e.to_string()),
         };
         let model = PlatformModel { provider, env: &core.env };
-        core.chat.reset_stream(&request_id);
         let tools = ChildTools { agent: &*self.agent, turn: None };
-        let next = std::cell::Cell::new(0_i64);
-        let emit = |body: String| {
-            let index = next.get();
-            if core.chat.store(&request_id, index, ChunkKind::Stored, &body) {
-                core.chat.send(&core.state, &request_id, &body);
-                next.set(index + 1);
-            }
-        };
-        let spec = TurnSpec {
-            request_id: request_id.clone(),
-            stream_id: request_id.clone(),
-            sender: Some(sender),
-            system: self.agent.system_prompt(),
-            max_steps: self.agent.max_steps(),
-            emit: &emit,
-            cancel: CancelToken::new(),
-        };
-        core.chat.run(&core.state, spec, &model, &tools).await;
+        let (system, max_steps) = (self.agent.system_prompt(), self.agent.max_steps());
+        core.chat.run_client_turn(&core.state, &request_id, Some(sender), system, max_steps, &model, &tools).await;
     }
 }
 

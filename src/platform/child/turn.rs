@@ -83,8 +83,9 @@ impl Turn {
 
     /// Reports progress. With a `milestone` it is durable: stored with the next per-run
     /// sequence, kept in the log, never coalesced. Otherwise it is transient: the latest
-    /// snapshot is kept on the run row (`data` only with `persist`) and the frame is sent live,
-    /// bursts coalesced to one per 200 ms, latest-wins (`fraction >= 1` always goes at once).
+    /// snapshot sent is kept on the run row (`data` only with `persist`) and the frame is sent
+    /// live, bursts coalesced to one per 200 ms, latest-wins (`fraction >= 1` always goes at
+    /// once); a report held back is written when it goes out.
     pub fn report_progress(&self, progress: Progress, persist: bool) {
         let now = now_ms();
         let runs = self.core.runs();
@@ -105,11 +106,6 @@ impl Turn {
                 Err(e) => worker::console_error!("agent-tools: milestone {name} of {} failed: {e}", self.run_id),
             }
             return;
-        }
-        if let Ok(snapshot) = serde_json::to_value(report.kept()) {
-            if let Err(e) = runs.record_progress(&self.run_id, &snapshot, now) {
-                worker::console_error!("agent-tools: progress of {} failed: {e}", self.run_id);
-            }
         }
         match decision {
             Decision::Emit(report) => self.core.emit_progress(&self.run_id, &report),
@@ -153,7 +149,7 @@ impl Turn {
         };
         let spec = TurnSpec {
             request_id: self.run_id.clone(),
-            stream_id: self.run_id.clone(),
+            fresh_stream: false,
             sender: None,
             system: agent.system_prompt(),
             max_steps: agent.max_steps(),

@@ -1,16 +1,11 @@
 //! The parent's chat turn: its model calls child agents as tools.
 
-use std::cell::Cell;
-
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::{ParentAgent, ParentHost};
-use crate::cancel::CancelToken;
 use crate::chat::turn::ToolBox;
 use crate::model::{ToolCall, ToolSpec};
-use crate::platform::chat::TurnSpec;
 use crate::platform::model::PlatformModel;
-use crate::protocol::tail::ChunkKind;
 
 /// The parent's agent tools, bound to one chat turn.
 struct ParentTools<'a, A: ParentAgent> {
@@ -48,34 +43,12 @@ impl<A: ParentAgent> ParentHost<A> {
         let inner = &self.0;
         let provider = match inner.agent.model(&inner.env) {
             Ok(p) => p,
-            Err(e) => {
-                let error = json!({ "type": "cf_agent_use_chat_response", "id": request_id,
-                                    "body": e.to_string(), "done": true, "error": true });
-                self.broadcast(&error.to_string());
-                return;
-            }
+            Err(e) => return inner.chat.fail_request(&inner.state, &request_id, &e.to_string()),
         };
         let model = PlatformModel { provider, env: &inner.env };
-        inner.chat.reset_stream(&request_id);
         let tools = ParentTools { host: self, request_id: &request_id };
-        let next = Cell::new(0_i64);
-        let emit = |body: String| {
-            let index = next.get();
-            if inner.chat.store(&request_id, index, ChunkKind::Stored, &body) {
-                inner.chat.send(&inner.state, &request_id, &body);
-                next.set(index + 1);
-            }
-        };
-        let spec = TurnSpec {
-            request_id: request_id.clone(),
-            stream_id: request_id.clone(),
-            sender,
-            system: inner.agent.system_prompt(),
-            max_steps: inner.agent.max_steps(),
-            emit: &emit,
-            cancel: CancelToken::new(),
-        };
-        inner.chat.run(&inner.state, spec, &model, &tools).await;
+        let (system, max_steps) = (inner.agent.system_prompt(), inner.agent.max_steps());
+        inner.chat.run_client_turn(&inner.state, &request_id, sender, system, max_steps, &model, &tools).await;
         inner.turn_runs.borrow_mut().remove(&request_id);
     }
 

@@ -82,21 +82,25 @@ impl<A: ParentAgent> ParentHost<A> {
         let record = self.registry().get(&record.run_id).ok().flatten().unwrap_or(record);
         self.broadcast_frame(&record.started_frame());
         self.0.backbone_quiet_ticks.set(0);
-        self.arm_alarm_in(self.cadence_ms()).await;
-        let live = self.ledger().live_count().unwrap_or(0);
-        if live >= LIVE_WARNING {
-            self.observe(EventType::DetachedLiveCountWarning, json!({ "live": live }));
-        }
-        self.0.agent.on_agent_tool_start(self, &record).await;
         self.spawn_driver(record.clone(), class, options.input, true);
         running(&record)
     }
 
-    /// Drives a run in the background (the run's in-flight entry is already registered).
+    /// Drives a run in the background (the run's in-flight entry is already registered; the
+    /// task, spawned synchronously here, guards it from then on). A fresh run first arms the
+    /// backbone and calls `on_agent_tool_start`.
     fn spawn_driver(&self, record: RunRecord, class: super::ChildClass, input: Value, fresh: bool) {
         let host = self.clone();
         self.0.state.wait_until(async move {
             let guard = InflightGuard::new(&host, &record);
+            if fresh {
+                host.arm_alarm_in(host.cadence_ms()).await;
+                let live = host.ledger().live_count().unwrap_or(0);
+                if live >= LIVE_WARNING {
+                    host.observe(EventType::DetachedLiveCountWarning, json!({ "live": live }));
+                }
+                host.0.agent.on_agent_tool_start(&host, &record).await;
+            }
             let result = host.drive(&record, class, &input, fresh).await;
             guard.finish(&result);
         });
@@ -147,26 +151,19 @@ impl<A: ParentAgent> ParentHost<A> {
             let text = self.0.agent.format_detached_completion(run, result);
             if !text.is_empty() {
                 let id = format!("detached-finish:{}:{}", run.run_id, result.status.as_str());
-                self.inject(&id, "user", &text, source, run, true).await?;
+                if self.inject(&id, "user", &text, source, run)? {
+                    self.run_chat_turn(id, None).await;
+                }
             }
         }
         Ok(())
     }
 
-    /// Adds a synthetic message to the chat once (by id), and runs a model turn after it when
-    /// asked. A message already there is not added again, nor its turn run again.
-    async fn inject(
-        &self,
-        id: &str,
-        role: &str,
-        text: &str,
-        source: &str,
-        run: &RunRecord,
-        turn: bool,
-    ) -> Result<(), String> {
+    /// Adds a synthetic message to the chat once (by id). `false` when it was already there.
+    fn inject(&self, id: &str, role: &str, text: &str, source: &str, run: &RunRecord) -> Result<bool, String> {
         let messages = self.messages();
         if messages.iter().any(|m| m.get("id").and_then(Value::as_str) == Some(id)) {
-            return Ok(());
+            return Ok(false);
         }
         let message = json!({
             "id": id, "role": role, "parts": [{ "type": "text", "text": text }],
@@ -175,17 +172,15 @@ impl<A: ParentAgent> ParentHost<A> {
         Messages::new(&self.0.sql).upsert(&message, now_ms()).map_err(|e| e.to_string())?;
         let transcript = json!({ "type": "cf_agent_chat_messages", "messages": self.messages() });
         self.broadcast(&transcript.to_string());
-        if turn {
-            self.run_chat_turn(id.to_owned(), None).await;
-        }
-        Ok(())
+        Ok(true)
     }
 
-    /// A milestone of a detached run arrived (live, or found by the backbone): surface it in
-    /// the chat if the run asked for it, at most once per `(run, name)`.
-    pub(super) async fn milestone_reached(&self, run_id: &str, milestone: &Value) {
+    /// A milestone of a detached run arrived: surface it in the chat if the run asked for it,
+    /// at most once per `(run, name)`. A `react` turn runs in the background: the run's tail
+    /// is never held up by a model turn (nor by the turn it may queue behind).
+    pub(super) fn milestone_reached(&self, run: &RunRecord, milestone: &Value) {
         let Some(name) = milestone.get("name").and_then(Value::as_str) else { return };
-        let Ok(Some(run)) = self.registry().get(run_id) else { return };
+        let run_id = &run.run_id;
         let Some(wanted) = run.detached.as_ref().and_then(|d| d.on_milestones.clone()) else { return };
         let Ok(wanted) = serde_json::from_value::<OnMilestones>(wanted) else { return };
         if !wanted.names.iter().any(|n| n == name)
@@ -193,18 +188,23 @@ impl<A: ParentAgent> ParentHost<A> {
         {
             return;
         }
-        let text = self.0.agent.format_detached_milestone(&run, milestone);
+        let text = self.0.agent.format_detached_milestone(run, milestone);
         if text.is_empty() {
             return;
         }
         let source = run.detached.as_ref().and_then(|d| d.notify_source.clone()).unwrap_or_else(|| "agent-tool".into());
         let id = format!("detached-milestone:{run_id}:{name}");
-        let (role, turn) = match wanted.mode {
+        let (role, react) = match wanted.mode {
             MilestoneMode::Narrate => ("assistant", false),
             MilestoneMode::React => ("user", true),
         };
-        if let Err(e) = self.inject(&id, role, &text, &source, &run, turn).await {
-            worker::console_error!("agent-tools: milestone notification for {run_id} failed: {e}");
+        match self.inject(&id, role, &text, &source, run) {
+            Ok(true) if react => {
+                let host = self.clone();
+                self.0.state.wait_until(async move { host.run_chat_turn(id, None).await });
+            }
+            Ok(_) => {}
+            Err(e) => worker::console_error!("agent-tools: milestone notification for {run_id} failed: {e}"),
         }
     }
 
@@ -239,8 +239,7 @@ impl<A: ParentAgent> ParentHost<A> {
         let terminal =
             Terminal::Interrupted { error: error.into(), reason: Some(reason), child_still_running: Some(false) };
         self.conclude(run, terminal).await;
-        let Some(class) = A::CHILDREN.iter().find(|c| c.class == run.agent_type).copied() else { return };
-        let Ok(stub) = self.child_stub(class, &run.run_id) else { return };
+        let Some(stub) = self.run_stub(run) else { return };
         self.tell_child_to_cancel(&stub, &run.run_id, Some(format!("given up: {}", reason.as_str()))).await;
         if let Ok(Some(inspection)) = self.inspect(&stub, &run.run_id).await {
             if let Some(outcome) =

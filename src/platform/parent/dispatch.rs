@@ -121,7 +121,7 @@ impl<A: ParentAgent> ParentHost<A> {
         if let Err(problem) = validate_run_id(&run_id) {
             return Err(RunResult::refused(run_id, child, problem));
         }
-        let Some(class) = A::CHILDREN.iter().find(|c| c.class == child).copied() else {
+        let Some(class) = Self::child_class(child) else {
             let known: Vec<&str> = A::CHILDREN.iter().map(|c| c.class).collect();
             let problem = format!("unknown agent type {child:?}; {} dispatches {known:?}", A::CLASS);
             return Err(RunResult::refused(run_id, child, problem));
@@ -190,6 +190,16 @@ impl<A: ParentAgent> ParentHost<A> {
         let _ = rx.await;
     }
 
+    /// The child class dispatched as `agent_type`.
+    pub(super) fn child_class(agent_type: &str) -> Option<ChildClass> {
+        A::CHILDREN.iter().find(|c| c.class == agent_type).copied()
+    }
+
+    /// The stub of a known run's child; `None` when its class is no longer dispatched here.
+    pub(super) fn run_stub(&self, run: &RunRecord) -> Option<Stub> {
+        Self::child_class(&run.agent_type).and_then(|class| self.child_stub(class, &run.run_id).ok())
+    }
+
     pub(super) fn child_stub(&self, class: ChildClass, run_id: &str) -> Result<Stub, String> {
         let parent_name = self.name().ok_or("this parent does not know its own name yet")?;
         let namespace = self.0.env.durable_object(class.binding).map_err(|e| e.to_string())?;
@@ -256,10 +266,8 @@ impl<A: ParentAgent> ParentHost<A> {
         if record.status.is_hard_terminal() {
             return;
         }
-        if let Some(class) = A::CHILDREN.iter().find(|c| c.class == record.agent_type) {
-            if let Ok(stub) = self.child_stub(*class, run_id) {
-                self.tell_child_to_cancel(&stub, run_id, reason.clone()).await;
-            }
+        if let Some(stub) = self.run_stub(&record) {
+            self.tell_child_to_cancel(&stub, run_id, reason.clone()).await;
         }
         self.conclude(&record, Terminal::Aborted { reason }).await;
         if let Some(entry) = self.0.inflight.borrow().get(run_id) {
@@ -276,13 +284,11 @@ impl<A: ParentAgent> ParentHost<A> {
             if !run.status.is_hard_terminal() {
                 self.cancel_agent_tool(&run.run_id, Some("cleared".into())).await;
             }
-            if let Some(class) = A::CHILDREN.iter().find(|c| c.class == run.agent_type) {
-                if let Ok(stub) = self.child_stub(*class, &run.run_id) {
-                    let url = format!("{}/clear", child_api::BASE);
-                    let request = CancelRequest { run_id: run.run_id.clone(), reason: None };
-                    if let Err(e) = send_json(&stub, Method::Post, &url, &request).await {
-                        worker::console_error!("agent-tools: clearing {} at the child failed: {e}", run.run_id);
-                    }
+            if let Some(stub) = self.run_stub(&run) {
+                let url = format!("{}/clear", child_api::BASE);
+                let request = CancelRequest { run_id: run.run_id.clone(), reason: None };
+                if let Err(e) = send_json(&stub, Method::Post, &url, &request).await {
+                    worker::console_error!("agent-tools: clearing {} at the child failed: {e}", run.run_id);
                 }
             }
             self.registry().delete(std::slice::from_ref(&run.run_id)).map_err(|e| e.to_string())?;

@@ -63,6 +63,10 @@ impl<A: ParentAgent> ParentHost<A> {
                         let live = self.forward(record, &batch, cursor);
                         self.signals(record, &batch).await;
                         if let Some(outcome) = end {
+                            if cancel.is_cancelled() {
+                                // Concluded by whoever cancelled (a cancel, a give-up).
+                                return self.current_result(record);
+                            }
                             return self.conclude(record, terminal_from(outcome)).await;
                         }
                         if !live {
@@ -77,22 +81,18 @@ impl<A: ParentAgent> ParentHost<A> {
                 reattaching = true;
                 window_end = max_window.map(|ms| now_ms() + ms as i64);
             }
-            match self.inspect(stub, run_id).await {
+            let inspected = self.inspect(stub, run_id).await;
+            if cancel.is_cancelled() {
+                return self.current_result(record); // as above: never overwrite that
+            }
+            match inspected {
                 Ok(Some(inspection)) => {
                     if let Some(outcome) = inspection.outcome() {
                         return self.conclude(record, terminal_from(outcome)).await;
                     }
                 }
                 Ok(None) => {} // unknown yet: keep waiting, within the budget
-                Err(reason) => {
-                    let error = format!("the child could not be inspected ({})", reason.as_str());
-                    let terminal =
-                        Terminal::Interrupted { error, reason: Some(reason), child_still_running: Some(true) };
-                    return self.conclude(record, terminal).await;
-                }
-            }
-            if cancel.is_cancelled() {
-                return self.current_result(record);
+                Err(reason) => return self.conclude(record, Terminal::inspect_failed(reason)).await,
             }
             if window_end.is_some_and(|end| now_ms() >= end) {
                 self.tell_child_to_cancel(stub, run_id, Some("window-exceeded".into())).await;
@@ -138,11 +138,11 @@ impl<A: ParentAgent> ParentHost<A> {
     /// milestones to its chat notifications.
     async fn signals(&self, record: &RunRecord, batch: &[Chunk]) {
         for chunk in batch.iter().filter(|c| c.kind != ChunkKind::Stored) {
-            let Ok(body) = serde_json::from_str::<Value>(&chunk.body) else { continue };
-            let mut data = body.get("data").cloned().unwrap_or(Value::Null);
+            let Ok(mut body) = serde_json::from_str::<Value>(&chunk.body) else { continue };
+            let mut data = body.get_mut("data").map_or(Value::Null, Value::take);
             if chunk.kind == ChunkKind::Milestone {
                 if record.detached.is_some() {
-                    self.milestone_reached(&record.run_id, &data).await;
+                    self.milestone_reached(record, &data);
                 }
                 if let Some(name) = data.get("name").cloned() {
                     data["milestone"] = name;
@@ -162,12 +162,11 @@ impl<A: ParentAgent> ParentHost<A> {
             batch.iter().map(|c| Forward { kind: c.kind, body: &c.body, replay: c.kept.as_deref() }).collect();
         match self.registry().append(&record.run_id, &forwards, cursor, now_ms()) {
             Ok(Some(seqs)) => {
-                let frames: Vec<String> = seqs
-                    .into_iter()
-                    .zip(batch)
-                    .map(|(seq, chunk)| record.chunk_frame(seq, chunk.body.clone()).to_json())
-                    .collect();
-                self.broadcast_all(&frames);
+                self.broadcast_all(
+                    seqs.into_iter()
+                        .zip(batch)
+                        .map(|(seq, chunk)| record.chunk_frame(seq, chunk.body.clone()).to_json()),
+                );
                 true
             }
             Ok(None) => false,

@@ -27,7 +27,7 @@ use crate::cancel::CancelToken;
 use crate::model::ModelError;
 use crate::observability::ObservabilityEvent;
 use crate::parent::{Admission, AgentTool, Registry, RunRecord, RunResult, RunStatus};
-use crate::protocol::rpc::{self, ClientFrame, FrameError, RpcResponse};
+use crate::protocol::rpc::RpcResponse;
 use crate::protocol::EventFrame;
 use crate::routing::{kebab_case, parse_agent_path};
 use crate::store::{meta, Sql};
@@ -307,13 +307,16 @@ impl<A: ParentAgent> ParentHost<A> {
         }
     }
 
-    /// Sends text frames, in order, to every connected client.
-    fn broadcast_all(&self, texts: &[String]) {
-        if texts.is_empty() {
+    /// Sends text frames, in order, to every connected client; with none connected, the
+    /// frames are never built.
+    fn broadcast_all(&self, texts: impl Iterator<Item = String>) {
+        let sockets = self.0.state.get_websockets_with_tag(chat::CLIENT_TAG);
+        if sockets.is_empty() {
             return;
         }
-        for ws in self.0.state.get_websockets_with_tag(chat::CLIENT_TAG) {
-            for text in texts {
+        let texts: Vec<String> = texts.collect();
+        for ws in sockets {
+            for text in &texts {
                 let _ = ws.send_with_str(text);
             }
         }
@@ -381,44 +384,24 @@ impl<A: ParentAgent> ParentHost<A> {
     /// frame and the socket stays open.
     pub async fn websocket_message(&self, ws: WebSocket, message: WebSocketIncomingMessage) -> worker::Result<()> {
         self.ensure_recovery();
-        let frame = match message {
-            WebSocketIncomingMessage::String(text) => rpc::parse_client_frame(&text),
-            WebSocketIncomingMessage::Binary(_) => Err(FrameError::Binary),
-        };
-        match frame {
-            Ok(ClientFrame::Rpc(call)) => {
+        match self.0.chat.receive(&self.0.state, &ws, message) {
+            ChatAction::Done => {}
+            ChatAction::Call(call) => {
                 let reply = match self.0.agent.call(self, &call.method, call.args).await {
                     Ok(result) => RpcResponse::ok(call.id, result),
                     Err(error) => RpcResponse::err(call.id, error),
                 };
                 let _ = ws.send_with_str(reply.to_json());
             }
-            Ok(ClientFrame::Other { kind, frame }) => match self.0.chat.handle(&self.0.state, &ws, &kind, &frame) {
-                None => {}
-                Some(Err(problem)) => {
-                    let _ = ws.send_with_str(json!({ "type": "cf_agent_error", "error": problem }).to_string());
-                }
-                Some(Ok(ChatAction::Done)) => {}
-                Some(Ok(ChatAction::RunTurn { request_id, sender })) => {
-                    self.run_chat_turn(request_id, Some(sender)).await
-                }
-                Some(Ok(ChatAction::Cancel { request_id })) => self.cancel_chat_turn(&request_id).await,
-            },
-            Err(FrameError::BadRpc { id, problem }) => {
-                let _ = ws.send_with_str(RpcResponse::err(id, format!("malformed rpc frame: {problem}")).to_json());
-            }
-            Err(e) => {
-                let _ = ws.send_with_str(rpc::protocol_error_frame(&e));
-            }
+            ChatAction::RunTurn { request_id, sender } => self.run_chat_turn(request_id, Some(sender)).await,
+            ChatAction::Cancel { request_id } => self.cancel_chat_turn(&request_id).await,
         }
         Ok(())
     }
 
     /// Handles a client going away.
     pub async fn websocket_close(&self, ws: WebSocket, code: usize, reason: String) -> worker::Result<()> {
-        self.0.chat.on_close(&chat::connection_id(&ws));
-        let code = if code == 1005 || code == 1006 { 1000 } else { code as u16 };
-        let _ = ws.close(Some(code), Some(reason));
+        self.0.chat.closed(&ws, code, reason);
         Ok(())
     }
 }

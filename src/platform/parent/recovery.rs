@@ -128,7 +128,7 @@ impl<A: ParentAgent> ParentHost<A> {
                 finalized += 1;
                 continue;
             }
-            let Some(class) = A::CHILDREN.iter().find(|c| c.class == record.agent_type).copied() else {
+            let Some(class) = Self::child_class(&record.agent_type) else {
                 let message = format!("{} no longer dispatches {}", A::CLASS, record.agent_type);
                 self.observe(EventType::RecoveryFailed, json!({ "runId": run_id, "error": message }));
                 guard.finish(&self.conclude(&record, Terminal::Error { message }).await);
@@ -148,12 +148,7 @@ impl<A: ParentAgent> ParentHost<A> {
             match self.inspect(&stub, &run_id).await {
                 Err(reason) => {
                     self.observe(EventType::RecoveryFailed, json!({ "runId": run_id, "error": reason.as_str() }));
-                    let terminal = Terminal::Interrupted {
-                        error: format!("the child could not be inspected ({})", reason.as_str()),
-                        reason: Some(reason),
-                        child_still_running: Some(true),
-                    };
-                    guard.finish(&self.conclude(&record, terminal).await);
+                    guard.finish(&self.conclude(&record, Terminal::inspect_failed(reason)).await);
                     finalized += 1;
                 }
                 Ok(None) => {
