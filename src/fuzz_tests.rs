@@ -4,6 +4,60 @@
 
 use serde_json::{json, Value};
 
+/// A random JSON value built from the keys and chunk types these parsers look for.
+fn random_value(rng: &mut Rng, depth: usize) -> Value {
+    const KEYS: &[&str] = &[
+        "type",
+        "id",
+        "role",
+        "parts",
+        "text",
+        "delta",
+        "toolCallId",
+        "toolName",
+        "input",
+        "output",
+        "state",
+        "data",
+        "name",
+        "query",
+        "n",
+        "messages",
+        "metadata",
+        "errorText",
+    ];
+    const STRINGS: &[&str] = &[
+        "text-delta",
+        "text-start",
+        "text-end",
+        "tool-input-available",
+        "tool-output-available",
+        "start",
+        "finish",
+        "abort",
+        "error",
+        "user",
+        "assistant",
+        "system",
+        "tool-research",
+        "data-agent-milestone",
+        "",
+        "é😀",
+        "t",
+        "m",
+    ];
+    match if depth == 0 { rng.below(4) } else { rng.below(7) } {
+        0 => Value::Null,
+        1 => json!(rng.below(3) == 0),
+        2 => json!(rng.next() as i64 >> rng.below(64)),
+        3 => json!(*rng.pick(STRINGS)),
+        4 | 5 => Value::Object(
+            (0..rng.below(6)).map(|_| (rng.pick(KEYS).to_string(), random_value(rng, depth - 1))).collect(),
+        ),
+        _ => Value::Array((0..rng.below(4)).map(|_| random_value(rng, depth - 1)).collect()),
+    }
+}
+
 struct Rng(u64);
 
 impl Rng {
@@ -148,6 +202,7 @@ fn tail_lines_and_sse_never_panic_at_any_split() {
 
 #[test]
 fn provider_streams_never_panic() {
+    use crate::model::EventDecoder;
     let mut rng = Rng(11);
     let bases = [
         r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"t","arguments":"{}"}}]},"finish_reason":"tool_calls"}]}"#,
@@ -184,10 +239,18 @@ fn chunks_messages_schemas_and_paths_never_panic() {
         r#"{"query":"abc","n":1}"#,
     ];
     let mut builder = crate::chat::message::MessageBuilder::new("m");
-    for _ in 0..ROUNDS {
-        let base = rng_pick_owned(&mut rng, &bases);
-        let raw = mutated(&mut rng, base);
-        if let Ok(value) = serde_json::from_slice::<Value>(&raw) {
+    let mut parsed = 0;
+    for round in 0..ROUNDS {
+        // Mutated bytes mostly stop being JSON; every other round builds a random value of
+        // the right vocabulary instead, so every round feeds the value consumers.
+        let value = if round % 2 == 0 {
+            let base = rng_pick_owned(&mut rng, &bases);
+            serde_json::from_slice::<Value>(&mutated(&mut rng, base)).ok()
+        } else {
+            Some(random_value(&mut rng, 4))
+        };
+        if let Some(value) = value {
+            parsed += 1;
             builder.apply(&value);
             let _ = crate::schema::validate(&schema, &value);
             let _ = crate::chat::store::validate_message(&value);
@@ -202,6 +265,7 @@ fn chunks_messages_schemas_and_paths_never_panic() {
         let _ = crate::parent::validate_run_id(&text);
     }
     let _ = builder.message();
+    assert!(parsed >= ROUNDS / 2, "the value consumers saw {parsed} of {ROUNDS} rounds");
 }
 
 #[test]

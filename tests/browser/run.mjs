@@ -211,8 +211,13 @@ const scenarios = {
     await page.waitForFunction(() => document.querySelectorAll('[data-testid="tray"] [data-run-id]').length === 0);
     await page.reload();
     await page.locator('[data-testid="connection"][data-state="open"]').waitFor();
-    await page.waitForTimeout(500);
-    assert.equal(await runs(page, '[data-testid="tray"]').count(), 0, "cleared runs do not come back");
+    // A new run's frames come after any replay: once it shows, a cleared run would have too.
+    await page.fill('[data-testid="topics"]', "after clearing");
+    await page.click('[data-testid="run-background"]');
+    await waitRuns(page, 1, "completed", '[data-testid="tray"]');
+    const [only] = await texts(runs(page, '[data-testid="tray"]'));
+    assert.equal(await runs(page, '[data-testid="tray"]').count(), 1, "cleared runs do not come back");
+    assert.match(only, /after clearing/);
     await shot(page, "after-clear-reload");
   },
 

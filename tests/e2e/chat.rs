@@ -5,6 +5,7 @@ use serde_json::{json, Value};
 
 use crate::harness::{streamed_text, unique, Client, Worker, WAIT};
 use crate::mock_model::{self, answer, is_parent, last_role, last_user_text, tool_calls, MockModel, Reply};
+use agent_tools::chat::message::text_of;
 use agent_tools::model::offline;
 
 fn of_type<'a>(chunks: &'a [Value], kind: &str) -> Vec<&'a Value> {
@@ -30,8 +31,16 @@ async fn the_offline_model_dispatches_two_children_in_one_step() {
     let worker = Worker::start_with(None, &vars).await;
     let name = unique("chat");
     let mut client = worker.client(&name).await;
+    let mut other = worker.client(&name).await;
     let request = client.chat("Research HTTP/3 and gRPC").await;
     let done = client.chat_done(&request).await;
+    // Another tab gets the transcript after the turn.
+    let broadcast = other
+        .wait_for(WAIT, |f| {
+            f["type"] == "cf_agent_chat_messages" && f["messages"].as_array().is_some_and(|m| m.len() == 2)
+        })
+        .await;
+    assert_eq!(broadcast["messages"][1]["role"], "assistant");
     assert!(done.get("outcome").is_none(), "completed turns carry no outcome: {done}");
     let chunks = client.chat_chunks(&request);
 
@@ -80,8 +89,7 @@ async fn the_offline_model_dispatches_two_children_in_one_step() {
     let tool_parts: Vec<&Value> = parts.iter().filter(|p| p["type"] == "tool-research").collect();
     assert_eq!(tool_parts.len(), 2);
     assert!(tool_parts.iter().all(|p| p["state"] == "output-available"));
-    let text: String = parts.iter().filter(|p| p["type"] == "text").map(|p| p["text"].as_str().unwrap()).collect();
-    assert_eq!(text, expected, "the final answer is persisted");
+    assert_eq!(text_of(assistant), expected, "the final answer is persisted");
 
     let rows = runs(&mut client).await;
     assert_eq!(rows.len(), 2);
@@ -154,14 +162,7 @@ async fn an_openai_compatible_server_drives_parent_and_children() {
     assert_eq!(requests.iter().filter(|r| !is_parent(r)).count(), 2, "one model call per child");
 
     let messages = get_messages(&worker, &name).await;
-    let text: String = messages[1]["parts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["type"] == "text")
-        .map(|p| p["text"].as_str().unwrap())
-        .collect();
-    assert_eq!(text, "Both are modern transport protocols.");
+    assert_eq!(text_of(&messages[1]), "Both are modern transport protocols.");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -285,6 +286,7 @@ async fn the_stock_typescript_clients_chat_with_the_rust_agent() {
     let text: String = parts.iter().filter(|p| p["type"] == "text").map(|p| p["text"].as_str().unwrap()).collect();
     assert!(text.starts_with("Here is what I found:\n- HTTP/3: Findings on HTTP/3:"), "{text}");
     assert_eq!(result["runs"].as_array().unwrap().len(), 2, "agent.call() reaches the Rust RPC");
+    assert_eq!(result["rejected"], "Method noSuchMethod does not exist", "a failed call rejects with our message");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -96,9 +96,35 @@ async fn hostile_frames_and_paths_change_nothing_and_panic_nothing() {
         assert_eq!((reply["done"].clone(), reply["error"].clone()), (json!(true), json!(true)), "{id}: {reply}");
     }
 
-    // The drill-in socket of a known run takes the same barrage.
-    let mut child = Client::connect(&worker.ws(&format!("/agents/assistant/{name}/sub/researcher/legit"))).await;
-    send_all(&mut child, &hostile_frames()).await;
+    // The drill-in socket of a known run takes the same barrage, and a chat request that
+    // borrows the run's id (its stream log must stay the run's).
+    let child_path = format!("/agents/assistant/{name}/sub/researcher/legit");
+    let child_messages = || async {
+        reqwest::get(worker.http(&format!("{child_path}/get-messages"))).await.unwrap().json::<Value>().await.unwrap()
+    };
+    let child_before = child_messages().await;
+    assert_eq!(child_before.as_array().unwrap().len(), 2, "the run's question and answer");
+    let mut child = Client::connect(&worker.ws(&child_path)).await;
+    let mut frames = hostile_frames();
+    frames.push(
+        json!({"type": "cf_agent_use_chat_request", "id": "legit", "init": {"method": "POST",
+            "body": json!({"messages": [{"id": "u9", "role": "user", "parts": [{"type": "text", "text": "hi"}]}]}).to_string()}})
+        .to_string(),
+    );
+    send_all(&mut child, &frames).await;
+    for id in ["h1", "h2", "h3", "h4", "h5", "h6", "h7", "h8", "h9", "h10", "h11", "h12", "h13"] {
+        let reply = child.wait_for(WAIT, |f| f["type"] == "rpc" && f["id"] == id).await;
+        assert_eq!(reply["success"], false, "{id}: a child has no callable methods: {reply}");
+    }
+    let errors = child.frames.iter().filter(|f| f["type"] == "cf_agent_error").count();
+    assert!(errors >= 8, "malformed frames get error frames on the child too ({errors})");
+    for id in ["c2", "c3", "c4", "c5", "legit"] {
+        let reply = child.wait_for(WAIT, |f| f["type"] == "cf_agent_use_chat_response" && f["id"] == id).await;
+        assert_eq!((reply["done"].clone(), reply["error"].clone()), (json!(true), json!(true)), "{id}: {reply}");
+    }
+    let refused = child.wait_for(WAIT, |f| f["type"] == "cf_agent_use_chat_response" && f["id"] == "legit").await;
+    assert!(refused["body"].as_str().unwrap().contains("names an agent-tool run"), "{refused}");
+    assert_eq!(child_messages().await, child_before, "the child's transcript is untouched");
 
     let http = reqwest::Client::builder().pool_max_idle_per_host(0).timeout(WAIT).build().unwrap();
     let long = "n".repeat(10_000);
@@ -131,6 +157,13 @@ async fn hostile_frames_and_paths_change_nothing_and_panic_nothing() {
                 assert!(error["error"].as_str().is_some_and(|e| !e.is_empty()), "{method} {short}: {text}");
             }
         }
+    }
+
+    // A method agents do not serve, on a path that names one, is a 405.
+    for method in [reqwest::Method::POST, reqwest::Method::DELETE, reqwest::Method::PUT] {
+        let resp =
+            http.request(method.clone(), worker.http(&format!("/agents/assistant/{name}"))).send().await.unwrap();
+        assert_eq!(resp.status().as_u16(), 405, "{method}");
     }
 
     // Nothing changed, nothing broke.

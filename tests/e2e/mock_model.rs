@@ -90,6 +90,8 @@ pub struct MockModel {
     pub port: u16,
     /// Every request body received, in order.
     pub requests: Arc<Mutex<Vec<Value>>>,
+    /// Requests that were not what a provider expects (answered 400; the test fails on drop).
+    problems: Arc<Mutex<Vec<String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -99,17 +101,18 @@ impl MockModel {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let requests = Arc::new(Mutex::new(Vec::new()));
+        let problems = Arc::new(Mutex::new(Vec::new()));
         let script: Arc<Script> = Arc::new(script);
-        let log = requests.clone();
+        let (log, bad) = (requests.clone(), problems.clone());
         let task = tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
-                let (script, log) = (script.clone(), log.clone());
+                let (script, log, bad) = (script.clone(), log.clone(), bad.clone());
                 tokio::spawn(async move {
-                    let _ = serve(socket, script, log).await;
+                    let _ = serve(socket, script, log, bad).await;
                 });
             }
         });
-        MockModel { port, requests, task }
+        MockModel { port, requests, problems, task }
     }
 
     /// The `OPENAI_BASE_URL` to give the Worker.
@@ -136,6 +139,10 @@ impl MockModel {
 impl Drop for MockModel {
     fn drop(&mut self) {
         self.task.abort();
+        let problems = self.problems.lock().unwrap().clone();
+        if !std::thread::panicking() {
+            assert!(problems.is_empty(), "the model server got bad requests: {problems:#?}");
+        }
     }
 }
 
@@ -159,7 +166,12 @@ pub fn last_user_text(body: &Value) -> String {
         .to_owned()
 }
 
-async fn serve(mut socket: TcpStream, script: Arc<Script>, log: Arc<Mutex<Vec<Value>>>) -> std::io::Result<()> {
+async fn serve(
+    mut socket: TcpStream,
+    script: Arc<Script>,
+    log: Arc<Mutex<Vec<Value>>>,
+    problems: Arc<Mutex<Vec<String>>>,
+) -> std::io::Result<()> {
     let mut buf = Vec::new();
     let header_end = loop {
         let mut chunk = [0u8; 4096];
@@ -188,8 +200,18 @@ async fn serve(mut socket: TcpStream, script: Arc<Script>, log: Arc<Mutex<Vec<Va
         buf.extend_from_slice(&chunk[..n]);
     }
     let body: Value = serde_json::from_slice(&buf[header_end..]).unwrap_or(Value::Null);
-    assert!(head.starts_with("POST /v1/chat/completions"), "unexpected request: {head}");
-    assert!(head.to_ascii_lowercase().contains("authorization: bearer test-key"), "no bearer token: {head}");
+    let problem = if !head.starts_with("POST /v1/chat/completions") {
+        Some(format!("unexpected request: {head}"))
+    } else if !head.to_ascii_lowercase().contains("authorization: bearer test-key") {
+        Some(format!("no bearer token: {head}"))
+    } else {
+        None
+    };
+    if let Some(problem) = problem {
+        problems.lock().unwrap().push(problem);
+        let resp = "HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+        return socket.write_all(resp.as_bytes()).await;
+    }
     log.lock().unwrap().push(body.clone());
     const SSE_HEAD: &[u8] =
         b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n";

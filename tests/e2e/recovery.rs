@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::harness::{streamed_text, unique, Client, Worker, WAIT};
+use agent_tools::chat::message::text_of;
 use agent_tools::model::offline;
 
 const VARS: &[(&str, &str)] = &[("AGENT_TOOL_ALARM_MS", "1500"), ("OFFLINE_WORDS", "60"), ("OFFLINE_DELAY_MS", "80")];
@@ -68,6 +69,7 @@ async fn runs_cut_short_by_a_killed_runtime_are_recovered_without_any_client() {
     let mut fresh = Client::connect(&worker.ws(&format!("/agents/assistant/{name}"))).await;
     fresh.drain(Duration::from_millis(800)).await;
     let runs = fresh.call("runs", json!([])).await.unwrap();
+    assert_eq!(runs.as_array().unwrap().len(), 4);
     for row in runs.as_array().unwrap() {
         assert_eq!(row["status"], "error", "{row}");
         assert!(row["error"].as_str().unwrap().contains("restarted"), "{row}");
@@ -78,6 +80,9 @@ async fn runs_cut_short_by_a_killed_runtime_are_recovered_without_any_client() {
         assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{run_id}: {seqs:?}");
         let last = events.last().unwrap();
         assert_eq!(last["event"]["kind"], "error");
+        // The terminal takes the next sequence after the last forwarded frame (replay keeps
+        // that frame: a chunk, or the latest progress).
+        assert_eq!(seqs[seqs.len() - 1], seqs[seqs.len() - 2] + 1, "{run_id}: {seqs:?}");
         let text = streamed_text(&events);
         let topic = text.strip_prefix("Findings on ").and_then(|t| t.split(':').next()).unwrap_or_default().to_owned();
         let full = offline::research_answer(&topic, 60);
@@ -94,14 +99,7 @@ async fn runs_cut_short_by_a_killed_runtime_are_recovered_without_any_client() {
         let assistant =
             messages.as_array().unwrap().iter().find(|m| m["role"] == "assistant").expect("a saved partial answer");
         assert_eq!(assistant["metadata"]["interrupted"], true);
-        let saved: String = assistant["parts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|p| p["type"] == "text")
-            .map(|p| p["text"].as_str().unwrap())
-            .collect();
-        assert_eq!(saved, text, "the child's transcript and the parent's frames agree");
+        assert_eq!(text_of(assistant), text, "the child's transcript and the parent's frames agree");
     }
     let hooks = fresh.call("hooks", json!([])).await.unwrap();
     for run_id in &run_ids {

@@ -27,7 +27,12 @@ const stream = await transport.sendMessages({
 let message;
 for await (const m of readUIMessageStream({ stream })) message = m;
 const runs = await agent.call("runs", []);
-console.log(JSON.stringify({ identity: { agent: agent.agent, name: agent.name }, message, runs }));
+// A failing call rejects with the server's message.
+const rejected = await agent.call("noSuchMethod", []).then(
+  () => null,
+  (e) => String(e?.message ?? e)
+);
+console.log(JSON.stringify({ identity: { agent: agent.agent, name: agent.name }, message, runs, rejected }));
 clearTimeout(timeout);
 agent.close();
 process.exit(0);
