@@ -26,10 +26,59 @@ const browser = await chromium.launch({
 const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
 const name = `${scenario}-${Date.now()}`;
 
+// What the pages did, for the report a failure prints: console lines, page errors and every
+// request with its timing (sent, response headers, finished or failed), in ms since the start.
+const t0 = Date.now();
+const since = () => Date.now() - t0;
+const journal = [];
+const requests = [];
+function watch(page, tab) {
+  page.on("console", (m) => journal.push(`${since()} ms tab ${tab} console.${m.type()}: ${m.text()}`));
+  page.on("pageerror", (e) => journal.push(`${since()} ms tab ${tab} page error: ${e.message}`));
+  page.on("request", (r) => requests.push({ tab, r, method: r.method(), url: r.url(), sent: since() }));
+  const entry = (r) => requests.findLast((q) => q.r === r);
+  page.on("response", (resp) => {
+    const q = entry(resp.request());
+    if (q) Object.assign(q, { status: resp.status(), headers: since() });
+  });
+  page.on("requestfinished", (r) => {
+    const q = entry(r);
+    if (q) q.finished = since();
+  });
+  page.on("requestfailed", (r) => {
+    const q = entry(r);
+    if (q) Object.assign(q, { failed: since(), failure: r.failure()?.errorText });
+  });
+  page.on("websocket", (ws) => {
+    journal.push(`${since()} ms tab ${tab} websocket open ${ws.url()}`);
+    ws.on("close", () => journal.push(`${since()} ms tab ${tab} websocket closed ${ws.url()}`));
+    ws.on("socketerror", (e) => journal.push(`${since()} ms tab ${tab} websocket error ${ws.url()}: ${e}`));
+  });
+}
+
+/** Everything the pages did, printed when a scenario fails. */
+async function report() {
+  const lines = [`--- browser report (${scenario}, ms since start; now ${since()}) ---`, ...journal, "requests:"];
+  for (const q of requests) {
+    const end = q.failed !== undefined ? `FAILED at ${q.failed} (${q.failure})` : q.finished !== undefined ? `finished at ${q.finished}` : "NEVER FINISHED";
+    const head = q.headers !== undefined ? `status ${q.status} at ${q.headers}` : "no response";
+    lines.push(`  tab ${q.tab} ${q.method} ${q.url}: sent at ${q.sent}, ${head}, ${end}`);
+  }
+  for (const [i, page] of context.pages().entries()) {
+    const timing = await page
+      .evaluate(() => JSON.stringify({ readyState: document.readyState, navigation: performance.getEntriesByType("navigation")[0]?.toJSON() }))
+      .catch((e) => `unavailable: ${e.message}`);
+    lines.push(`tab ${i} document: ${timing}`);
+  }
+  lines.push("--- end of browser report ---");
+  return lines.join("\n");
+}
+
+let tabs = 0;
 async function openApp(extra = "") {
   const page = await context.newPage();
   page.setDefaultTimeout(TIMEOUT);
-  page.on("pageerror", (e) => console.error(`[page error] ${e.message}`));
+  watch(page, tabs++);
   await page.goto(`${base}/?name=${name}${extra}`);
   await page.locator('[data-testid="connection"][data-state="open"]').waitFor();
   return page;
@@ -268,6 +317,8 @@ try {
 } catch (e) {
   for (const [i, page] of context.pages().entries()) await shot(page, `failure-${i}`).catch(() => {});
   console.error(e);
+  console.error(await report());
+  console.error(`screenshots: ${artifacts}/${scenario}-failure-<tab>.png`);
   process.exitCode = 1;
 } finally {
   await browser.close();

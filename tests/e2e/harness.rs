@@ -217,6 +217,34 @@ impl Worker {
 impl Drop for Worker {
     fn drop(&mut self) {
         self.stop();
+        if std::thread::panicking() {
+            self.report_failure();
+        }
+    }
+}
+
+/// Lines of wrangler's log a failing test prints.
+const LOG_TAIL_LINES: usize = 80;
+
+impl Worker {
+    /// A test failed while this Worker ran: print the tail of wrangler's log (the test's output
+    /// shows it beside the failure) and keep the whole log in `test-artifacts/logs/`, since the
+    /// temp dir that held it goes away with the Worker.
+    fn report_failure(&self) {
+        let log = self.log_text();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..];
+        let test = std::thread::current().name().unwrap_or("test").replace("::", "-");
+        let kept = root().join(format!("test-artifacts/logs/{test}-{}.log", self.port));
+        let saved = std::fs::create_dir_all(kept.parent().unwrap()).and_then(|_| std::fs::write(&kept, &log));
+        eprintln!(
+            "\n--- wrangler dev on port {} (last {} of {} log lines; whole log: {}) ---\n{}\n--- end of wrangler log ---",
+            self.port,
+            tail.len(),
+            lines.len(),
+            if saved.is_ok() { kept.display().to_string() } else { "not saved".into() },
+            tail.join("\n")
+        );
     }
 }
 
