@@ -2,7 +2,6 @@
 //! build on a free port with its own `--persist-to` directory, and talks to it over HTTP and
 //! WebSocket.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -68,10 +67,6 @@ fn write_prebuilt_config() -> PathBuf {
     path
 }
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// A running `wrangler dev`.
 pub struct Worker {
     child: Option<Child>,
@@ -115,6 +110,11 @@ impl Worker {
     }
 
     /// Starts any Worker: `wrangler` with `config`, from `cwd`.
+    ///
+    /// wrangler picks its own ports (`--port 0`) and the harness reads the one it bound from
+    /// its log: a port chosen here and released before wrangler binds it can be taken in
+    /// between by any other process (another test's wrangler allocates several listening ports
+    /// at startup), and the test then fails to start or, worse, talks to someone else's server.
     #[allow(dead_code)] // the benchmark starts the TypeScript baseline with it
     pub async fn start_custom(
         wrangler: &Path,
@@ -125,12 +125,11 @@ impl Worker {
     ) -> Worker {
         let temp = tempfile::tempdir().unwrap();
         let persist = persist.map(Path::to_path_buf).unwrap_or_else(|| temp.path().join("state"));
-        let port = free_port();
         let log = temp.path().join("wrangler.log");
         let log_file = std::fs::File::create(&log).unwrap();
         let mut cmd = Command::new(wrangler);
         cmd.args(["dev", "--local", "--ip", "127.0.0.1", "--show-interactive-dev-session=false"])
-            .args(["--port", &port.to_string(), "--inspector-port", &free_port().to_string()])
+            .args(["--port", "0", "--inspector-port", "0"])
             .arg("--persist-to")
             .arg(&persist)
             .arg("-c")
@@ -148,13 +147,31 @@ impl Worker {
         }
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let child = cmd.spawn().expect("spawn wrangler");
-        let worker = Worker { child: Some(child), port, persist, log, _temp: Some(temp) };
+        let mut worker = Worker { child: Some(child), port: 0, persist, log, _temp: Some(temp) };
         worker.wait_ready().await;
         worker
     }
 
-    async fn wait_ready(&self) {
+    /// Waits for wrangler's `Ready on http://127.0.0.1:<port>` line, then for the Worker to
+    /// answer there. Fails at once, with the log, if wrangler exits first.
+    async fn wait_ready(&mut self) {
+        const READY: &str = "Ready on http://127.0.0.1:";
         let deadline = Instant::now() + Duration::from_secs(90);
+        while self.port == 0 {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("wrangler dev exited ({status}) before it was ready:\n{}", self.log_text());
+                }
+            }
+            let log = self.log_text();
+            if let Some(at) = log.find(READY) {
+                let digits: String = log[at + READY.len()..].chars().take_while(char::is_ascii_digit).collect();
+                self.port = digits.parse().unwrap_or_else(|_| panic!("unreadable ready line in:\n{log}"));
+                break;
+            }
+            assert!(Instant::now() < deadline, "wrangler dev did not start in 90 s:\n{log}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let client = reqwest::Client::new();
         while Instant::now() < deadline {
             if client.get(self.http("/")).timeout(Duration::from_secs(2)).send().await.is_ok() {
@@ -162,7 +179,7 @@ impl Worker {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        panic!("wrangler dev did not start in 90 s:\n{}", self.log_text());
+        panic!("wrangler dev said it was ready on port {} but did not answer in 90 s:\n{}", self.port, self.log_text());
     }
 
     pub fn log_text(&self) -> String {
