@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# Builds the Worker into build/ (wasm + JS shim) and the demo app into public/assets/.
+# Builds the demo Worker into build/ (wasm + JS shim) and the demo app into public/assets/;
+# with --example, also the example Worker (examples/hello-agents/build/) the tests drive.
 # Incremental: a rebuild with no change takes seconds.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$ROOT"
+example=false
+if [ "${1:-}" = "--example" ]; then example=true; shift; fi
 worker-build --release "$@"
 "$ROOT/scripts/build-web.sh"
+if $example; then
+  (cd "$ROOT/examples/hello-agents" && worker-build --release "$@")
+fi

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Sets everything up, builds the Worker and the demo app once, and runs the whole test suite:
-# native unit tests against SQLite, then end-to-end tests that start `wrangler dev` (real
-# workerd), a scripted model server, Node clients and Chromium themselves.
+# Sets everything up, builds the demo Worker, the demo app and the example Worker once, and runs
+# the whole test suite: lints (native and wasm32, with and without the demo), the API docs,
+# native unit tests against SQLite and doctests, then end-to-end tests that start `wrangler dev`
+# (real workerd), a scripted model server, Node clients and Chromium themselves.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$ROOT"
 "$ROOT/scripts/setup.sh" --with-browser
-"$ROOT/scripts/build.sh"
+"$ROOT/scripts/build.sh" --example
 cargo fmt --all -- --check
-cargo clippy --all-targets -- -D warnings
-cargo clippy --target wasm32-unknown-unknown --lib -- -D warnings
-cargo test --lib --tests -- --test-threads="${TEST_THREADS:-2}" "$@"
+cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --target wasm32-unknown-unknown -p agent-tools --lib -- -D warnings
+cargo clippy --target wasm32-unknown-unknown -p agent-tools --lib --no-default-features -- -D warnings
+cargo clippy --target wasm32-unknown-unknown -p hello-agents -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p agent-tools --no-default-features --target wasm32-unknown-unknown
+cargo test -p agent-tools --doc
+cargo test -p agent-tools --lib --tests -- --test-threads="${TEST_THREADS:-2}" "$@"

@@ -262,7 +262,7 @@ fn chunks_messages_schemas_and_paths_never_panic() {
         let _ = crate::model::offline::topics(&text);
         let _ = crate::model::offline::asks_for_research(&text);
         let _ = crate::parent::registry::input_preview(&Value::String(text.clone()));
-        let _ = crate::parent::validate_run_id(&text);
+        let _ = crate::run::validate_run_id(&text);
     }
     let _ = builder.message();
     assert!(parsed >= ROUNDS / 2, "the value consumers saw {parsed} of {ROUNDS} rounds");

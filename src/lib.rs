@@ -1,40 +1,184 @@
-//! Agent tools for Rust Workers.
+//! Agent tools for Rust Workers: one chat agent dispatches other chat agents as tools, on
+//! Cloudflare Workers (workers-rs, WASM).
 //!
-//! One chat agent (the *parent*) dispatches other chat agents (the *children*) as tools. Each
-//! child run is a real sub-agent in its own Durable Object; the parent keeps a durable run
-//! registry, streams the child's events to its clients as `agent-tool-event` frames, and
-//! replays them after a refresh.
+//! Each child run is a real sub-agent in its own Durable Object, with its own SQLite storage,
+//! messages and stream. The parent keeps a durable run registry, streams the child's events to
+//! its WebSocket clients as `agent-tool-event` frames (byte-compatible with the TypeScript
+//! Agents SDK, `agents@0.32.0`, so its stock clients work unchanged), replays them to any client
+//! that connects later, runs children in the background with durable completion callbacks, and
+//! recovers runs after a restart.
 //!
-//! The crate is split the way the problem is:
-//! - [`protocol`]: every frame that crosses a wire;
-//! - [`parent`] and [`child`]: the logic of each role, plain Rust over the [`store::Sql`] trait,
-//!   unit-tested natively against real SQLite;
-//! - `platform` (wasm32 only): the thin layer that binds them to Durable Objects, WebSockets,
-//!   streams and stubs.
+//! A parent and a child with one agent tool, and the Worker entry:
+//!
+//! ```
+//! use agent_tools::prelude::*;
+//! use worker::{event, Context, Env, Request, Response};
+//!
+//! /// The child: researches one topic (a chat agent; one Durable Object per run).
+//! #[derive(Default)]
+//! pub struct Researcher;
+//!
+//! impl Agent for Researcher {
+//!     fn system_prompt(&self) -> Option<String> {
+//!         Some("Research the topic you are given; end with a short summary.".into())
+//!     }
+//! }
+//!
+//! #[derive(serde::Deserialize, schemars::JsonSchema)]
+//! struct Research {
+//!     /// The topic, e.g. "HTTP/3".
+//!     #[schemars(length(min = 3))]
+//!     query: String,
+//! }
+//!
+//! /// The parent: a chat agent whose model may call researchers.
+//! #[derive(Default)]
+//! pub struct Assistant;
+//!
+//! impl Agent for Assistant {
+//!     fn tools(&self) -> Tools<Self> {
+//!         let research = AgentTool::of::<Researcher>("research", "Research one topic in depth.");
+//!         Tools::new().agent(research.input::<Research>())
+//!     }
+//! }
+//!
+//! // Their Durable Object classes, checked against wrangler.toml when this compiles.
+//! agent_tools::durable_object!(Assistant);
+//! agent_tools::durable_object!(Researcher);
+//!
+//! #[event(fetch)]
+//! async fn fetch(req: Request, env: Env, _ctx: Context) -> worker::Result<Response> {
+//!     agent_tools::route::<Assistant>(req, &env).await // children are reached only through it
+//! }
+//! # fn main() {}
+//! ```
+//!
+//! `wrangler.toml` binds each class under its own name and lists it in `new_sqlite_classes`.
+//! Clients connect to `/agents/assistant/<name>` with the stock `useAgent`, `useAgentChat` and
+//! `useAgentToolEvents`. See the README for the whole tour: tools beside agent tools, imperative
+//! and detached runs, progress, drill-in, recovery, and the TypeScript SDK side by side.
+//!
+//! The crate is split the way the problem is: the parent's and the child's logic are plain Rust
+//! over a storage trait, unit-tested against real SQLite; [`AgentHost`] binds them to a Durable
+//! Object.
 
-pub mod cancel;
-pub mod chat;
-pub mod child;
+#![deny(missing_docs)]
+#![deny(rustdoc::broken_intra_doc_links)]
+
+// The demo names the crate as a Worker would (`agent_tools::…`).
+extern crate self as agent_tools;
+
+mod agent;
+mod cancel;
+mod chat;
+mod child;
+mod macros;
 pub mod model;
 pub mod observability;
-pub mod parent;
-pub mod protocol;
-pub mod routing;
-pub mod schema;
-pub mod store;
+mod parent;
+mod platform;
+mod protocol;
+mod routing;
+mod run;
+mod schema;
+mod store;
+mod tools;
+mod wrangler_check;
 
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod fuzz_tests;
 
-#[cfg(target_arch = "wasm32")]
-pub mod platform;
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod public_api_tests {
+    /// The code blocks of a doc comment (`//!` or `///`), as rustdoc compiles them, with the
+    /// lines rustdoc hides (`# …`) left out: what a reader of the rendered docs sees.
+    fn doc_blocks(source: &str) -> Vec<String> {
+        let mut blocks = Vec::new();
+        let mut current: Option<Vec<&str>> = None;
+        for line in source.lines() {
+            let trimmed = line.trim_start();
+            let Some(doc) = trimmed.strip_prefix("//!").or_else(|| trimmed.strip_prefix("///")) else { continue };
+            let doc = doc.strip_prefix(' ').unwrap_or(doc);
+            match (&mut current, doc.starts_with("```")) {
+                (None, true) => current = Some(Vec::new()),
+                (Some(lines), true) => {
+                    blocks.push(lines.join("\n"));
+                    current = None;
+                }
+                (Some(lines), false) if doc != "#" && !doc.starts_with("# ") => lines.push(doc),
+                _ => {}
+            }
+        }
+        blocks
+    }
 
-#[cfg(all(feature = "demo", target_arch = "wasm32"))]
+    /// Every Rust block of the README is a doctest of the crate (shown without its hidden
+    /// lines), so the README's code compiles whenever the doctests do.
+    #[test]
+    fn the_readmes_code_is_compiled() {
+        let readme = include_str!("../README.md");
+        let compiled: Vec<String> = [include_str!("lib.rs"), include_str!("platform/parent/detached.rs")]
+            .iter()
+            .flat_map(|s| doc_blocks(s))
+            .collect();
+        let mut rust_blocks = 0;
+        for block in readme.split("```rust\n").skip(1) {
+            let code = &block[..block.find("\n```").expect("an unterminated block")];
+            rust_blocks += 1;
+            assert!(compiled.iter().any(|c| c == code), "this README block is not a doctest:\n{code}");
+        }
+        assert!(rust_blocks >= 2, "the README shows the library's code");
+    }
+
+    /// The demo is built as another Worker would be: it names only public items.
+    #[test]
+    fn the_demo_uses_the_public_api_only() {
+        let lib = include_str!("lib.rs");
+        let private: Vec<&str> =
+            lib.lines().filter_map(|l| l.strip_prefix("mod ").and_then(|m| m.strip_suffix(';'))).collect();
+        assert!(private.contains(&"parent") && private.contains(&"platform"), "{private:?}");
+        for (file, text) in [
+            ("demo/mod.rs", include_str!("demo/mod.rs")),
+            ("demo/assistant.rs", include_str!("demo/assistant.rs")),
+            ("demo/children.rs", include_str!("demo/children.rs")),
+        ] {
+            assert!(!text.contains("crate::"), "{file} reaches into the crate with `crate::`");
+            for (at, _) in text.match_indices("agent_tools::") {
+                let segment: String = text[at + "agent_tools::".len()..]
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                assert!(!private.contains(&segment.as_str()), "{file} uses the private module agent_tools::{segment}");
+            }
+        }
+    }
+}
+
+#[cfg(feature = "demo")]
 pub mod demo;
 
-#[cfg(target_arch = "wasm32")]
-pub use platform::{
-    child::{ChildAgent, ChildHost, Turn, TurnOutput},
-    parent::{ChildClass, ParentAgent, ParentHost},
-    route::route_agent_request,
+pub use agent::{Admission, Agent, AgentClass, AgentToolOptions, RecoveryPolicy, SubAgent};
+pub use cancel::{CancelToken, Cancelled};
+pub use parent::detached::DEFAULT_NOTIFY_SOURCE;
+pub use platform::route::{route, Routes, MAX_BODY_BYTES};
+pub use platform::{AgentHost, Turn, TurnOutput};
+pub use run::{
+    AgentToolChunk, AgentToolFailure, ClearFilter, DetachedHandle, DetachedOptions, EventDelivery, InterruptedReason,
+    Milestone, MilestoneMode, OnMilestones, Progress, ProgressSnapshot, RunInfo, RunInspection, RunOptions, RunResult,
+    RunStatus, ScheduledTask,
 };
+pub use tools::{AgentTool, Tool, ToolContext, Tools};
+
+/// What an agent author needs: `use agent_tools::prelude::*;`.
+pub mod prelude {
+    pub use crate::{
+        Agent, AgentHost, AgentTool, AgentToolOptions, CancelToken, DetachedOptions, Progress, RunOptions, RunResult,
+        RunStatus, Tool, ToolContext, Tools, Turn, TurnOutput,
+    };
+}
+
+/// What [`durable_object!`] expands to needs; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::wrangler_check::{check_wrangler, WranglerCheck};
+}

@@ -166,6 +166,19 @@ pub(crate) mod sqlite {
     }
 }
 
+/// Adds the `columns` (name, SQL definition) that `table` lacks: the schema of a table an
+/// earlier version created grows in place, keeping its rows.
+pub fn ensure_columns(sql: &(impl Sql + ?Sized), table: &str, columns: &[(&str, &str)]) -> Result<(), StoreError> {
+    let existing: Vec<String> =
+        sql.exec(&format!("PRAGMA table_info({table})"), &[])?.iter().filter_map(|r| r.text(1)).collect();
+    for (name, definition) in columns {
+        if !existing.iter().any(|c| c == name) {
+            sql.exec(&format!("ALTER TABLE {table} ADD COLUMN {name} {definition}"), &[])?;
+        }
+    }
+    Ok(())
+}
+
 /// A small key-value table for an agent's own identity (its class and name), which an alarm
 /// wake-up cannot recover from the Durable Object id.
 pub mod meta {

@@ -10,14 +10,8 @@ use std::collections::{HashMap, HashSet};
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::{json, Value};
 
-use crate::model::{ModelError, ModelEvent, ModelMessage, ModelRequest, ToolCall, ToolSpec};
-
-/// A model that streams one step at a time.
-#[allow(async_fn_in_trait)] // Workers are single-threaded; no `Send` bound is wanted.
-pub trait Model {
-    /// Streams one step for `request`, handing each event to `on_event` as it arrives.
-    async fn step(&self, request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError>;
-}
+pub use crate::model::Model;
+use crate::model::{ModelEvent, ModelMessage, ModelRequest, ToolCall, ToolSpec};
 
 /// The tools a turn may call.
 #[allow(async_fn_in_trait)]
@@ -73,8 +67,10 @@ impl CallIds {
 }
 
 /// No tools at all.
+#[cfg(test)]
 pub struct NoTools;
 
+#[cfg(test)]
 impl ToolBox for NoTools {
     fn specs(&self) -> Vec<ToolSpec> {
         Vec::new()
@@ -212,7 +208,7 @@ pub async fn run_turn<M: Model, T: ToolBox>(
 mod tests {
     use super::*;
     use crate::chat::message::MessageBuilder;
-    use crate::model::offline;
+    use crate::model::{offline, ModelError};
     use std::cell::{Cell, RefCell};
     use std::future::Future;
     use std::pin::Pin;

@@ -65,6 +65,17 @@ impl ChildStatus {
         }
     }
 
+    /// The SQL and wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Running => "running",
+            Self::Completed => "completed",
+            Self::Error => "error",
+            Self::Aborted => "aborted",
+        }
+    }
+
     /// Whether the run has ended.
     pub fn is_terminal(self) -> bool {
         matches!(self, Self::Completed | Self::Error | Self::Aborted)

@@ -2,16 +2,17 @@
 //! imperative runs and the lifecycle (`research`, `dispatch`, `cancel`, `clear`, `runs`,
 //! `hooks`).
 
+use agent_tools::prelude::*;
+use agent_tools::{
+    Admission, CancelToken, ClearFilter, EventDelivery, MilestoneMode, OnMilestones, RunInfo, RunStatus, ScheduledTask,
+};
 use futures::future::join_all;
 use schemars::JsonSchema;
 use serde_json::{json, Value};
-use worker::Env;
+use worker::{Env, SqlStorageValue};
 
-use crate::parent::detached::{DetachedOptions, MilestoneMode, OnMilestones};
-use crate::parent::{Admission, AgentTool, ClearFilter, EventDelivery, RunOptions, RunRecord, RunResult, RunStatus};
-use crate::platform::model::setting;
-use crate::platform::parent::{ChildClass, ParentAgent, ParentHost};
-use crate::store::{Sql, Value as V};
+use super::children::{Researcher, Summarizer};
+use super::setting;
 
 /// The input of the `research` tool.
 #[derive(JsonSchema, serde::Deserialize)]
@@ -22,8 +23,9 @@ pub struct ResearchInput {
     query: String,
 }
 
-/// The parent's logic.
-pub struct AssistantAgent;
+/// The parent: a chat agent whose model researches topics with `Researcher` children.
+#[derive(Default)]
+pub struct Assistant;
 
 /// The demo's detached completion handlers: a typed registry, kept in SQL by name.
 #[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,24 +40,16 @@ pub enum DemoHandler {
 const HOOK_LOG: &str = "CREATE TABLE IF NOT EXISTS demo_hook_log (n INTEGER PRIMARY KEY AUTOINCREMENT, \
     run_id TEXT NOT NULL, hook TEXT NOT NULL, status TEXT)";
 
-fn log_hook(parent: &ParentHost<AssistantAgent>, run_id: &str, hook: &str, status: Option<RunStatus>) {
+fn log_hook(host: &AgentHost<Assistant>, run_id: &str, hook: &str, status: Option<RunStatus>) {
     let status = status.map(RunStatus::as_str);
     worker::console_log!("{}", json!({ "type": "demo:hook", "runId": run_id, "hook": hook, "status": status }));
-    let sql = parent.sql();
-    let _ = sql.batch(HOOK_LOG);
-    let _ = sql.exec(
-        "INSERT INTO demo_hook_log (run_id, hook, status) VALUES (?, ?, ?)",
-        &[V::from(run_id), V::from(hook), V::from(status)],
-    );
+    let sql = host.sql();
+    let _ = sql.exec(HOOK_LOG, None);
+    let bindings = vec![run_id.into(), hook.into(), status.map_or(SqlStorageValue::Null, Into::into)];
+    let _ = sql.exec("INSERT INTO demo_hook_log (run_id, hook, status) VALUES (?, ?, ?)", Some(bindings));
 }
 
-impl ParentAgent for AssistantAgent {
-    const CLASS: &'static str = "Assistant";
-    const CHILDREN: &'static [ChildClass] = &[
-        ChildClass { class: "Researcher", binding: "Researcher" },
-        ChildClass { class: "Summarizer", binding: "Summarizer" },
-    ];
-
+impl Agent for Assistant {
     fn system_prompt(&self) -> Option<String> {
         Some(
             "You are a helpful assistant. For each topic the user wants researched, call the research tool \
@@ -64,112 +58,192 @@ impl ParentAgent for AssistantAgent {
         )
     }
 
-    fn tools(&self) -> Vec<AgentTool> {
-        vec![AgentTool::new("research", "Researcher", "Research one topic in depth and report the findings.")
-            .input::<ResearchInput>()
-            .display_name("Researcher")
-            .icon("🔎")]
+    fn tools(&self) -> Tools<Self> {
+        Tools::new().agent(
+            AgentTool::of::<Researcher>("research", "Research one topic in depth and report the findings.")
+                .input::<ResearchInput>()
+                .display_name("Researcher")
+                .icon("🔎"),
+        )
     }
 
-    /// `MAX_CONCURRENT_AGENT_TOOLS` (unset: unlimited).
-    fn max_concurrent_agent_tools(&self, env: &Env) -> Option<usize> {
-        setting(env, "MAX_CONCURRENT_AGENT_TOOLS").and_then(|v| v.parse().ok())
-    }
-
-    /// `AGENT_TOOL_ALARM_MS` (default 10 000): the recovery alarm's interval.
-    fn recovery_alarm_ms(&self, env: &Env) -> u64 {
-        setting(env, "AGENT_TOOL_ALARM_MS").and_then(|v| v.parse().ok()).unwrap_or(10_000)
-    }
-
-    /// `AGENT_TOOL_ADMISSION`: `reject` (default) or `queue`.
-    fn admission(&self, env: &Env) -> Admission {
-        match setting(env, "AGENT_TOOL_ADMISSION").as_deref() {
-            Some("queue") => Admission::Queue,
-            _ => Admission::Reject,
+    /// `MAX_CONCURRENT_AGENT_TOOLS` (unset: unlimited), `AGENT_TOOL_ADMISSION` (`reject` or
+    /// `queue`), `AGENT_TOOL_ALARM_MS` (the recovery alarm's interval, default 10 000) and
+    /// `AGENT_TOOL_BACKBONE_MS` (a comma-separated backbone cadence).
+    fn agent_tool_options(&self, env: &Env) -> AgentToolOptions {
+        let mut options = AgentToolOptions {
+            max_concurrent: setting(env, "MAX_CONCURRENT_AGENT_TOOLS").and_then(|v| v.parse().ok()),
+            ..AgentToolOptions::default()
+        };
+        if setting(env, "AGENT_TOOL_ADMISSION").as_deref() == Some("queue") {
+            options.admission = Admission::Queue;
         }
+        if let Some(ms) = setting(env, "AGENT_TOOL_ALARM_MS").and_then(|v| v.parse().ok()) {
+            options.recovery_alarm_ms = ms;
+        }
+        if let Some(cadence) = setting(env, "AGENT_TOOL_BACKBONE_MS") {
+            options.backbone_cadence_ms = cadence.split(',').filter_map(|n| n.trim().parse().ok()).collect();
+        }
+        options
     }
 
-    async fn on_agent_tool_start(&self, parent: &ParentHost<Self>, run: &RunRecord) {
-        log_hook(parent, &run.run_id, "start", None);
+    async fn on_agent_tool_start(&self, host: &AgentHost<Self>, run: &RunInfo) {
+        log_hook(host, &run.run_id, "start", None);
     }
 
-    async fn on_agent_tool_finish(&self, parent: &ParentHost<Self>, run: &RunRecord, result: &RunResult) {
-        log_hook(parent, &run.run_id, "finish", Some(result.status));
+    async fn on_agent_tool_finish(&self, host: &AgentHost<Self>, run: &RunInfo, result: &RunResult) {
+        log_hook(host, &run.run_id, "finish", Some(result.status));
     }
 
     async fn on_detached_finish(
         &self,
-        parent: &ParentHost<Self>,
+        host: &AgentHost<Self>,
         handler: &Value,
-        run: &RunRecord,
+        run: &RunInfo,
         result: &RunResult,
     ) -> Result<(), String> {
         match serde_json::from_value::<DemoHandler>(handler.clone()) {
             Ok(DemoHandler::Record) => {
-                log_hook(parent, &run.run_id, "detached", Some(result.status));
+                log_hook(host, &run.run_id, "detached", Some(result.status));
                 Ok(())
             }
             Ok(DemoHandler::Failing) => {
-                log_hook(parent, &run.run_id, "detached-attempt", Some(result.status));
+                log_hook(host, &run.run_id, "detached-attempt", Some(result.status));
                 Err("the failing handler always fails".into())
             }
             Err(e) => Err(format!("unknown handler {handler}: {e}")),
         }
     }
 
-    /// `AGENT_TOOL_BACKBONE_MS`: a comma-separated cadence (default 5000,15000,30000,120000).
-    fn backbone_cadence_ms(&self, env: &Env) -> Vec<u64> {
-        setting(env, "AGENT_TOOL_BACKBONE_MS")
-            .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
-            .unwrap_or_else(|| crate::parent::detached::CADENCE_MS.to_vec())
+    /// A scheduled research task is due: dispatch it as a background run.
+    async fn on_schedule(&self, host: &AgentHost<Self>, task: ScheduledTask) {
+        match task.payload::<ScheduledResearch>() {
+            Ok(research) => {
+                let options = RunOptions::new(json!({ "query": research.topic, "words": 6, "delayMs": 10 }))
+                    .run_id(research.run_id);
+                host.run_agent_tool_detached::<Researcher>(options, DetachedOptions::default()).await;
+            }
+            Err(e) => worker::console_error!("demo: {e}"),
+        }
     }
 
-    async fn call(&self, parent: &ParentHost<Self>, method: &str, args: Vec<Value>) -> Result<Value, String> {
+    async fn call(&self, host: &AgentHost<Self>, method: &str, args: Vec<Value>) -> Result<Value, String> {
         let arg = args.into_iter().next().unwrap_or(Value::Null);
         match method {
-            "research" => research(parent, arg).await,
-            "dispatch" => dispatch(parent, arg).await,
+            "research" => research(host, arg).await,
+            "dispatch" => dispatch(host, arg).await,
             "cancel" => {
                 let run_id = arg.get("runId").and_then(Value::as_str).ok_or("cancel expects {runId, reason?}")?;
                 let reason = arg.get("reason").and_then(Value::as_str).map(str::to_owned);
-                parent.cancel_agent_tool(run_id, reason).await;
-                Ok(parent.registry().get(run_id).map_err(|e| e.to_string())?.map_or(Value::Null, |r| run_json(&r)))
+                host.cancel_agent_tool(run_id, reason).await;
+                Ok(run_json(host, run_id))
             }
             "clear" => {
                 let status = match arg.get("status") {
                     None | Some(Value::Null) => None,
                     Some(Value::Array(s)) => Some(
                         s.iter()
-                            .map(|v| v.as_str().and_then(RunStatus::parse).ok_or(format!("unknown status {v}")))
+                            .map(|v| {
+                                serde_json::from_value::<RunStatus>(v.clone())
+                                    .map_err(|_| format!("unknown status {v}"))
+                            })
                             .collect::<Result<Vec<_>, _>>()?,
                     ),
                     Some(other) => return Err(format!("clear: status must be an array, got {other}")),
                 };
                 let filter = ClearFilter { status, older_than: arg.get("olderThan").and_then(Value::as_i64) };
-                let cleared = parent.clear_agent_tool_runs(&filter).await?;
+                let cleared = host.clear_agent_tool_runs(&filter).await?;
                 Ok(json!({ "cleared": cleared }))
             }
-            "runs" => {
-                let runs = parent.registry().all().map_err(|e| e.to_string())?;
-                Ok(Value::Array(runs.iter().map(run_json).collect()))
+            "runs" => Ok(host.agent_tool_runs().iter().map(|r| run_json(host, &r.run_id)).collect()),
+            "inspect" => {
+                let run_id = arg.get("runId").and_then(Value::as_str).ok_or("inspect expects {runId}")?;
+                serde_json::to_value(host.inspect_agent_tool_run(run_id)).map_err(|e| e.to_string())
+            }
+            "chunks" => {
+                let run_id = arg.get("runId").and_then(Value::as_str).ok_or("chunks expects {runId, after?}")?;
+                let after = arg.get("after").and_then(Value::as_i64);
+                serde_json::to_value(host.get_agent_tool_chunks(run_id, after)).map_err(|e| e.to_string())
+            }
+            "schedule" => {
+                let task: ScheduledResearch =
+                    serde_json::from_value(arg).map_err(|e| format!("schedule expects {{inMs, topic, runId}}: {e}"))?;
+                let id = host.schedule_in(task.in_ms, &task).await?;
+                Ok(json!({ "taskId": id, "scheduled": host.scheduled().len() }))
             }
             "hooks" => {
-                let _ = parent.sql().batch(HOOK_LOG);
-                let rows = parent
-                    .sql()
-                    .exec("SELECT run_id, hook, status FROM demo_hook_log ORDER BY n", &[])
+                let sql = host.sql();
+                let _ = sql.exec(HOOK_LOG, None);
+                #[derive(serde::Deserialize)]
+                struct Row {
+                    run_id: String,
+                    hook: String,
+                    status: Option<String>,
+                }
+                let rows: Vec<Row> = sql
+                    .exec("SELECT run_id, hook, status FROM demo_hook_log ORDER BY n", None)
+                    .and_then(|c| c.to_array())
                     .map_err(|e| e.to_string())?;
-                Ok(rows.iter().map(|r| json!({ "runId": r.text(0), "hook": r.text(1), "status": r.text(2) })).collect())
+                Ok(rows.iter().map(|r| json!({ "runId": r.run_id, "hook": r.hook, "status": r.status })).collect())
             }
             other => Err(format!("Method {other} does not exist")),
         }
     }
 }
 
-/// `research(topics)` or `research({topics, runIds?, parentToolCallId?, words?, delayMs?, agent?})`:
-/// one run per topic (of `Researcher`, or the `agent` given), all at once; resolves with their
-/// results in order.
-async fn research(parent: &ParentHost<AssistantAgent>, arg: Value) -> Result<Value, String> {
+/// The payload of the demo's scheduled task: research `topic` as run `run_id`, `in_ms` from now.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ScheduledResearch {
+    in_ms: u64,
+    topic: String,
+    run_id: String,
+}
+
+/// A run as the demo's `runs` and `cancel` return it: what the registry knows, its result
+/// flattened beside, its latest progress and milestones, and how many chunks it stored.
+fn run_json(host: &AgentHost<Assistant>, run_id: &str) -> Value {
+    let Some(inspection) = host.inspect_agent_tool_run(run_id) else { return Value::Null };
+    let mut out = serde_json::to_value(&inspection.info).unwrap_or_default();
+    if let (Value::Object(o), Some(result)) = (&mut out, &inspection.result) {
+        for key in ["summary", "output", "error", "reason", "childStillRunning"] {
+            if let Some(v) = serde_json::to_value(result).ok().and_then(|r| r.get(key).cloned()) {
+                o.insert(key.into(), v);
+            }
+        }
+    }
+    out["progress"] = serde_json::to_value(&inspection.progress).unwrap_or_default();
+    out["milestones"] = serde_json::to_value(&inspection.milestones).unwrap_or_default();
+    out["chunks"] = host.get_agent_tool_chunks(run_id, None).len().into();
+    out
+}
+
+/// Which child class a dispatch names: the demo's two, by their class names.
+enum Child {
+    Researcher,
+    Summarizer,
+}
+
+fn child(name: &str) -> Result<Child, String> {
+    match name {
+        "Researcher" => Ok(Child::Researcher),
+        "Summarizer" => Ok(Child::Summarizer),
+        other => Err(format!("unknown agent type {other:?}; Assistant dispatches [\"Researcher\", \"Summarizer\"]")),
+    }
+}
+
+async fn run_awaited(host: &AgentHost<Assistant>, child: &Child, options: RunOptions) -> RunResult {
+    match child {
+        Child::Researcher => host.run_agent_tool::<Researcher>(options).await,
+        Child::Summarizer => host.run_agent_tool::<Summarizer>(options).await,
+    }
+}
+
+/// `research(topics)` or `research({topics, runIds?, parentToolCallId?, words?, delayMs?, agent?,
+/// cancelAfterMs?})`: one run per topic (of `Researcher`, or the `agent` given), all at once;
+/// resolves with their results in order. `cancelAfterMs` cancels them all through their
+/// `signal` after that long.
+async fn research(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, String> {
     let (topics, options) = match arg {
         Value::Array(topics) => (topics, Value::Null),
         Value::Object(ref o) => (o.get("topics").and_then(Value::as_array).cloned().unwrap_or_default(), arg.clone()),
@@ -179,7 +253,16 @@ async fn research(parent: &ParentHost<AssistantAgent>, arg: Value) -> Result<Val
         return Err("research takes 1 to 16 topics".into());
     }
     let run_ids = options.get("runIds").and_then(Value::as_array).cloned().unwrap_or_default();
-    let agent = options.get("agent").and_then(Value::as_str).unwrap_or("Researcher");
+    let agent = child(options.get("agent").and_then(Value::as_str).unwrap_or("Researcher"))?;
+    let signal = options.get("cancelAfterMs").and_then(Value::as_u64).map(|ms| {
+        let signal = CancelToken::new();
+        let deadline = signal.clone();
+        host.state().wait_until(async move {
+            worker::Delay::from(std::time::Duration::from_millis(ms)).await;
+            deadline.cancel(Some(format!("no result within {ms} ms")));
+        });
+        signal
+    });
     let runs = topics.iter().enumerate().map(|(i, topic)| {
         let mut input = json!({ "query": topic });
         for key in ["words", "delayMs"] {
@@ -192,9 +275,10 @@ async fn research(parent: &ParentHost<AssistantAgent>, arg: Value) -> Result<Val
             run_id: run_ids.get(i).and_then(Value::as_str).map(str::to_owned),
             parent_tool_call_id: options.get("parentToolCallId").and_then(Value::as_str).map(str::to_owned),
             display_order: Some(i as i64),
+            signal: signal.clone(),
             ..Default::default()
         };
-        parent.run_agent_tool(agent, opts)
+        run_awaited(host, &agent, opts)
     });
     let results = join_all(runs).await;
     serde_json::to_value(results).map_err(|e| e.to_string())
@@ -203,8 +287,8 @@ async fn research(parent: &ParentHost<AssistantAgent>, arg: Value) -> Result<Val
 /// `dispatch({agent, input, runId?, parentToolCallId?, displayOrder?, eventDelivery?, display?,
 /// detached?})`: one run of any child class, with every option; detached runs return a handle
 /// at once.
-async fn dispatch(parent: &ParentHost<AssistantAgent>, arg: Value) -> Result<Value, String> {
-    let agent = arg.get("agent").and_then(Value::as_str).ok_or("dispatch expects {agent, input, ...}")?;
+async fn dispatch(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, String> {
+    let agent = child(arg.get("agent").and_then(Value::as_str).ok_or("dispatch expects {agent, input, ...}")?)?;
     let text = |k: &str| arg.get(k).and_then(Value::as_str).map(str::to_owned);
     let event_delivery = match arg.get("eventDelivery").and_then(Value::as_str) {
         None | Some("full") => EventDelivery::Full,
@@ -219,15 +303,19 @@ async fn dispatch(parent: &ParentHost<AssistantAgent>, arg: Value) -> Result<Val
         input_preview: text("inputPreview"),
         display: arg.get("display").cloned(),
         event_delivery,
+        signal: None,
     };
     match arg.get("detached") {
         None | Some(Value::Null) | Some(Value::Bool(false)) => {
-            serde_json::to_value(parent.run_agent_tool(agent, options).await).map_err(|e| e.to_string())
+            serde_json::to_value(run_awaited(host, &agent, options).await).map_err(|e| e.to_string())
         }
         Some(detached) => {
             let detached = detached_options(detached)?;
-            serde_json::to_value(parent.run_agent_tool_detached(agent, options, detached).await)
-                .map_err(|e| e.to_string())
+            let handle = match agent {
+                Child::Researcher => host.run_agent_tool_detached::<Researcher>(options, detached).await,
+                Child::Summarizer => host.run_agent_tool_detached::<Summarizer>(options, detached).await,
+            };
+            serde_json::to_value(handle).map_err(|e| e.to_string())
         }
     }
 }
@@ -246,10 +334,13 @@ fn detached_options(arg: &Value) -> Result<DetachedOptions, String> {
             Some(serde_json::to_value(handler).map_err(|e| e.to_string())?)
         }
     };
-    let notify = match arg.get("notify") {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => None,
-        Some(Value::Bool(true)) => Some("agent-tool".to_owned()),
-        Some(other) => Some(other.get("source").and_then(Value::as_str).ok_or("notify: true or {source}")?.to_owned()),
+    let (notify, notify_source) = match arg.get("notify") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => (false, None),
+        Some(Value::Bool(true)) => (true, None),
+        Some(other) => {
+            let source = other.get("source").and_then(Value::as_str).ok_or("notify: true or {source}")?;
+            (true, Some(source.to_owned()))
+        }
     };
     let on_milestones = match arg.get("onMilestones") {
         None | Some(Value::Null) => None,
@@ -262,17 +353,9 @@ fn detached_options(arg: &Value) -> Result<DetachedOptions, String> {
     Ok(DetachedOptions {
         on_finish,
         notify,
+        notify_source,
         max_budget_ms: arg.get("maxBudgetMs").and_then(Value::as_u64),
         no_progress_budget_ms: arg.get("noProgressBudgetMs").and_then(Value::as_u64),
         on_milestones,
-    })
-}
-
-fn run_json(r: &RunRecord) -> Value {
-    json!({
-        "runId": r.run_id, "agentType": r.agent_type, "parentToolCallId": r.parent_tool_call_id,
-        "status": r.status, "inputPreview": r.input_preview, "summary": r.summary, "error": r.error_message,
-        "displayOrder": r.display_order, "startedAt": r.started_at, "completedAt": r.completed_at,
-        "nextSeq": r.next_seq, "terminalSeq": r.terminal_seq, "eventDelivery": r.event_delivery.as_str(),
     })
 }

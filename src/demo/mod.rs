@@ -1,5 +1,6 @@
 //! The demo Worker: a parent `Assistant` whose model calls `Researcher` children as a tool, and
-//! a second child class, `Summarizer`, for imperative runs.
+//! a second child class, `Summarizer`, for imperative runs. Built on the library's public API
+//! only (`agent_tools::…`), as any Worker would be.
 //!
 //! All are chat agents on the model the settings select (the offline model by default:
 //! "Research HTTP/3 and gRPC" makes two `research` calls in one step). `OFFLINE_WORDS` and
@@ -10,79 +11,20 @@
 mod assistant;
 mod children;
 
-use worker::{
-    durable_object, event, Context, DurableObject, Env, Request, Response, State, WebSocket, WebSocketIncomingMessage,
-};
+pub use assistant::{Assistant, DemoHandler, ResearchInput};
+pub use children::{Researcher, Summarizer};
 
-pub use assistant::{AssistantAgent, ResearchInput};
-pub use children::{ResearcherAgent, SummarizerAgent};
+agent_tools::durable_object!(Assistant);
+agent_tools::durable_object!(Researcher);
+agent_tools::durable_object!(Summarizer);
 
-use crate::platform::child::ChildHost;
-use crate::platform::parent::{ParentAgent, ParentHost};
-use crate::platform::route::route_agent_request;
-
-/// The parent Durable Object.
-#[durable_object]
-pub struct Assistant {
-    parent: ParentHost<AssistantAgent>,
+#[worker::event(fetch)]
+async fn fetch(req: worker::Request, env: worker::Env, _ctx: worker::Context) -> worker::Result<worker::Response> {
+    agent_tools::route::<Assistant>(req, &env).await
 }
 
-impl DurableObject for Assistant {
-    fn new(state: State, env: Env) -> Self {
-        Self { parent: ParentHost::new(state, env, AssistantAgent) }
-    }
-    async fn fetch(&self, req: Request) -> worker::Result<Response> {
-        self.parent.fetch(req).await
-    }
-    async fn websocket_message(&self, ws: WebSocket, message: WebSocketIncomingMessage) -> worker::Result<()> {
-        self.parent.websocket_message(ws, message).await
-    }
-    async fn websocket_close(&self, ws: WebSocket, code: usize, reason: String, _clean: bool) -> worker::Result<()> {
-        self.parent.websocket_close(ws, code, reason).await
-    }
-    async fn alarm(&self) -> worker::Result<Response> {
-        self.parent.alarm().await
-    }
-}
-
-/// Declares a child Durable Object that delegates to a [`ChildHost`].
-macro_rules! child_object {
-    ($(#[$doc:meta])* $name:ident, $agent:ident) => {
-        $(#[$doc])*
-        #[durable_object]
-        pub struct $name {
-            host: ChildHost<$agent>,
-        }
-
-        impl DurableObject for $name {
-            fn new(state: State, env: Env) -> Self {
-                Self { host: ChildHost::new(state, env, $agent) }
-            }
-            async fn fetch(&self, req: Request) -> worker::Result<Response> {
-                self.host.fetch(req).await
-            }
-            async fn websocket_message(&self, ws: WebSocket, message: WebSocketIncomingMessage) -> worker::Result<()> {
-                self.host.websocket_message(ws, message).await
-            }
-            async fn websocket_close(&self, ws: WebSocket, code: usize, reason: String, _clean: bool) -> worker::Result<()> {
-                self.host.websocket_close(ws, code, reason).await
-            }
-        }
-    };
-}
-
-child_object!(
-    /// The `Researcher` child Durable Object.
-    Researcher,
-    ResearcherAgent
-);
-child_object!(
-    /// The `Summarizer` child Durable Object.
-    Summarizer,
-    SummarizerAgent
-);
-
-#[event(fetch)]
-async fn fetch(req: Request, env: Env, _ctx: Context) -> worker::Result<Response> {
-    route_agent_request(req, &env, &[AssistantAgent::CLASS]).await
+/// A var or secret of the Worker, if set and not empty.
+fn setting(env: &worker::Env, name: &str) -> Option<String> {
+    let value = env.var(name).map(|v| v.to_string()).or_else(|_| env.secret(name).map(|s| s.to_string())).ok()?;
+    (!value.is_empty()).then_some(value)
 }

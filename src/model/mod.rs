@@ -1,15 +1,46 @@
-//! Models that drive a turn: the provider-neutral request, the events a model streams, and the
-//! providers' wire formats (the HTTP itself lives in `platform`).
+//! Models that drive a turn: the [`Model`] trait, the provider-neutral request and the events a
+//! model streams, and the built-in providers' wire formats (their HTTP lives in `platform`).
 //!
-//! - [`offline`]: the built-in deterministic model (the default; no network, no keys).
-//! - [`openai`]: OpenAI-compatible Chat Completions with streaming and tool calls (OpenAI,
+//! - `offline`: the built-in deterministic model (the default; no network, no keys).
+//! - `openai`: OpenAI-compatible Chat Completions with streaming and tool calls (OpenAI,
 //!   Workers AI's OpenAI-compatible endpoint, llama.cpp, vLLM, Ollama…).
-//! - [`sse`]: the server-sent-events decoder both streaming providers use.
+//! - `sse`: the server-sent-events decoder both streaming providers use.
 
-pub mod offline;
-pub mod openai;
-pub mod sse;
-pub mod workers_ai;
+pub(crate) mod offline;
+pub(crate) mod openai;
+pub(crate) mod sse;
+pub(crate) mod workers_ai;
+
+pub use crate::platform::model::{ModelProvider, WorkersAiConfig};
+pub use offline::OfflineModel;
+pub use openai::OpenAiConfig;
+
+/// A model that streams one step at a time: given the conversation and the tools, it streams
+/// text and tool calls, then finishes. Implement it to plug in a provider of your own (a
+/// different HTTP API, a wrapper that routes or records); return it from
+/// [`crate::Agent::model`].
+///
+/// ```
+/// use agent_tools::model::{Model, ModelError, ModelEvent, ModelRequest};
+///
+/// /// Answers every step with one fixed sentence.
+/// struct Canned(&'static str);
+///
+/// impl Model for Canned {
+///     async fn step(&self, _request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError> {
+///         on_event(ModelEvent::TextDelta(self.0.to_owned()));
+///         on_event(ModelEvent::Finish("stop".into()));
+///         Ok(())
+///     }
+/// }
+/// ```
+#[allow(async_fn_in_trait)] // Workers are single-threaded; no `Send` bound is wanted.
+pub trait Model {
+    /// Streams one step for `request`, handing each event to `on_event` as it arrives. A step
+    /// that calls tools ends with [`ModelEvent::Finish`]`("tool-calls")`; the turn runs them and
+    /// asks for the next step.
+    async fn step(&self, request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError>;
+}
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

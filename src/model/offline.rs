@@ -16,18 +16,39 @@
 
 use super::{ModelEvent, ModelMessage, ModelRequest, ToolCall, ToolSpec};
 
-/// How long and how fast the offline model answers.
+/// The built-in offline model: deterministic, no network, no keys (see the module docs for
+/// what it answers). It is what the demo and the tests run on; wrap it to build a model of your
+/// own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OfflinePace {
+pub struct OfflineModel {
     /// Words in an answer.
     pub words: usize,
     /// Pause before each text delta, in milliseconds.
     pub delay_ms: u64,
 }
 
-impl Default for OfflinePace {
+impl Default for OfflineModel {
     fn default() -> Self {
         Self { words: 24, delay_ms: 60 }
+    }
+}
+
+impl OfflineModel {
+    /// What the offline model answers a research request about `query` with: `words` words
+    /// (at least the lead-in `Findings on <query>:`), ending with a period.
+    pub fn research_answer(query: &str, words: usize) -> String {
+        research_answer(query, words)
+    }
+
+    /// The topics the offline model reads from a user message ("Research HTTP/3 and gRPC" →
+    /// `["HTTP/3", "gRPC"]`; a JSON object's `query`, `topic` or `text`).
+    pub fn topics(text: &str) -> Vec<String> {
+        topics(text)
+    }
+
+    /// Every event of one step for `request`, without pauses.
+    pub fn respond(&self, request: &ModelRequest) -> Vec<ModelEvent> {
+        respond(request, self.words)
     }
 }
 
@@ -64,7 +85,7 @@ fn fnv1a(s: &str) -> u64 {
 }
 
 /// The answer to a research `query`: `words` words (at least the lead-in), ending with a period.
-pub fn research_answer(query: &str, words: usize) -> String {
+pub(crate) fn research_answer(query: &str, words: usize) -> String {
     let topic = query.trim();
     let mut out = format!("Findings on {topic}:");
     let lead = out.split_whitespace().count();
@@ -80,7 +101,7 @@ pub fn research_answer(query: &str, words: usize) -> String {
 
 /// Splits text into streaming deltas, one word each, whitespace kept with the word before it,
 /// so that concatenating the deltas gives the text back exactly.
-pub fn deltas(text: &str) -> Vec<String> {
+pub(crate) fn deltas(text: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     let mut current = String::new();
     let mut in_space = false;
@@ -102,7 +123,7 @@ pub fn deltas(text: &str) -> Vec<String> {
 const VERBS: [&str; 4] = ["research ", "compare ", "look into ", "find out about "];
 
 /// Whether a user message asks for research (see the module docs).
-pub fn asks_for_research(text: &str) -> bool {
+pub(crate) fn asks_for_research(text: &str) -> bool {
     let mut rest = text.trim();
     if rest.get(..7).is_some_and(|head| head.eq_ignore_ascii_case("please ")) {
         rest = rest[7..].trim_start();
@@ -111,7 +132,7 @@ pub fn asks_for_research(text: &str) -> bool {
 }
 
 /// Reads the topics of a user message (see the module docs).
-pub fn topics(text: &str) -> Vec<String> {
+pub(crate) fn topics(text: &str) -> Vec<String> {
     if let Ok(serde_json::Value::Object(o)) = serde_json::from_str::<serde_json::Value>(text) {
         if let Some(q) = ["query", "topic", "text"].iter().find_map(|k| o.get(*k).and_then(|v| v.as_str())) {
             return vec![q.trim().to_owned()];
@@ -142,7 +163,7 @@ fn tool_input(tool: &ToolSpec, topic: &str) -> serde_json::Value {
 
 /// One step of the offline model: every event it streams for `request`. Call ids are
 /// `offline_call_<step>_<n>` so they are unique within a conversation.
-pub fn respond(request: &ModelRequest, words: usize) -> Vec<ModelEvent> {
+pub(crate) fn respond(request: &ModelRequest, words: usize) -> Vec<ModelEvent> {
     let step = request.messages.iter().filter(|m| matches!(m, ModelMessage::Assistant { .. })).count();
     let last_user = request.messages.iter().rev().find_map(|m| match m {
         ModelMessage::User(t) => Some(t.as_str()),

@@ -8,8 +8,8 @@ use serde_json::{json, Value};
 
 use super::{EventDecoder, InvalidToolCall, ModelError, ModelEvent, ModelMessage, ModelRequest, ToolCall};
 
-/// Where and what to call.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where and what to call. Its `Debug` never shows the key.
+#[derive(Clone, PartialEq, Eq)]
 pub struct OpenAiConfig {
     /// Base URL up to and including the API version, e.g. `https://api.openai.com/v1`.
     pub base_url: String,
@@ -19,6 +19,17 @@ pub struct OpenAiConfig {
     pub model: String,
     /// Give up when no byte arrives for this long.
     pub stall_timeout_ms: u64,
+}
+
+impl std::fmt::Debug for OpenAiConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiConfig")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("model", &self.model)
+            .field("stall_timeout_ms", &self.stall_timeout_ms)
+            .finish()
+    }
 }
 
 impl OpenAiConfig {

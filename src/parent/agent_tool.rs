@@ -8,16 +8,37 @@
 use schemars::JsonSchema;
 use serde_json::{json, Value};
 
-use super::{RunOptions, RunResult, RunStatus};
+use crate::agent::AgentClass;
 use crate::model::{ToolCall, ToolSpec};
+use crate::run::{RunOptions, RunResult, RunStatus};
 
-/// A child agent offered to the parent's model as a tool.
+/// A child class a parent dispatches, and the binding that hosts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ChildRef {
+    /// The class name (the runs' `agentType`).
+    pub(crate) class: &'static str,
+    /// Its `[[durable_objects.bindings]]` name.
+    pub(crate) binding: &'static str,
+}
+
+impl ChildRef {
+    pub(crate) fn of<C: AgentClass>() -> Self {
+        Self { class: C::CLASS, binding: C::BINDING }
+    }
+}
+
+/// A child agent offered to the parent's model as a tool (the TypeScript SDK's `agentTool()`).
+///
+/// The input schema comes from a Rust type (`.input::<T>()`, derived with `schemars`) or is
+/// given raw (`.input_schema(json!(…))`); the model's input is validated against it before any
+/// child starts. The run id is `agent-tool:<toolCallId>`, so a re-issued tool call re-attaches
+/// instead of starting a second child. The model receives the child's summary, the validated
+/// output (with `.output::<T>()`), or the [`crate::AgentToolFailure`] envelope.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentTool {
     /// The tool name the model calls (`research`).
     pub name: String,
-    /// The child class it dispatches (`Researcher`).
-    pub child: String,
+    pub(crate) child: ChildRef,
     /// What it does, for the model.
     pub description: String,
     /// JSON Schema of its input.
@@ -33,7 +54,7 @@ pub struct AgentTool {
 }
 
 /// The schema of `T`, as sent to models (without the `$schema` marker).
-pub fn schema_for<T: JsonSchema>() -> Value {
+pub(crate) fn schema_for<T: JsonSchema>() -> Value {
     let mut schema = serde_json::to_value(schemars::schema_for!(T)).unwrap_or_else(|_| json!({}));
     if let Value::Object(o) = &mut schema {
         o.remove("$schema");
@@ -42,11 +63,12 @@ pub fn schema_for<T: JsonSchema>() -> Value {
 }
 
 impl AgentTool {
-    /// A tool `name` that dispatches `child`, taking any JSON object until a schema is set.
-    pub fn new(name: impl Into<String>, child: impl Into<String>, description: impl Into<String>) -> Self {
+    /// A tool `name` that dispatches child agent `C`, taking any JSON object until a schema is
+    /// set.
+    pub fn of<C: AgentClass>(name: impl Into<String>, description: impl Into<String>) -> Self {
         Self {
             name: name.into(),
-            child: child.into(),
+            child: ChildRef::of::<C>(),
             description: description.into(),
             input_schema: json!({ "type": "object" }),
             output_schema: None,
@@ -98,6 +120,11 @@ impl AgentTool {
         self
     }
 
+    /// The child class it dispatches.
+    pub fn child_class(&self) -> &'static str {
+        self.child.class
+    }
+
     /// The tool as the model sees it.
     pub fn spec(&self) -> ToolSpec {
         ToolSpec {
@@ -129,7 +156,7 @@ impl AgentTool {
     }
 
     /// The dispatch options of a call, `order`-th of its step.
-    pub fn run_options(&self, call: &ToolCall, order: usize) -> RunOptions {
+    pub(crate) fn run_options(&self, call: &ToolCall, order: usize) -> RunOptions {
         RunOptions {
             input: call.input.clone(),
             run_id: Some(format!("agent-tool:{}", call.id)),
@@ -156,7 +183,7 @@ impl AgentTool {
             Ok(()) => output,
             Err(e) => json!({
                 "ok": false, "status": "error", "retryable": false,
-                "error": format!("{} returned output that does not match the tool's output schema: {e}", self.child),
+                "error": format!("{} returned output that does not match the tool's output schema: {e}", self.child.class),
             }),
         }
     }
@@ -174,8 +201,14 @@ mod tests {
         query: String,
     }
 
+    struct Researcher;
+    impl AgentClass for Researcher {
+        const CLASS: &'static str = "Researcher";
+        const BINDING: &'static str = "Researcher";
+    }
+
     fn tool() -> AgentTool {
-        AgentTool::new("research", "Researcher", "Research one topic in depth.")
+        AgentTool::of::<Researcher>("research", "Research one topic in depth.")
             .input::<ResearchInput>()
             .display_name("Researcher")
     }

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::registry::RunRecord;
-use super::RunStatus;
 use crate::protocol::InterruptedReason;
+use crate::run::RunStatus;
 use crate::store::{Sql, StoreError, Value as V};
 
 /// A detached run's absolute budget by default: 24 h.
@@ -48,18 +48,36 @@ pub struct OnMilestones {
     pub mode: MilestoneMode,
 }
 
-/// How a detached run is configured.
+/// The `metadata.source` of a `notify` run's messages unless it names one (the TypeScript
+/// SDK's `"detached-agent-tool"`).
+pub const DEFAULT_NOTIFY_SOURCE: &str = "detached-agent-tool";
+
+/// How a detached run is configured (the TypeScript SDK's `DetachedAgentToolConfig`).
+///
+/// ```
+/// use agent_tools::DetachedOptions;
+///
+/// // Tell the chat when it finishes; the model answers.
+/// let notify = DetachedOptions { notify: true, ..Default::default() };
+/// // Or hand the outcome to a handler of the app's own (any serializable tag).
+/// let handler = DetachedOptions { on_finish: Some(serde_json::json!("importDone")), ..Default::default() };
+/// # let _ = (notify, handler);
+/// ```
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct DetachedOptions {
     /// The app's completion handler: any serializable tag (an enum of the app's handlers, say),
-    /// kept in SQL and handed back to `ParentAgent::on_detached_finish`. It survives eviction.
+    /// kept in SQL and handed back to `Agent::on_detached_finish`. It survives eviction, and
+    /// takes precedence over `notify`.
     pub on_finish: Option<Value>,
-    /// Inject a chat message with this `metadata.source` and run a model turn on completion.
-    pub notify: Option<String>,
-    /// Absolute budget (default [`DEFAULT_MAX_BUDGET_MS`]).
+    /// Inject a chat message when the run finishes, and run a model turn on it.
+    pub notify: bool,
+    /// The `metadata.source` of the messages `notify` and `on_milestones` inject (default
+    /// [`DEFAULT_NOTIFY_SOURCE`]).
+    pub notify_source: Option<String>,
+    /// Absolute budget (default: [`crate::AgentToolOptions::detached_max_budget_ms`], 24 h).
     pub max_budget_ms: Option<u64>,
-    /// Resetting budget once the child has signalled (default
-    /// [`DEFAULT_NO_PROGRESS_BUDGET_MS`]; 0 disables it).
+    /// Resetting budget once the child has signalled (default:
+    /// [`crate::AgentToolOptions::detached_no_progress_budget_ms`], 1 h; 0 disables it).
     pub no_progress_budget_ms: Option<u64>,
     /// Milestones to surface in the chat.
     pub on_milestones: Option<OnMilestones>,
@@ -200,13 +218,14 @@ impl<'a, S: Sql + ?Sized> Ledger<'a, S> {
         let no_progress = ms(options.no_progress_budget_ms.unwrap_or(DEFAULT_NO_PROGRESS_BUDGET_MS));
         self.sql.exec(
             "UPDATE agent_tool_runs SET detached = 1, on_finish = ?, notify_source = ?, on_milestones_json = ?, \
-             max_budget_at = ?, no_progress_budget_ms = ? WHERE run_id = ?",
+             max_budget_at = ?, no_progress_budget_ms = ?, notify = ? WHERE run_id = ?",
             &[
                 V::from(options.on_finish.as_ref().map(Value::to_string)),
-                V::from(options.notify.clone()),
+                V::from(options.notify_source.clone()),
                 V::from(options.on_milestones.as_ref().and_then(|m| serde_json::to_string(m).ok())),
                 V::Int(now.saturating_add(max)),
                 V::Int(no_progress),
+                V::from(options.notify),
                 V::from(run_id),
             ],
         )?;
@@ -315,7 +334,8 @@ mod tests {
         let db = db();
         let options = DetachedOptions {
             on_finish: Some(json!({"handler": "importDone"})),
-            notify: Some("research-background".into()),
+            notify: true,
+            notify_source: Some("research-background".into()),
             max_budget_ms: Some(1000),
             no_progress_budget_ms: Some(0),
             on_milestones: Some(OnMilestones { names: vec!["m".into()], mode: MilestoneMode::React }),

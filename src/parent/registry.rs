@@ -14,7 +14,7 @@ mod record;
 
 use serde_json::Value;
 
-pub use record::{DetachedState, EventDelivery, NewRun, RunRecord, RunStatus, SlotState, Terminal};
+pub use record::{EventDelivery, NewRun, RunRecord, RunStatus, Terminal};
 
 use crate::protocol::tail::ChunkKind;
 use crate::protocol::{EventFrame, InterruptedReason};
@@ -56,7 +56,10 @@ CREATE TABLE IF NOT EXISTS agent_tool_runs (
   child_cursor INTEGER NOT NULL DEFAULT -1,
   terminal_seq INTEGER,
   progress_json TEXT,
-  progress_seq INTEGER
+  progress_seq INTEGER,
+  child_binding TEXT NOT NULL DEFAULT '',
+  finish_hook_at INTEGER,
+  notify INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS agent_tool_runs_by_call
   ON agent_tool_runs (parent_tool_call_id, display_order);
@@ -72,6 +75,13 @@ CREATE TABLE IF NOT EXISTS agent_tool_frames (
   PRIMARY KEY (run_id, seq)
 ) WITHOUT ROWID;
 ";
+
+/// Columns added since the first schema, with their definitions.
+const ADDED_COLUMNS: &[(&str, &str)] = &[
+    ("child_binding", "TEXT NOT NULL DEFAULT ''"),
+    ("finish_hook_at", "INTEGER"),
+    ("notify", "INTEGER NOT NULL DEFAULT 0"),
+];
 
 /// Registry failures.
 #[derive(Debug, Clone, PartialEq)]
@@ -166,9 +176,11 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
         Self { sql }
     }
 
-    /// Creates the tables if missing.
+    /// Creates the tables if missing, and adds the columns later versions introduced to a
+    /// table an earlier version created (a deploy keeps the rows).
     pub fn migrate(&self) -> Result<(), StoreError> {
-        self.sql.batch(SCHEMA)
+        self.sql.batch(SCHEMA)?;
+        crate::store::ensure_columns(self.sql, "agent_tool_runs", ADDED_COLUMNS)
     }
 
     /// Inserts a `starting` row, or returns the existing row for this run id. A run id that
@@ -178,8 +190,8 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
         // saw the old frames must not take the new ones for them.
         let written = self.sql.exec(
             "INSERT INTO agent_tool_runs (run_id, parent_tool_call_id, agent_type, input_preview, \
-             status, display_json, display_order, started_at, event_delivery, next_seq) \
-             VALUES (?, ?, ?, ?, 'starting', ?, ?, ?, ?, \
+             status, display_json, display_order, started_at, event_delivery, child_binding, next_seq) \
+             VALUES (?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, \
                COALESCE((SELECT next_seq FROM agent_tool_tombstones WHERE run_id = ?1), 1)) \
              ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
             &[
@@ -191,6 +203,7 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
                 V::Int(run.display_order),
                 V::Int(now),
                 V::from(run.event_delivery.as_str()),
+                V::from(&run.binding),
             ],
         )?;
         let record = self
@@ -254,12 +267,11 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
         Ok(!rows.is_empty())
     }
 
-    /// Claims the one `on_agent_tool_finish` call of an awaited run: `true` for the first caller
-    /// only (a repaired `interrupted` run does not fire it again).
+    /// Claims the one `on_agent_tool_finish` call of a run, awaited or detached: `true` for the
+    /// first caller only (a repaired `interrupted` run, a retried delivery, do not fire it again).
     pub fn claim_finish_hook(&self, run_id: &str, now: i64) -> Result<bool, StoreError> {
         let rows = self.sql.exec(
-            "UPDATE agent_tool_runs SET finish_delivered_at = ?, finish_attempts = finish_attempts + 1 \
-             WHERE run_id = ? AND finish_delivered_at IS NULL RETURNING 1",
+            "UPDATE agent_tool_runs SET finish_hook_at = ? WHERE run_id = ? AND finish_hook_at IS NULL RETURNING 1",
             &[V::Int(now), V::from(run_id)],
         )?;
         Ok(!rows.is_empty())
@@ -400,6 +412,26 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
             self.sql.exec("DELETE FROM agent_tool_runs WHERE run_id = ?", &[V::from(id)])?;
         }
         Ok(())
+    }
+
+    /// The stored frames of a run (chunks and milestones) after sequence `after`, in order.
+    pub fn frames(&self, run_id: &str, after: i64) -> Result<Vec<(i64, String)>, StoreError> {
+        let rows = self.sql.exec(
+            "SELECT seq, body FROM agent_tool_frames WHERE run_id = ? AND seq > ? ORDER BY seq",
+            &[V::from(run_id), V::Int(after)],
+        )?;
+        Ok(rows.iter().filter_map(|r| Some((r.int(0)?, r.text(1)?))).collect())
+    }
+
+    /// The milestone frames of a run, in order.
+    pub fn milestones(&self, run_id: &str) -> Result<Vec<(i64, String)>, StoreError> {
+        // A milestone body is a JSON object whose `type` is the milestone part; inside a string
+        // value the same characters would be escaped, so this never matches text.
+        let rows = self.sql.exec(
+            "SELECT seq, body FROM agent_tool_frames WHERE run_id = ? AND body LIKE ? ORDER BY seq",
+            &[V::from(run_id), V::from(format!("%\"type\":\"{}\"%", crate::protocol::chunk::MILESTONE_PART))],
+        )?;
+        Ok(rows.iter().filter_map(|r| Some((r.int(0)?, r.text(1)?))).collect())
     }
 
     /// Every frame a newly connected client needs, marked `replay`: for each retained run in

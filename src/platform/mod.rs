@@ -1,23 +1,28 @@
-//! The edge: every touch of the Workers platform lives here (wasm32 only).
+//! The edge: every touch of the Workers platform lives here.
 //!
-//! Durable Object SQL behind [`crate::store::Sql`], the clock, ids, JSON responses, and the two
-//! hosts that bind the parent and child logic to Durable Objects, WebSockets and stubs.
+//! Durable Object SQL behind [`crate::store::Sql`], the clock, ids, JSON responses, and
+//! [`AgentHost`], which binds the parent and child logic to a Durable Object, its WebSockets,
+//! its alarm and its children's stubs.
 
-pub mod chat;
-pub mod child;
-pub mod model;
-pub mod parent;
-pub mod route;
+pub(crate) mod chat;
+pub(crate) mod child;
+pub(crate) mod host;
+pub(crate) mod model;
+pub(crate) mod parent;
+pub(crate) mod route;
+pub(crate) mod tools;
 
 use serde_json::json;
-use wasm_bindgen::JsValue;
 use worker::{Response, SqlStorage, SqlStorageValue};
+
+pub use child::{Turn, TurnOutput};
+pub use host::AgentHost;
 
 use crate::store::{Row, Sql, StoreError, Value};
 
 /// Durable Object SQLite behind [`Sql`].
 #[derive(Clone, Debug)]
-pub struct DoSql(pub SqlStorage);
+pub(crate) struct DoSql(pub SqlStorage);
 
 fn to_sql_value(v: &Value) -> SqlStorageValue {
     match v {
@@ -68,23 +73,16 @@ impl Sql for DoSql {
 }
 
 /// Milliseconds since the epoch.
-pub fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     js_sys::Date::now() as i64
 }
 
-/// A random id (`crypto.randomUUID()`).
-pub fn random_id() -> String {
-    let uuid = js_sys::Reflect::get(&js_sys::global(), &JsValue::from_str("crypto"))
-        .and_then(|crypto| {
-            let f = js_sys::Reflect::get(&crypto, &JsValue::from_str("randomUUID"))?;
-            js_sys::Function::from(f).call0(&crypto)
-        })
-        .ok()
-        .and_then(|v| v.as_string());
-    uuid.unwrap_or_else(|| format!("{:x}{:x}", now_ms(), (js_sys::Math::random() * 1e15) as u64))
+/// A random v4 UUID (`getrandom` reads `crypto.getRandomValues` in a Worker).
+pub(crate) fn random_id() -> String {
+    uuid::Uuid::new_v4().to_string()
 }
 
 /// A JSON error body `{"error": message}` with `status`.
-pub fn json_error(status: u16, message: impl Into<String>) -> worker::Result<Response> {
+pub(crate) fn json_error(status: u16, message: impl Into<String>) -> worker::Result<Response> {
     Ok(Response::from_json(&json!({ "error": message.into() }))?.with_status(status))
 }

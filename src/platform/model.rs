@@ -1,15 +1,6 @@
 //! Model providers on the platform: the offline model paced with timers, OpenAI-compatible
-//! Chat Completions over `fetch`, and the Workers AI binding. One setting picks one.
-//!
-//! | var | meaning | default |
-//! |---|---|---|
-//! | `MODEL_PROVIDER` | `offline`, `openai` or `workers-ai` | `offline` |
-//! | `OPENAI_BASE_URL` | base URL up to the API version | `https://api.openai.com/v1` |
-//! | `OPENAI_MODEL` | model name | `gpt-4o-mini` |
-//! | `OPENAI_API_KEY` | bearer token (a secret or a var) | none |
-//! | `MODEL_STALL_TIMEOUT_MS` | give up when no byte arrives for this long | `30000` |
-//! | `WORKERS_AI_MODEL` | model for the `AI` binding | `@cf/meta/llama-3.3-70b-instruct-fp8-fast` |
-//! | `OFFLINE_WORDS`, `OFFLINE_DELAY_MS` | the offline model's answer length and pace | `24`, `60` |
+//! Chat Completions over `fetch`, and the Workers AI binding. One setting picks one
+//! ([`ModelProvider::from_env`]).
 
 use std::time::Duration;
 
@@ -19,29 +10,45 @@ use serde_json::Value;
 use wasm_bindgen::JsValue;
 use worker::{AbortController, Delay, Env, Fetch, Headers, Method, Request, RequestInit};
 
-use crate::chat::turn::Model;
-use crate::model::offline::{self, OfflinePace};
+use crate::model::offline::OfflineModel;
 use crate::model::openai::{self, OpenAiConfig, StreamDecoder};
 use crate::model::sse::SseDecoder;
 use crate::model::workers_ai::WorkersAiDecoder;
-use crate::model::{EventDecoder, ModelError, ModelEvent, ModelRequest};
+use crate::model::{EventDecoder, Model, ModelError, ModelEvent, ModelRequest};
 
-/// Which model answers, and how to reach it.
-#[derive(Debug, Clone, PartialEq)]
+/// The built-in providers; one setting picks one ([`ModelProvider::from_env`]). Each is a
+/// [`Model`]; an agent may return any other `Model` of its own instead.
+#[derive(Debug, Clone)]
 pub enum ModelProvider {
     /// The built-in deterministic model.
-    Offline(OfflinePace),
+    Offline(OfflineModel),
     /// An OpenAI-compatible Chat Completions endpoint.
     OpenAi(OpenAiConfig),
     /// The Workers AI binding.
-    WorkersAi {
-        /// Binding name (`AI`).
-        binding: String,
-        /// Model id.
-        model: String,
-        /// Stall timeout.
-        stall_timeout_ms: u64,
-    },
+    WorkersAi(WorkersAiConfig),
+}
+
+/// The Workers AI binding and the model to run on it.
+#[derive(Clone)]
+pub struct WorkersAiConfig {
+    /// Binding name (`AI`).
+    pub binding: String,
+    /// Model id.
+    pub model: String,
+    /// Give up when nothing arrives for this long.
+    pub stall_timeout_ms: u64,
+    /// The environment that holds the binding.
+    pub env: Env,
+}
+
+impl std::fmt::Debug for WorkersAiConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkersAiConfig")
+            .field("binding", &self.binding)
+            .field("model", &self.model)
+            .field("stall_timeout_ms", &self.stall_timeout_ms)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A var or secret, if set and non-empty.
@@ -55,13 +62,23 @@ fn number(env: &Env, name: &str) -> Option<u64> {
 }
 
 impl ModelProvider {
-    /// The provider the Worker's settings select (see the module docs).
+    /// The provider the Worker's settings select:
+    ///
+    /// | var | meaning | default |
+    /// |---|---|---|
+    /// | `MODEL_PROVIDER` | `offline`, `openai` or `workers-ai` | `offline` |
+    /// | `OPENAI_BASE_URL` | base URL up to the API version | `https://api.openai.com/v1` |
+    /// | `OPENAI_MODEL` | model name | `gpt-4o-mini` |
+    /// | `OPENAI_API_KEY` | bearer token (a secret or a var) | none |
+    /// | `MODEL_STALL_TIMEOUT_MS` | give up when no byte arrives for this long | `30000` |
+    /// | `WORKERS_AI_MODEL` | model for the `AI` binding | `@cf/meta/llama-3.3-70b-instruct-fp8-fast` |
+    /// | `OFFLINE_WORDS`, `OFFLINE_DELAY_MS` | the offline model's answer length and pace | `24`, `60` |
     pub fn from_env(env: &Env) -> Result<Self, ModelError> {
         let stall_timeout_ms = number(env, "MODEL_STALL_TIMEOUT_MS").unwrap_or(30_000);
         match setting(env, "MODEL_PROVIDER").as_deref().unwrap_or("offline") {
             "offline" => {
-                let d = OfflinePace::default();
-                Ok(Self::Offline(OfflinePace {
+                let d = OfflineModel::default();
+                Ok(Self::Offline(OfflineModel {
                     words: number(env, "OFFLINE_WORDS").map_or(d.words, |w| w.min(5000) as usize),
                     delay_ms: number(env, "OFFLINE_DELAY_MS").map_or(d.delay_ms, |ms| ms.min(60_000)),
                 }))
@@ -72,25 +89,18 @@ impl ModelProvider {
                 model: setting(env, "OPENAI_MODEL").unwrap_or_else(|| "gpt-4o-mini".into()),
                 stall_timeout_ms,
             })),
-            "workers-ai" => Ok(Self::WorkersAi {
+            "workers-ai" => Ok(Self::WorkersAi(WorkersAiConfig {
                 binding: "AI".into(),
                 model: setting(env, "WORKERS_AI_MODEL")
                     .unwrap_or_else(|| "@cf/meta/llama-3.3-70b-instruct-fp8-fast".into()),
                 stall_timeout_ms,
-            }),
+                env: env.clone(),
+            })),
             other => Err(ModelError::Config(format!(
                 "MODEL_PROVIDER is {other:?}; use \"offline\", \"openai\" or \"workers-ai\""
             ))),
         }
     }
-}
-
-/// A [`ModelProvider`] bound to the Worker's environment, ready to run turns.
-pub struct PlatformModel<'a> {
-    /// The provider.
-    pub provider: ModelProvider,
-    /// The environment (for the AI binding).
-    pub env: &'a Env,
 }
 
 /// Aborts its fetch when dropped, so a cancelled turn closes the provider connection at once.
@@ -104,24 +114,37 @@ impl Drop for AbortOnDrop {
     }
 }
 
-impl Model for PlatformModel<'_> {
+impl Model for ModelProvider {
     async fn step(&self, request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError> {
-        match &self.provider {
-            ModelProvider::Offline(pace) => {
-                for event in offline::respond(request, pace.words) {
-                    if matches!(event, ModelEvent::TextDelta(_) | ModelEvent::ToolCallStart { .. }) && pace.delay_ms > 0
-                    {
-                        Delay::from(Duration::from_millis(pace.delay_ms)).await;
-                    }
-                    on_event(event);
-                }
-                Ok(())
-            }
-            ModelProvider::OpenAi(config) => openai_step(config, request, on_event).await,
-            ModelProvider::WorkersAi { binding, model, stall_timeout_ms } => {
-                workers_ai_step(self.env, binding, model, *stall_timeout_ms, request, on_event).await
-            }
+        match self {
+            Self::Offline(model) => model.step(request, on_event).await,
+            Self::OpenAi(config) => config.step(request, on_event).await,
+            Self::WorkersAi(config) => config.step(request, on_event).await,
         }
+    }
+}
+
+impl Model for OfflineModel {
+    async fn step(&self, request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError> {
+        for event in self.respond(request) {
+            if matches!(event, ModelEvent::TextDelta(_) | ModelEvent::ToolCallStart { .. }) && self.delay_ms > 0 {
+                Delay::from(Duration::from_millis(self.delay_ms)).await;
+            }
+            on_event(event);
+        }
+        Ok(())
+    }
+}
+
+impl Model for OpenAiConfig {
+    async fn step(&self, request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError> {
+        openai_step(self, request, on_event).await
+    }
+}
+
+impl Model for WorkersAiConfig {
+    async fn step(&self, request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError> {
+        workers_ai_step(&self.env, &self.binding, &self.model, self.stall_timeout_ms, request, on_event).await
     }
 }
 

@@ -4,55 +4,136 @@ use futures::StreamExt;
 use worker::{Env, Method, Request, RequestInit, Response};
 
 use super::json_error;
+use crate::agent::AgentClass;
 use crate::routing::{kebab_case, parse_agent_path};
 
-/// Routes a request to the agent it names. Only the classes in `agents` are routable (list your
-/// parents here, never a child: children are reached only through their parent's drill-in
-/// gate). Each class must be bound under its own name in `wrangler.toml`. Anything else is a
-/// JSON error: 404 for an unknown path or agent, 405 for a method other than GET/HEAD (agents
-/// talk over WebSockets and answer GETs), 400 for an oversized name.
-pub async fn route_agent_request(req: Request, env: &Env, agents: &[&str]) -> worker::Result<Response> {
-    let url = req.url()?;
-    // A body no handler reads must still be consumed, or the runtime's proxy fails later
-    // requests ("Can't read from request stream after response has been sent").
-    let req = without_body(req).await?;
-    let Some(path) = parse_agent_path(url.path()) else {
-        return json_error(404, format!("no route for {}; agents live at /agents/<agent>/<name>", url.path()));
-    };
-    let Some(class) = agents.iter().find(|class| kebab_case(class) == path.agent) else {
-        let known: Vec<String> = agents.iter().map(|c| kebab_case(c)).collect();
-        return json_error(404, format!("unknown agent {:?}; this Worker serves {known:?}", path.agent));
-    };
-    if !matches!(req.method(), Method::Get | Method::Head) {
-        return json_error(
-            405,
-            format!("{} is not served here: agents answer GET and WebSocket upgrades", req.method()),
-        );
-    }
-    if path.name.len() > 512 {
-        return json_error(400, "agent name is longer than 512 bytes");
-    }
-    let stub = env.durable_object(class)?.id_from_name(&path.name)?.get_stub()?;
-    stub.fetch_with_request(req).await
+/// The largest request body the entry forwards to an agent (1 MiB); a larger one is answered
+/// 413 without reaching it.
+pub const MAX_BODY_BYTES: usize = 1 << 20;
+
+/// Routes a request to the agent class `A` (the common case of one agent clients reach):
+/// `/agents/<a-kebab>/<name>` goes to the instance named `<name>`. Anything else is a JSON
+/// error (404 for another path or agent, 413 for a body over [`MAX_BODY_BYTES`], 400 for a name
+/// over 512 bytes). Children are never routable: list only the agents clients may reach.
+///
+/// ```no_run
+/// # use agent_tools::prelude::*;
+/// # #[derive(Default)] pub struct Assistant;
+/// # impl Agent for Assistant {}
+/// # agent_tools::durable_object!(Assistant);
+/// #[worker::event(fetch)]
+/// async fn fetch(req: worker::Request, env: worker::Env, _ctx: worker::Context) -> worker::Result<worker::Response> {
+///     agent_tools::route::<Assistant>(req, &env).await
+/// }
+/// # fn main() {}
+/// ```
+pub async fn route<A: AgentClass>(req: Request, env: &Env) -> worker::Result<Response> {
+    Routes::new().agent::<A>().serve(req, env).await
 }
 
-/// The request without its body (read and dropped, so the sender is not left writing into the
-/// void).
-async fn without_body(req: Request) -> worker::Result<Request> {
-    if req.inner().body().is_none() {
-        return Ok(req);
+/// The agents a Worker entry routes to, when there are several.
+///
+/// ```no_run
+/// # use agent_tools::prelude::*;
+/// # #[derive(Default)] pub struct Assistant;
+/// # impl Agent for Assistant {}
+/// # agent_tools::durable_object!(Assistant);
+/// # #[derive(Default)] pub struct Researcher;
+/// # impl Agent for Researcher {}
+/// # agent_tools::durable_object!(Researcher);
+/// # async fn entry(req: worker::Request, env: worker::Env) -> worker::Result<worker::Response> {
+/// agent_tools::Routes::new().agent::<Assistant>().agent::<Researcher>().serve(req, &env).await
+/// # }
+/// # fn main() {}
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Routes {
+    agents: Vec<(&'static str, &'static str)>,
+}
+
+impl Routes {
+    /// No agents yet.
+    pub fn new() -> Self {
+        Self::default()
     }
-    // Read to the end chunk by chunk, keeping nothing: memory stays flat for any size. (Cancelling
-    // the stream instead makes wrangler dev's proxy fail later requests with 503/500 or hang.)
+
+    /// Makes agent class `A` reachable at `/agents/<a-kebab>/<name>`.
+    pub fn agent<A: AgentClass>(mut self) -> Self {
+        self.agents.push((A::CLASS, A::BINDING));
+        self
+    }
+
+    /// Serves one request.
+    pub async fn serve(&self, req: Request, env: &Env) -> worker::Result<Response> {
+        let url = req.url()?;
+        // The body is read here, whatever happens next: a body nobody reads makes the runtime's
+        // proxy fail later requests ("Can't read from request stream after response has been
+        // sent"), and reading it bounds its size before an agent sees it.
+        let (req, body) = match read_body(req).await? {
+            Ok(read) => read,
+            Err(refusal) => return Ok(refusal),
+        };
+        let Some(path) = parse_agent_path(url.path()) else {
+            return json_error(404, format!("no route for {}; agents live at /agents/<agent>/<name>", url.path()));
+        };
+        let Some((class, binding)) = self.agents.iter().find(|(class, _)| kebab_case(class) == path.agent) else {
+            let known: Vec<String> = self.agents.iter().map(|(c, _)| kebab_case(c)).collect();
+            return json_error(404, format!("unknown agent {:?}; this Worker serves {known:?}", path.agent));
+        };
+        if path.name.len() > 512 {
+            return json_error(400, "agent name is longer than 512 bytes");
+        }
+        let namespace = match env.durable_object(binding) {
+            Ok(namespace) => namespace,
+            Err(_) => {
+                return json_error(
+                    500,
+                    format!(
+                        "no Durable Object binding {binding:?} for {class}: add [[durable_objects.bindings]] \
+                         name = \"{binding}\" class_name = \"{class}\" to wrangler.toml"
+                    ),
+                )
+            }
+        };
+        let stub = namespace.id_from_name(&path.name)?.get_stub()?;
+        let mut init = RequestInit::new();
+        init.with_method(req.method()).with_headers(req.headers().clone());
+        if let Some(body) = body {
+            init.with_body(Some(js_sys::Uint8Array::from(body.as_slice()).into()));
+        }
+        stub.fetch_with_request(Request::new_with_init(url.as_str(), &init)?).await
+    }
+}
+
+/// Reads the request's body to its end, chunk by chunk: at most [`MAX_BODY_BYTES`] are kept
+/// (past that, the rest is read and dropped and the answer is a 413). A body-less request
+/// (GET, a WebSocket upgrade) passes through untouched.
+async fn read_body(req: Request) -> worker::Result<Result<(Request, Option<Vec<u8>>), Response>> {
+    if req.inner().body().is_none() {
+        return Ok(Ok((req, None)));
+    }
     let mut req = req;
+    let mut kept = Vec::new();
+    let mut too_big = false;
     if let Ok(mut body) = req.stream() {
-        while let Some(Ok(_)) = body.next().await {}
+        while let Some(Ok(chunk)) = body.next().await {
+            if kept.len() + chunk.len() > MAX_BODY_BYTES {
+                too_big = true;
+                kept = Vec::new();
+            } else if !too_big {
+                kept.extend_from_slice(&chunk);
+            }
+        }
+    }
+    if too_big {
+        return Ok(Err(json_error(413, format!("request bodies are limited to {MAX_BODY_BYTES} bytes"))?));
     }
     let headers = req.headers().clone();
-    for framing in ["content-length", "transfer-encoding", "content-type"] {
+    for framing in ["content-length", "transfer-encoding"] {
         headers.delete(framing)?;
     }
     let mut init = RequestInit::new();
     init.with_method(req.method()).with_headers(headers);
-    Request::new_with_init(req.url()?.as_ref(), &init)
+    let body = (!matches!(req.method(), Method::Get | Method::Head)).then_some(kept);
+    Ok(Ok((Request::new_with_init(req.url()?.as_ref(), &init)?, body)))
 }

@@ -3,6 +3,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// The host of every internal child URL (the Worker entry never forwards to it).
+pub const HOST: &str = "agent-tools.internal";
 /// Base of every internal child URL.
 pub const BASE: &str = "https://agent-tools.internal/_agent_tools";
 
@@ -19,6 +21,9 @@ pub struct StartRequest {
     pub parent_class: String,
     /// The parent's name.
     pub parent_name: String,
+    /// The child's own Durable Object name (`<Parent>/<parent-name>/<run-id>`).
+    #[serde(default)]
+    pub child_name: String,
     /// `true` for `event_delivery: terminal`.
     #[serde(default)]
     pub terminal_only: bool,

@@ -19,7 +19,16 @@ pub fn abort(reason: Option<&str>) -> String {
     }
 }
 
-/// A progress report from a child (`report_progress`).
+/// A progress report from a child ([`crate::Turn::report_progress`], the TypeScript SDK's
+/// `AgentToolProgress`).
+///
+/// ```
+/// use agent_tools::Progress;
+///
+/// let step = Progress { fraction: Some(0.6), phase: Some("ingesting".into()), ..Default::default() };
+/// let milestone = Progress::milestone("sources-gathered").data(serde_json::json!({ "sources": 2 }));
+/// # let _ = (step, milestone);
+/// ```
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Progress {
     /// 0..1, drives a progress bar.
@@ -34,12 +43,33 @@ pub struct Progress {
     /// Present: a durable milestone with this name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub milestone: Option<String>,
-    /// App-specific payload.
+    /// App-specific payload: live-only for progress unless `persist`, always kept for a
+    /// milestone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<Value>,
+    /// Keep `data` with the latest snapshot (the TypeScript SDK's `{ persist: true }`).
+    #[serde(skip)]
+    pub persist: bool,
 }
 
 impl Progress {
+    /// A durable milestone named `name`.
+    pub fn milestone(name: impl Into<String>) -> Self {
+        Self { milestone: Some(name.into()), ..Self::default() }
+    }
+
+    /// With this payload.
+    pub fn data(mut self, data: Value) -> Self {
+        self.data = Some(data);
+        self
+    }
+
+    /// Keeps `data` with the snapshot.
+    pub fn persist(mut self) -> Self {
+        self.persist = true;
+        self
+    }
+
     fn wire_fields(&self, into: &mut Map<String, Value>) {
         if let Some(f) = self.fraction {
             into.insert("fraction".into(), json!(f));

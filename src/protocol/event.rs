@@ -119,6 +119,7 @@ pub enum AgentToolEvent {
 
 impl AgentToolEvent {
     /// The run this event is about.
+    #[cfg(test)]
     pub fn run_id(&self) -> &str {
         match self {
             Self::Started { run_id, .. }

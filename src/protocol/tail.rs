@@ -115,6 +115,7 @@ impl LineSplitter {
     }
 
     /// Whether bytes are left that did not end in a newline.
+    #[cfg(test)]
     pub fn has_partial(&self) -> bool {
         !self.pending.is_empty()
     }

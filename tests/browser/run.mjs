@@ -221,8 +221,8 @@ const scenarios = {
     await page.click('[data-testid="run-background"]');
     await page.waitForFunction(() => document.body.innerText.includes('reached milestone "sources-gathered"'));
     await waitRuns(page, 1, "completed", '[data-testid="tray"]');
-    await page.waitForFunction(() => document.body.innerText.includes("Background run"));
-    await page.waitForFunction(() => document.body.innerText.includes("Noted: Background run"));
+    await page.waitForFunction(() => document.body.innerText.includes('Background task "Researcher"'));
+    await page.waitForFunction(() => document.body.innerText.includes('Noted: Background task "Researcher"'));
     await shot(page, "notified");
     assert.equal(await page.locator('[data-testid="message-user"]').count(), 1, "one notification");
   },

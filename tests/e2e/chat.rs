@@ -3,10 +3,10 @@
 
 use serde_json::{json, Value};
 
+use crate::harness::text_of;
 use crate::harness::{streamed_text, unique, Client, Worker, WAIT};
 use crate::mock_model::{self, answer, is_parent, last_role, last_user_text, tool_calls, MockModel, Reply};
-use agent_tools::chat::message::text_of;
-use agent_tools::model::offline;
+use agent_tools::model::OfflineModel as offline;
 
 fn of_type<'a>(chunks: &'a [Value], kind: &str) -> Vec<&'a Value> {
     chunks.iter().filter(|c| c["type"] == kind).collect()

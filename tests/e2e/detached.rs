@@ -4,8 +4,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::harness::text_of;
 use crate::harness::{unique, Client, Worker, WAIT};
-use agent_tools::chat::message::text_of;
 
 const FAST_BACKBONE: &[(&str, &str)] = &[("AGENT_TOOL_BACKBONE_MS", "300"), ("AGENT_TOOL_ALARM_MS", "1000")];
 
@@ -95,12 +95,13 @@ async fn notify_injects_one_message_and_a_model_turn() {
     .await;
     assert_eq!(messages[0]["id"], "detached-finish:note-1:completed");
     assert_eq!(messages[0]["role"], "user");
-    assert_eq!(messages[0]["metadata"]["source"], "agent-tool");
+    assert_eq!(messages[0]["metadata"]["source"], "detached-agent-tool", "the TypeScript SDK's default source");
+    assert_eq!(messages[0]["metadata"]["status"], "completed");
     let text = messages[0]["parts"][0]["text"].as_str().unwrap();
-    assert!(text.starts_with("Background run note-1 (Researcher) completed: Findings on note-1"), "{text}");
+    assert!(text.starts_with("Background task \"Researcher\" (run note-1) finished:\n\nFindings on note-1"), "{text}");
     assert_eq!(messages[1]["role"], "assistant");
     let answer = text_of(&messages[1]);
-    assert!(answer.starts_with("Noted: Background run note-1"), "{answer}");
+    assert!(answer.starts_with("Noted: Background task \"Researcher\" (run note-1) finished:"), "{answer}");
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(transcript(&worker, &name).await.len(), 2, "injected once, answered once");
 }
@@ -114,14 +115,18 @@ async fn milestones_reach_the_chat_live_and_once() {
     let options = json!({"onMilestones": ["sources-gathered"], "notify": {"source": "research-background"}});
     client.call("dispatch", detached("ms-1", 40, 80, options)).await.unwrap();
     let narrated = eventually("the milestone line", async || {
-        transcript(&worker, &name).await.into_iter().find(|m| m["id"] == "detached-milestone:ms-1:sources-gathered")
+        transcript(&worker, &name).await.into_iter().find(|m| m["id"] == "detached-ms:ms-1:sources-gathered")
     })
     .await;
     let row = client.call("runs", json!([])).await.unwrap()[0].clone();
     assert_eq!(row["status"], "running", "surfaced while the run was still going");
     assert_eq!(narrated["role"], "assistant", "narrate: a synthetic assistant line, no model turn");
     assert_eq!(narrated["metadata"]["source"], "research-background");
-    assert_eq!(narrated["parts"][0]["text"], "Researcher (ms-1) reached milestone \"sources-gathered\".");
+    assert_eq!(narrated["metadata"]["milestone"], "sources-gathered");
+    assert_eq!(
+        narrated["parts"][0]["text"],
+        "Background task \"Researcher\" (run ms-1) reached milestone \"sources-gathered\"."
+    );
     client.wait_for(WAIT, |f| f["event"]["runId"] == "ms-1" && f["event"]["kind"] == "finished").await;
     let messages = eventually("the completion notice and its answer", async || {
         let m = transcript(&worker, &name).await;
@@ -129,7 +134,7 @@ async fn milestones_reach_the_chat_live_and_once() {
     })
     .await;
     let ids: Vec<&str> = messages.iter().map(|m| m["id"].as_str().unwrap()).collect();
-    assert_eq!(ids.iter().filter(|id| id.starts_with("detached-milestone:")).count(), 1);
+    assert_eq!(ids.iter().filter(|id| id.starts_with("detached-ms:")).count(), 1);
     assert_eq!(ids[1], "detached-finish:ms-1:completed");
 }
 

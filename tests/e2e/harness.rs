@@ -53,16 +53,58 @@ pub fn ensure_built() {
     *built = true;
 }
 
+/// Builds the example Worker (`examples/hello-agents`) unless its `build/` is newer than its
+/// sources and the library's. Once per test process.
+#[allow(dead_code)] // the benchmark does not use it
+pub fn ensure_example_built() {
+    static BUILT: Mutex<bool> = Mutex::new(false);
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if *built {
+        return;
+    }
+    let dir = root().join("examples/hello-agents");
+    let fresh = dir
+        .join("build/index_bg.wasm")
+        .metadata()
+        .and_then(|m| m.modified())
+        .map(|t| t >= newest_mtime(&root().join("src")) && t >= newest_mtime(&dir.join("src")))
+        .unwrap_or(false);
+    if !fresh {
+        let status = Command::new("worker-build")
+            .arg("--release")
+            .current_dir(&dir)
+            .env(
+                "PATH",
+                format!(
+                    "{}/.cargo/bin:{}",
+                    std::env::var("HOME").unwrap_or_default(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .status()
+            .expect("run worker-build for the example (scripts/setup.sh installs it)");
+        assert!(status.success(), "building the example worker failed");
+    }
+    *built = true;
+}
+
 /// The `wrangler.toml` of the repository without its `[build]` section (written by
 /// `scripts/prebuilt-config.sh`), so `wrangler dev` serves the prebuilt `build/` at once.
 pub fn prebuilt_config() -> PathBuf {
     static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    PATH.get_or_init(write_prebuilt_config).clone()
+    PATH.get_or_init(|| write_prebuilt_config("demo", &root().join("wrangler.toml"))).clone()
 }
 
-fn write_prebuilt_config() -> PathBuf {
-    let path = root().join(format!(".wrangler-test/wrangler-{}.toml", std::process::id()));
-    let status = Command::new(root().join("scripts/prebuilt-config.sh")).arg(&path).status().unwrap();
+/// The example Worker's config, prebuilt the same way.
+#[allow(dead_code)] // the benchmark does not use it
+pub fn example_config() -> PathBuf {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| write_prebuilt_config("example", &root().join("examples/hello-agents/wrangler.toml"))).clone()
+}
+
+fn write_prebuilt_config(label: &str, input: &Path) -> PathBuf {
+    let path = root().join(format!(".wrangler-test/wrangler-{label}-{}.toml", std::process::id()));
+    let status = Command::new(root().join("scripts/prebuilt-config.sh")).arg(&path).arg(input).status().unwrap();
     assert!(status.success(), "scripts/prebuilt-config.sh failed");
     path
 }
@@ -102,6 +144,25 @@ impl Worker {
         let path = root().join(format!(".wrangler-test/wrangler-without-{binding}-{}.toml", std::process::id()));
         std::fs::write(&path, config.replace(&block, "")).unwrap();
         Self::start_on(path, None, &[]).await
+    }
+
+    /// Starts a Worker whose configuration gives class `class` no SQLite storage (it is
+    /// declared with `new_classes` instead of `new_sqlite_classes`).
+    #[allow(dead_code)]
+    pub async fn start_without_sqlite(class: &str) -> Worker {
+        let config = std::fs::read_to_string(prebuilt_config()).unwrap();
+        let line = format!("new_sqlite_classes = [\"{class}\"]");
+        assert!(config.contains(&line), "no {line} in the config");
+        let path = root().join(format!(".wrangler-test/wrangler-without-sqlite-{class}-{}.toml", std::process::id()));
+        std::fs::write(&path, config.replace(&line, &format!("new_classes = [\"{class}\"]"))).unwrap();
+        Self::start_on(path, None, &[]).await
+    }
+
+    /// Starts the example Worker (`examples/hello-agents`) with fresh state.
+    #[allow(dead_code)] // the benchmark does not use it
+    pub async fn start_example() -> Worker {
+        ensure_example_built();
+        Self::start_custom(&root().join("node_modules/.bin/wrangler"), &example_config(), &root(), None, &[]).await
     }
 
     async fn start_on(config: PathBuf, persist: Option<&Path>, vars: &[(&str, &str)]) -> Worker {
@@ -424,4 +485,25 @@ pub fn streamed_text(events: &[Value]) -> String {
 pub fn unique(prefix: &str) -> String {
     let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_nanos();
     format!("{prefix}-{nanos}")
+}
+
+/// The text of a `UIMessage`: its text parts, concatenated.
+pub fn text_of(message: &Value) -> String {
+    message["parts"]
+        .as_array()
+        .map(|parts| parts.iter().filter(|p| p["type"] == "text").filter_map(|p| p["text"].as_str()).collect())
+        .unwrap_or_default()
+}
+
+/// Encodes a path segment the way `encodeURIComponent` does.
+pub fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.!~*'()".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }

@@ -6,9 +6,9 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 
+use crate::harness::text_of;
 use crate::harness::{streamed_text, unique, Client, Worker, WAIT};
-use agent_tools::chat::message::text_of;
-use agent_tools::model::offline;
+use agent_tools::model::OfflineModel as offline;
 
 fn dispatch_args(agent: &str, run_id: &str, query: &str, words: u64, delay_ms: u64) -> Value {
     json!([{ "agent": agent, "runId": run_id, "input": { "query": query, "words": words, "delayMs": delay_ms } }])
@@ -47,8 +47,9 @@ async fn run_ids_are_never_reused_across_agent_types() {
     assert_eq!(other["status"], "error");
     let error = other["error"].as_str().unwrap();
     assert!(error.contains("already belongs to a Researcher run") && error.contains("Summarizer"), "{error}");
-    let unknown = client.call("dispatch", dispatch_args("Nope", "other-id", "QUIC", 4, 0)).await.unwrap();
-    assert!(unknown["error"].as_str().unwrap().contains("unknown agent type \"Nope\""), "{unknown}");
+    // The demo maps class names to child types; an unknown name never reaches the engine.
+    let unknown = client.call("dispatch", dispatch_args("Nope", "other-id", "QUIC", 4, 0)).await.unwrap_err();
+    assert!(unknown.contains("unknown agent type \"Nope\""), "{unknown}");
     let runs = client.call("runs", json!([])).await.unwrap();
     assert_eq!(runs.as_array().unwrap().len(), 1, "refusals write nothing");
     assert_eq!(runs[0]["agentType"], "Researcher");
@@ -226,8 +227,7 @@ async fn drill_in_serves_the_childs_own_chat_through_the_gate() {
     let mut parent = worker.client(&name).await;
     let call = parent.send_call("dispatch", dispatch_args("Researcher", "deep/run 1", "drilling", 40, 40)).await;
     parent.wait_deltas("deep/run 1", 5).await;
-    let path =
-        format!("/agents/assistant/{name}/sub/researcher/{}", agent_tools::routing::percent_encode("deep/run 1"));
+    let path = format!("/agents/assistant/{name}/sub/researcher/{}", crate::harness::percent_encode("deep/run 1"));
     let mut child = Client::connect(&worker.ws(&path)).await;
     let resuming = child.wait_for(WAIT, |f| f["type"] == "cf_agent_stream_resuming").await;
     assert_eq!(resuming["id"], "deep/run 1");
@@ -323,11 +323,12 @@ async fn queued_admission_waits_for_a_slot() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_failure_after_the_row_is_written_finalizes_it() {
-    let worker = Worker::start_without_binding("Summarizer").await;
+    // Summarizer is bound but has no SQLite storage: its Durable Object cannot start the run.
+    let worker = Worker::start_without_sqlite("Summarizer").await;
     let mut client = worker.client(&unique("stranded")).await;
     let result = client.call("dispatch", dispatch_args("Summarizer", "orphan", "text", 3, 0)).await.unwrap();
     assert_eq!(result["status"], "error");
-    assert!(result["error"].as_str().unwrap().contains("could not reach Summarizer"), "{result}");
+    assert!(result["error"].as_str().unwrap().contains("Summarizer"), "{result}");
     let runs = client.call("runs", json!([])).await.unwrap();
     assert_eq!(runs[0]["status"], "error", "never left starting");
     let events = client.run_events("orphan");
@@ -335,6 +336,25 @@ async fn a_failure_after_the_row_is_written_finalizes_it() {
     assert_eq!(kinds, vec!["started", "error"]);
     let hooks = hooks(&mut client).await;
     assert_eq!((hook_count(&hooks, "orphan", "start"), hook_count(&hooks, "orphan", "finish")), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_child_without_a_binding_is_refused_before_any_row() {
+    let worker = Worker::start_without_binding("Summarizer").await;
+    let mut client = worker.client(&unique("unbound")).await;
+    let result = client.call("dispatch", dispatch_args("Summarizer", "orphan", "text", 3, 0)).await.unwrap();
+    assert_eq!(result["status"], "error");
+    let error = result["error"].as_str().unwrap();
+    assert!(
+        error.contains("no Durable Object binding \"Summarizer\"")
+            && error.contains("[[durable_objects.bindings]] name = \"Summarizer\" class_name = \"Summarizer\""),
+        "the error names the class and the line to add: {error}"
+    );
+    assert!(client.call("runs", json!([])).await.unwrap().as_array().unwrap().is_empty(), "nothing written");
+    assert!(client.run_events("orphan").is_empty(), "no frame");
+    // The parent's own tool (Researcher) is bound: the agent still works.
+    let ok = client.call("dispatch", dispatch_args("Researcher", "fine", "QUIC", 3, 0)).await.unwrap();
+    assert_eq!(ok["status"], "completed");
 }
 
 #[tokio::test(flavor = "multi_thread")]

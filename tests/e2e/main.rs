@@ -4,9 +4,11 @@
 mod browser;
 mod chat;
 mod detached;
+mod example;
 mod foundation;
 mod harness;
 mod hostile;
+mod library;
 mod lifecycle;
 mod mock_model;
 mod recovery;

@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::harness::text_of;
 use crate::harness::{streamed_text, unique, Client, Worker, WAIT};
-use agent_tools::chat::message::text_of;
-use agent_tools::model::offline;
+use agent_tools::model::OfflineModel as offline;
 
 const VARS: &[(&str, &str)] = &[("AGENT_TOOL_ALARM_MS", "1500"), ("OFFLINE_WORDS", "60"), ("OFFLINE_DELAY_MS", "80")];
 
@@ -91,10 +91,8 @@ async fn runs_cut_short_by_a_killed_runtime_are_recovered_without_any_client() {
             "{run_id}: a partial answer, once: {text}"
         );
         // The child kept the partial answer in its own transcript.
-        let path = format!(
-            "/agents/assistant/{name}/sub/researcher/{}/get-messages",
-            agent_tools::routing::percent_encode(run_id)
-        );
+        let path =
+            format!("/agents/assistant/{name}/sub/researcher/{}/get-messages", crate::harness::percent_encode(run_id));
         let messages: Value = reqwest::get(worker.http(&path)).await.unwrap().json().await.unwrap();
         let assistant =
             messages.as_array().unwrap().iter().find(|m| m["role"] == "assistant").expect("a saved partial answer");

@@ -90,7 +90,9 @@ pub struct NewRun {
     pub parent_tool_call_id: Option<String>,
     /// Child class name.
     pub agent_type: String,
-    /// Input preview (see [`input_preview`]).
+    /// The child's Durable Object binding.
+    pub binding: String,
+    /// Input preview (see [`super::input_preview`]).
     pub input_preview: Option<String>,
     /// UI metadata.
     pub display: Option<Value>,
@@ -161,6 +163,8 @@ pub struct RunRecord {
     pub parent_tool_call_id: Option<String>,
     /// Child class name.
     pub agent_type: String,
+    /// The child's Durable Object binding (empty for rows of the first schema: the class name).
+    pub binding: String,
     /// Input preview.
     pub input_preview: Option<String>,
     /// Status.
@@ -193,6 +197,8 @@ pub struct RunRecord {
     pub terminal_seq: Option<i64>,
     /// The latest progress chunk and its sequence.
     pub progress: Option<(i64, String)>,
+    /// Last progress or milestone seen, epoch ms.
+    pub last_signal_at: Option<i64>,
     /// Detached configuration and delivery ledger (`None` for an awaited run).
     pub detached: Option<DetachedState>,
 }
@@ -202,7 +208,9 @@ pub struct RunRecord {
 pub struct DetachedState {
     /// The app's completion handler tag (its own serialized type), if any.
     pub on_finish: Option<Value>,
-    /// Notify the chat, with this `metadata.source`.
+    /// Notify the chat when the run finishes.
+    pub notify: bool,
+    /// The `metadata.source` of the messages it injects.
     pub notify_source: Option<String>,
     /// Milestones to surface in the chat (`{names, mode}`).
     pub on_milestones: Option<Value>,
@@ -234,7 +242,7 @@ pub(super) const COLUMNS: &str = "run_id, parent_tool_call_id, agent_type, input
     display_order, started_at, completed_at, event_delivery, next_seq, child_cursor, \
     terminal_seq, progress_json, progress_seq, detached, on_finish, notify_source, on_milestones_json, \
     max_budget_at, no_progress_budget_ms, last_signal_at, finish_claimed_at, finish_delivered_at, \
-    finish_attempts, give_up_claimed_at, give_up_delivered_at, give_up_attempts";
+    finish_attempts, give_up_claimed_at, give_up_delivered_at, give_up_attempts, child_binding, notify";
 
 impl RunRecord {
     pub(super) fn from_row(r: &Row) -> Self {
@@ -242,6 +250,7 @@ impl RunRecord {
             run_id: r.text(0).unwrap_or_default(),
             parent_tool_call_id: r.text(1),
             agent_type: r.text(2).unwrap_or_default(),
+            binding: r.text(33).unwrap_or_default(),
             input_preview: r.text(3),
             status: r.text(4).and_then(|s| RunStatus::parse(&s)).unwrap_or(RunStatus::Error),
             summary: r.text(5),
@@ -264,8 +273,10 @@ impl RunRecord {
                 (Some(seq), Some(body)) => Some((seq, body)),
                 _ => None,
             },
+            last_signal_at: r.int(26),
             detached: (r.int(20) == Some(1)).then(|| DetachedState {
                 on_finish: r.text(21).and_then(|s| serde_json::from_str(&s).ok()),
+                notify: r.int(34) == Some(1),
                 notify_source: r.text(22),
                 on_milestones: r.text(23).and_then(|s| serde_json::from_str(&s).ok()),
                 max_budget_at: r.int(24),

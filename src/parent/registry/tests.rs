@@ -14,6 +14,7 @@ fn new_run(id: &str) -> NewRun {
         run_id: id.into(),
         parent_tool_call_id: Some("call_1".into()),
         agent_type: "Researcher".into(),
+        binding: "Researcher".into(),
         input_preview: Some("HTTP/3".into()),
         display: Some(json!({"name": "Researcher"})),
         display_order: 0,

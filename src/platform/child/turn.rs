@@ -1,53 +1,47 @@
-//! The running agent-tool turn, as a child agent sees it.
+//! The running agent-tool run, as the child agent sees it.
 
-use std::rc::Rc;
 use std::time::Duration;
 
 use futures::future::select;
 use serde_json::{json, Value};
 use worker::{Delay, Env};
 
-use super::{ChildAgent, ChildCore, TurnOutput};
+use crate::agent::Agent;
 use crate::cancel::{CancelToken, Cancelled};
 use crate::chat::message::text_of;
 use crate::chat::store::Messages;
-use crate::chat::turn::ToolBox;
 use crate::child::progress::{Decision, Report};
-use crate::model::{ToolCall, ToolSpec};
 use crate::platform::chat::{ChatEnd, TurnSpec};
-use crate::platform::model::PlatformModel;
-use crate::platform::now_ms;
+use crate::platform::tools::HostTools;
+use crate::platform::{now_ms, AgentHost};
 use crate::protocol::chunk::{self, Progress};
 use crate::protocol::tail::ChunkKind;
 
-/// A child agent's tools, bound to a turn.
-pub struct ChildTools<'a, C: ChildAgent> {
-    /// The agent.
-    pub agent: &'a C,
-    /// The agent-tool run, if the turn is one.
-    pub turn: Option<&'a Turn>,
+/// What a finished run hands back.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TurnOutput {
+    /// Short text for display and for the parent's model.
+    pub summary: String,
+    /// Structured output, when the agent has one.
+    pub output: Option<Value>,
 }
 
-impl<C: ChildAgent> ToolBox for ChildTools<'_, C> {
-    fn specs(&self) -> Vec<ToolSpec> {
-        self.agent.tools()
-    }
-    async fn execute(&self, call: &ToolCall, _order: usize) -> Result<Value, String> {
-        self.agent.execute_tool(self.turn, call).await
-    }
-}
-
-/// The running agent-tool turn.
-pub struct Turn {
-    core: Rc<ChildCore>,
+/// The agent-tool run an agent is executing for its parent ([`Agent::run`]).
+pub struct Turn<A: Agent> {
+    host: AgentHost<A>,
     run_id: String,
     input: Value,
     cancel: CancelToken,
 }
 
-impl Turn {
-    pub(super) fn new(core: Rc<ChildCore>, run_id: String, input: Value, cancel: CancelToken) -> Self {
-        Self { core, run_id, input, cancel }
+impl<A: Agent> Turn<A> {
+    pub(super) fn new(host: AgentHost<A>, run_id: String, input: Value, cancel: CancelToken) -> Self {
+        Self { host, run_id, input, cancel }
+    }
+
+    /// The agent running the turn.
+    pub fn host(&self) -> &AgentHost<A> {
+        &self.host
     }
 
     /// The run id.
@@ -62,7 +56,7 @@ impl Turn {
 
     /// The Worker environment (vars, secrets, bindings).
     pub fn env(&self) -> &Env {
-        &self.core.env
+        self.host.env()
     }
 
     /// Whether the run was cancelled.
@@ -78,19 +72,19 @@ impl Turn {
     /// Streams one `UIMessageChunk` (JSON): stored in the run's log, sent to the child's own
     /// chat clients and to every tail. Returns `false` once the run has ended.
     pub fn emit(&self, body: String) -> bool {
-        self.core.emit(&self.run_id, ChunkKind::Stored, body)
+        self.host.emit(&self.run_id, ChunkKind::Stored, body)
     }
 
-    /// Reports progress. With a `milestone` it is durable: stored with the next per-run
-    /// sequence, kept in the log, never coalesced. Otherwise it is transient: the latest
-    /// snapshot sent is kept on the run row (`data` only with `persist`) and the frame is sent
-    /// live, bursts coalesced to one per 200 ms, latest-wins (`fraction >= 1` always goes at
-    /// once); a report held back is written when it goes out.
-    pub fn report_progress(&self, progress: Progress, persist: bool) {
+    /// Reports progress (the TypeScript SDK's `reportProgress`). With a `milestone` it is
+    /// durable: stored with the next per-run sequence, kept in the log, never coalesced.
+    /// Otherwise it is transient: the latest snapshot is kept on the run row (`data` only with
+    /// [`Progress::persist`]) and the frame is sent live, bursts coalesced to one per 200 ms,
+    /// latest-wins (`fraction >= 1` always goes at once); a report held back is sent when its
+    /// window closes.
+    pub fn report_progress(&self, progress: Progress) {
         let now = now_ms();
-        let runs = self.core.runs();
-        let report = Report { progress, persist };
-        let decision = match self.core.live.borrow_mut().get_mut(&self.run_id) {
+        let report = Report { persist: progress.persist, progress };
+        let decision = match self.host.0.live.borrow_mut().get_mut(&self.run_id) {
             Some(run) => run.progress.offer(report.clone(), now),
             None => {
                 worker::console_warn!("agent-tools: report_progress outside a live run of {} is ignored", self.run_id);
@@ -98,23 +92,23 @@ impl Turn {
             }
         };
         if let Some(name) = report.progress.milestone.clone() {
-            match runs.add_milestone(&self.run_id, &name, report.progress.data.as_ref(), now) {
+            match self.host.runs().add_milestone(&self.run_id, &name, report.progress.data.as_ref(), now) {
                 Ok(sequence) => {
                     let body = chunk::milestone(&name, sequence, now, &report.progress);
-                    self.core.emit(&self.run_id, ChunkKind::Milestone, body);
+                    self.host.emit(&self.run_id, ChunkKind::Milestone, body);
                 }
                 Err(e) => worker::console_error!("agent-tools: milestone {name} of {} failed: {e}", self.run_id),
             }
             return;
         }
         match decision {
-            Decision::Emit(report) => self.core.emit_progress(&self.run_id, &report),
+            Decision::Emit(report) => self.host.emit_progress(&self.run_id, &report),
             Decision::Defer { flush_at } => {
-                let (core, run_id) = (self.core.clone(), self.run_id.clone());
-                self.core.state.wait_until(async move {
+                let (host, run_id) = (self.host.clone(), self.run_id.clone());
+                self.host.0.state.wait_until(async move {
                     let wait = (flush_at - now_ms()).max(0) as u64;
                     Delay::from(Duration::from_millis(wait)).await;
-                    core.flush_progress(&run_id);
+                    host.flush_progress(&run_id);
                 });
             }
             Decision::Replaced => {}
@@ -133,17 +127,18 @@ impl Turn {
     }
 
     /// Runs the run as a chat turn: the input becomes a user message
-    /// ([`ChildAgent::format_agent_tool_input`]), the agent's model answers (with its tools),
-    /// and the summary and output come from the assistant message.
-    pub async fn chat<C: ChildAgent>(&self, agent: &C) -> Result<TurnOutput, String> {
-        let core = &self.core;
+    /// ([`Agent::format_agent_tool_input`]), the agent's model answers (with its tools), and the
+    /// summary and output come from the assistant message.
+    pub async fn chat(&self) -> Result<TurnOutput, String> {
+        let host = &self.host;
+        let inner = &host.0;
+        let agent = &inner.agent;
         let user = agent.format_agent_tool_input(&self.input, &self.run_id);
-        Messages::new(&core.sql).upsert(&user, now_ms()).map_err(|e| e.to_string())?;
-        let transcript = json!({ "type": "cf_agent_chat_messages", "messages": core.chat.messages() });
-        core.chat.broadcast(&core.state, &transcript.to_string(), None);
-        let provider = agent.model(&core.env, Some(&self.input)).map_err(|e| e.to_string())?;
-        let model = PlatformModel { provider, env: &core.env };
-        let tools = ChildTools { agent, turn: Some(self) };
+        Messages::new(&inner.sql).upsert(&user, now_ms()).map_err(|e| e.to_string())?;
+        let transcript = json!({ "type": "cf_agent_chat_messages", "messages": inner.chat.messages() });
+        inner.chat.broadcast(&inner.state, &transcript.to_string(), None);
+        let model = agent.model(&inner.env, Some(&self.input)).map_err(|e| e.to_string())?;
+        let tools = HostTools { host, request_id: &self.run_id, turn: Some(self) };
         let emit = |body: String| {
             self.emit(body);
         };
@@ -156,7 +151,7 @@ impl Turn {
             emit: &emit,
             cancel: self.cancel.clone(),
         };
-        let (message, end) = core.chat.run(&core.state, spec, &model, &tools).await;
+        let (message, end) = inner.chat.run(&inner.state, spec, &model, &tools).await;
         match end {
             ChatEnd::Completed => {
                 let output = agent.get_agent_tool_output(self, &message);

@@ -5,36 +5,87 @@
 use serde_json::{json, Value};
 
 use super::dispatch::{Admit, InflightGuard};
-use super::{ParentAgent, ParentHost};
+use crate::agent::{Agent, AgentClass};
 use crate::chat::store::Messages;
 use crate::observability::EventType;
+use crate::parent::agent_tool::ChildRef;
 use crate::parent::detached::{
-    budget_exceeded, finish_due, give_up_due, Claim, DetachedHandle, DetachedOptions, FinishDue, Ledger, MilestoneMode,
-    OnMilestones, Slot, LIVE_WARNING, MAX_ATTEMPTS,
+    budget_exceeded, finish_due, give_up_due, Claim, FinishDue, Slot, DEFAULT_NOTIFY_SOURCE, LIVE_WARNING, MAX_ATTEMPTS,
 };
-use crate::parent::{EventDelivery, RunOptions, RunRecord, RunResult, RunStatus, Terminal};
-use crate::platform::now_ms;
+use crate::parent::registry::{RunRecord, Terminal};
+use crate::platform::{now_ms, AgentHost};
 use crate::protocol::InterruptedReason;
+use crate::run::{
+    DetachedHandle, DetachedOptions, EventDelivery, Milestone, MilestoneMode, OnMilestones, RunInfo, RunOptions,
+    RunResult, RunStatus,
+};
 
-impl<A: ParentAgent> ParentHost<A> {
-    /// The detached ledger.
-    pub fn ledger(&self) -> Ledger<'_, crate::platform::DoSql> {
-        Ledger::new(&self.0.sql)
+impl<A: Agent> AgentHost<A> {
+    /// Dispatches a run of child agent `C` and returns at once (the TypeScript SDK's
+    /// `runAgentTool` with `detached`); the run goes on in the background and its outcome is
+    /// delivered durably (see [`DetachedOptions`]). No caller's signal reaches it: cancel it with
+    /// [`AgentHost::cancel_agent_tool`]. A known run id returns its state and never starts a
+    /// second child.
+    ///
+    /// ```
+    /// use agent_tools::prelude::*;
+    /// use agent_tools::{MilestoneMode, OnMilestones, RunInfo};
+    /// use serde_json::{json, Value};
+    ///
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// enum Handler {
+    ///     ImportDone,
+    /// }
+    ///
+    /// async fn start_import(host: &AgentHost<Assistant>, input: Value) -> String {
+    ///     let detached = DetachedOptions {
+    ///         on_finish: Some(json!(Handler::ImportDone)), // delivered to on_detached_finish, durably
+    ///         max_budget_ms: Some(60 * 60 * 1000),
+    ///         on_milestones: Some(OnMilestones { names: vec!["sources-gathered".into()], mode: MilestoneMode::Narrate }),
+    ///         ..DetachedOptions::default()
+    ///     };
+    ///     let handle = host.run_agent_tool_detached::<Researcher>(RunOptions::new(input), detached).await;
+    ///     handle.run_id // at once; the handle's status is "running", or "error" if the dispatch was refused
+    /// }
+    ///
+    /// impl Agent for Assistant {
+    ///     async fn on_detached_finish(
+    ///         &self,
+    ///         _host: &AgentHost<Self>,
+    ///         handler: &Value,
+    ///         run: &RunInfo,
+    ///         result: &RunResult,
+    ///     ) -> Result<(), String> {
+    ///         match serde_json::from_value(handler.clone()) {
+    ///             Ok(Handler::ImportDone) => Ok(println!("{} ended {:?}", run.run_id, result.status)),
+    ///             Err(e) => Err(format!("unknown handler {handler}: {e}")), // retried, then dead-lettered
+    ///         }
+    ///     }
+    /// }
+    /// # #[derive(Default)] pub struct Assistant;
+    /// # #[derive(Default)] pub struct Researcher;
+    /// # impl Agent for Researcher {}
+    /// # agent_tools::durable_object!(Assistant);
+    /// # agent_tools::durable_object!(Researcher);
+    /// # fn main() {}
+    /// ```
+    pub async fn run_agent_tool_detached<C: AgentClass>(
+        &self,
+        options: RunOptions,
+        detached: DetachedOptions,
+    ) -> DetachedHandle {
+        self.dispatch_detached(ChildRef::of::<C>(), options, detached).await
     }
 
-    /// Dispatches a run and returns at once; the run goes on in the background and its outcome
-    /// is delivered durably (see [`DetachedOptions`]). No caller's cancellation reaches it:
-    /// cancel it with [`ParentHost::cancel_agent_tool`]. A known run id returns its state and
-    /// never starts a second child.
-    pub async fn run_agent_tool_detached(
+    pub(crate) async fn dispatch_detached(
         &self,
-        child: &str,
+        child: ChildRef,
         options: RunOptions,
         mut detached: DetachedOptions,
     ) -> DetachedHandle {
         let refused = |run_id: String, error: String| DetachedHandle {
             run_id,
-            agent_type: child.to_owned(),
+            agent_type: child.class.to_owned(),
             status: RunStatus::Error,
             error: Some(error),
         };
@@ -42,12 +93,12 @@ impl<A: ParentAgent> ParentHost<A> {
             let run_id = options.run_id.clone().unwrap_or_default();
             return refused(run_id, "event_delivery \"terminal\" is not supported for detached runs".into());
         }
-        let (class, new) = match self.prepare(child, &options) {
-            Ok(prepared) => prepared,
-            Err(result) => return refused(result.run_id, result.error.unwrap_or_default()),
+        let new = match self.prepare(child, &options) {
+            Ok(new) => new,
+            Err((run_id, problem)) => return refused(run_id, problem),
         };
-        detached.max_budget_ms.get_or_insert(self.0.agent.detached_max_budget_ms());
-        detached.no_progress_budget_ms.get_or_insert(self.0.agent.detached_no_progress_budget_ms());
+        detached.max_budget_ms.get_or_insert(self.options().detached_max_budget_ms);
+        detached.no_progress_budget_ms.get_or_insert(self.options().detached_no_progress_budget_ms);
         let running = |record: &RunRecord| DetachedHandle {
             run_id: record.run_id.clone(),
             agent_type: record.agent_type.clone(),
@@ -68,7 +119,7 @@ impl<A: ParentAgent> ParentHost<A> {
             }
             Ok(Admit::Drive { record, fresh: false }) => {
                 // Known here but nobody drives it (a restart): follow it again in the background.
-                self.spawn_driver(record.clone(), class, options.input, false);
+                self.spawn_driver(record.clone(), options.input, false);
                 return running(&record);
             }
             Ok(Admit::Drive { record, fresh: true }) => {
@@ -80,16 +131,16 @@ impl<A: ParentAgent> ParentHost<A> {
             }
         };
         let record = self.registry().get(&record.run_id).ok().flatten().unwrap_or(record);
-        self.broadcast_frame(&record.started_frame());
+        self.broadcast(&record.started_frame().to_json());
         self.0.backbone_quiet_ticks.set(0);
-        self.spawn_driver(record.clone(), class, options.input, true);
+        self.spawn_driver(record.clone(), options.input, true);
         running(&record)
     }
 
     /// Drives a run in the background (the run's in-flight entry is already registered; the
     /// task, spawned synchronously here, guards it from then on). A fresh run first arms the
     /// backbone and calls `on_agent_tool_start`.
-    fn spawn_driver(&self, record: RunRecord, class: super::ChildClass, input: Value, fresh: bool) {
+    fn spawn_driver(&self, record: RunRecord, input: Value, fresh: bool) {
         let host = self.clone();
         self.0.state.wait_until(async move {
             let guard = InflightGuard::new(&host, &record);
@@ -99,16 +150,16 @@ impl<A: ParentAgent> ParentHost<A> {
                 if live >= LIVE_WARNING {
                     host.observe(EventType::DetachedLiveCountWarning, json!({ "live": live }));
                 }
-                host.0.agent.on_agent_tool_start(&host, &record).await;
+                host.0.agent.on_agent_tool_start(&host, &RunInfo::from_record(&record)).await;
             }
-            let result = host.drive(&record, class, &input, fresh).await;
+            let result = host.drive(&record, &input, fresh).await;
             guard.finish(&result);
         });
     }
 
     /// Delivers whatever a detached run's ledger has due: its outcome (`finish`) or a give-up.
     /// Safe to call any number of times: each slot is claimed under a lease.
-    pub(super) async fn deliver(&self, run_id: &str) {
+    pub(crate) async fn deliver(&self, run_id: &str) {
         let Ok(Some(run)) = self.registry().get(run_id) else { return };
         let now = now_ms();
         match finish_due(&run) {
@@ -140,18 +191,25 @@ impl<A: ParentAgent> ParentHost<A> {
         }
     }
 
-    /// One delivery: the global hook, then the run's handler, or the chat notification.
+    /// One delivery: the global hook (once per run, however many attempts the handler takes),
+    /// then the run's handler, or the chat notification.
     async fn deliver_outcome(&self, run: &RunRecord, result: &RunResult) -> Result<(), String> {
-        self.0.agent.on_agent_tool_finish(self, run, result).await;
+        let info = RunInfo::from_record(run);
+        if self.registry().claim_finish_hook(&run.run_id, now_ms()).unwrap_or(false) {
+            self.0.agent.on_agent_tool_finish(self, &info, result).await;
+        }
         let Some(detached) = &run.detached else { return Ok(()) };
         if let Some(handler) = &detached.on_finish {
-            return self.0.agent.on_detached_finish(self, handler, run, result).await;
+            return self.0.agent.on_detached_finish(self, handler, &info, result).await;
         }
-        if let Some(source) = &detached.notify_source {
-            let text = self.0.agent.format_detached_completion(run, result);
+        if detached.notify {
+            let source = detached.notify_source.as_deref().unwrap_or(DEFAULT_NOTIFY_SOURCE);
+            let text = self.0.agent.format_detached_completion(&info, result);
             if !text.is_empty() {
                 let id = format!("detached-finish:{}:{}", run.run_id, result.status.as_str());
-                if self.inject(&id, "user", &text, source, run)? {
+                let metadata = json!({ "source": source, "runId": run.run_id, "agentType": run.agent_type,
+                                       "status": result.status });
+                if self.inject(&id, "user", &text, metadata)? {
                     self.run_chat_turn(id, None).await;
                 }
             }
@@ -160,15 +218,13 @@ impl<A: ParentAgent> ParentHost<A> {
     }
 
     /// Adds a synthetic message to the chat once (by id). `false` when it was already there.
-    fn inject(&self, id: &str, role: &str, text: &str, source: &str, run: &RunRecord) -> Result<bool, String> {
+    fn inject(&self, id: &str, role: &str, text: &str, metadata: Value) -> Result<bool, String> {
         let messages = self.messages();
         if messages.iter().any(|m| m.get("id").and_then(Value::as_str) == Some(id)) {
             return Ok(false);
         }
-        let message = json!({
-            "id": id, "role": role, "parts": [{ "type": "text", "text": text }],
-            "metadata": { "source": source, "runId": run.run_id, "agentType": run.agent_type },
-        });
+        let message =
+            json!({ "id": id, "role": role, "parts": [{ "type": "text", "text": text }], "metadata": metadata });
         Messages::new(&self.0.sql).upsert(&message, now_ms()).map_err(|e| e.to_string())?;
         let transcript = json!({ "type": "cf_agent_chat_messages", "messages": self.messages() });
         self.broadcast(&transcript.to_string());
@@ -178,7 +234,7 @@ impl<A: ParentAgent> ParentHost<A> {
     /// A milestone of a detached run arrived: surface it in the chat if the run asked for it,
     /// at most once per `(run, name)`. A `react` turn runs in the background: the run's tail
     /// is never held up by a model turn (nor by the turn it may queue behind).
-    pub(super) fn milestone_reached(&self, run: &RunRecord, milestone: &Value) {
+    pub(crate) fn milestone_reached(&self, run: &RunRecord, milestone: &Value) {
         let Some(name) = milestone.get("name").and_then(Value::as_str) else { return };
         let run_id = &run.run_id;
         let Some(wanted) = run.detached.as_ref().and_then(|d| d.on_milestones.clone()) else { return };
@@ -188,17 +244,20 @@ impl<A: ParentAgent> ParentHost<A> {
         {
             return;
         }
-        let text = self.0.agent.format_detached_milestone(run, milestone);
+        let Ok(typed) = serde_json::from_value::<Milestone>(milestone.clone()) else { return };
+        let text = self.0.agent.format_detached_milestone(&RunInfo::from_record(run), &typed);
         if text.is_empty() {
             return;
         }
-        let source = run.detached.as_ref().and_then(|d| d.notify_source.clone()).unwrap_or_else(|| "agent-tool".into());
-        let id = format!("detached-milestone:{run_id}:{name}");
+        let source =
+            run.detached.as_ref().and_then(|d| d.notify_source.clone()).unwrap_or_else(|| DEFAULT_NOTIFY_SOURCE.into());
+        let id = format!("detached-ms:{run_id}:{name}");
+        let metadata = json!({ "source": source, "runId": run_id, "agentType": run.agent_type, "milestone": name });
         let (role, react) = match wanted.mode {
             MilestoneMode::Narrate => ("assistant", false),
             MilestoneMode::React => ("user", true),
         };
-        match self.inject(&id, role, &text, &source, run) {
+        match self.inject(&id, role, &text, metadata) {
             Ok(true) if react => {
                 let host = self.clone();
                 self.0.state.wait_until(async move { host.run_chat_turn(id, None).await });
@@ -210,7 +269,7 @@ impl<A: ParentAgent> ParentHost<A> {
 
     /// The backbone's tick: recover undriven runs, deliver what is due, give up on exhausted
     /// budgets. Returns whether anything changed (the cadence starts over when it did).
-    pub(super) async fn backbone_tick(&self) -> bool {
+    pub(crate) async fn backbone_tick(&self) -> bool {
         let mut changed = false;
         for run_id in self.ledger().outstanding().unwrap_or_default() {
             let Ok(Some(run)) = self.registry().get(&run_id) else { continue };
@@ -239,7 +298,7 @@ impl<A: ParentAgent> ParentHost<A> {
         let terminal =
             Terminal::Interrupted { error: error.into(), reason: Some(reason), child_still_running: Some(false) };
         self.conclude(run, terminal).await;
-        let Some(stub) = self.run_stub(run) else { return };
+        let Ok(stub) = self.run_stub(run) else { return };
         self.tell_child_to_cancel(&stub, &run.run_id, Some(format!("given up: {}", reason.as_str()))).await;
         if let Ok(Some(inspection)) = self.inspect(&stub, &run.run_id).await {
             if let Some(outcome) =
@@ -251,10 +310,7 @@ impl<A: ParentAgent> ParentHost<A> {
     }
 
     /// The backbone's next delay.
-    pub(super) fn cadence_ms(&self) -> u64 {
-        crate::parent::detached::cadence_ms(
-            self.0.backbone_quiet_ticks.get(),
-            &self.0.agent.backbone_cadence_ms(&self.0.env),
-        )
+    pub(crate) fn cadence_ms(&self) -> u64 {
+        crate::parent::detached::cadence_ms(self.0.backbone_quiet_ticks.get(), &self.options().backbone_cadence_ms)
     }
 }

@@ -11,29 +11,29 @@ use serde_json::Value;
 use worker::{Delay, Method, Stub};
 
 use super::dispatch::send_json;
-use super::{ParentAgent, ParentHost};
-use crate::parent::registry::Forward;
-use crate::parent::{EventDelivery, RunRecord, RunResult, Terminal};
-use crate::platform::now_ms;
+use crate::agent::Agent;
+use crate::parent::registry::{Forward, RunRecord, Terminal};
+use crate::platform::{now_ms, AgentHost};
 use crate::protocol::child_api;
 use crate::protocol::tail::{ChunkKind, LineSplitter, OutcomeStatus, RunOutcome, TailLine};
 use crate::protocol::InterruptedReason;
+use crate::run::{EventDelivery, ProgressSnapshot, RunInfo, RunResult};
 
 /// How long one inspection of a child may take.
 const INSPECT_TIMEOUT_MS: u64 = 2_000;
 /// The pause before tailing a child again after its stream broke.
 const RETAIL_PAUSE_MS: u64 = 250;
 
-impl<A: ParentAgent> ParentHost<A> {
+impl<A: Agent> AgentHost<A> {
     /// Tails the child from the last chunk seen to its outcome, forwarding every chunk. A broken
     /// tail is inspected and tailed again from where it stopped. Once re-attaching (a run this
     /// instance did not start, or whose tail broke), the child must keep making progress
     /// (`reattach_no_progress_timeout_ms`) within `reattach_max_window_ms`.
-    pub(super) async fn follow(&self, record: &RunRecord, stub: &Stub, reattaching: bool) -> RunResult {
+    pub(crate) async fn follow(&self, record: &RunRecord, stub: &Stub, reattaching: bool) -> RunResult {
         let run_id = &record.run_id;
         let cancel = self.cancel_token(run_id);
-        let no_progress_ms = self.0.agent.reattach_no_progress_timeout_ms();
-        let max_window = self.0.agent.reattach_max_window_ms();
+        let no_progress_ms = self.options().reattach_no_progress_timeout_ms;
+        let max_window = self.options().reattach_max_window_ms;
         let mut window_end = max_window.filter(|_| reattaching).map(|ms| now_ms() + ms as i64);
         let mut reattaching = reattaching;
         let mut last_progress = now_ms();
@@ -117,7 +117,7 @@ impl<A: ParentAgent> ParentHost<A> {
 
     /// Inspects the child within [`INSPECT_TIMEOUT_MS`]: `Ok(None)` when it does not know the
     /// run (yet).
-    pub(super) async fn inspect(
+    pub(crate) async fn inspect(
         &self,
         stub: &Stub,
         run_id: &str,
@@ -137,6 +137,7 @@ impl<A: ParentAgent> ParentHost<A> {
     /// Hands the progress and milestones of a batch to `on_progress`, and a detached run's
     /// milestones to its chat notifications.
     async fn signals(&self, record: &RunRecord, batch: &[Chunk]) {
+        let mut info = None;
         for chunk in batch.iter().filter(|c| c.kind != ChunkKind::Stored) {
             let Ok(mut body) = serde_json::from_str::<Value>(&chunk.body) else { continue };
             let mut data = body.get_mut("data").map_or(Value::Null, Value::take);
@@ -148,7 +149,12 @@ impl<A: ParentAgent> ParentHost<A> {
                     data["milestone"] = name;
                 }
             }
-            self.0.agent.on_progress(self, record, &data).await;
+            if let Value::Object(o) = &mut data {
+                o.entry("at").or_insert(Value::from(now_ms()));
+            }
+            let Ok(snapshot) = serde_json::from_value::<ProgressSnapshot>(data) else { continue };
+            let info = info.get_or_insert_with(|| RunInfo::from_record(record));
+            self.0.agent.on_progress(self, info, &snapshot).await;
         }
     }
 
@@ -214,7 +220,7 @@ fn parse_batch(
 
 /// The parts of a child's inspection the parent reads.
 #[derive(serde::Deserialize)]
-pub(super) struct InspectionReply {
+pub(crate) struct InspectionReply {
     status: String,
     summary: Option<String>,
     output: Option<Value>,
@@ -223,7 +229,7 @@ pub(super) struct InspectionReply {
 
 impl InspectionReply {
     /// The outcome, if the run ended.
-    pub(super) fn outcome(&self) -> Option<RunOutcome> {
+    pub(crate) fn outcome(&self) -> Option<RunOutcome> {
         let status = match self.status.as_str() {
             "completed" => OutcomeStatus::Completed,
             "error" => OutcomeStatus::Error,
@@ -239,7 +245,7 @@ impl InspectionReply {
     }
 }
 
-pub(super) fn terminal_from(outcome: RunOutcome) -> Terminal {
+pub(crate) fn terminal_from(outcome: RunOutcome) -> Terminal {
     match outcome.status {
         OutcomeStatus::Completed => {
             Terminal::Completed { summary: outcome.summary.unwrap_or_default(), output: outcome.output }

@@ -9,18 +9,19 @@ use serde_json::json;
 
 use super::dispatch::InflightGuard;
 use super::follow::terminal_from;
-use super::{Inflight, ParentAgent, ParentHost};
+use crate::agent::Agent;
 use crate::observability::{EventType, ObservabilityEvent};
-use crate::parent::{RunRecord, Terminal};
-use crate::platform::now_ms;
+use crate::parent::registry::{RunRecord, Terminal};
+use crate::platform::host::Inflight;
+use crate::platform::{now_ms, AgentHost};
 use crate::protocol::InterruptedReason;
 
 /// The whole pass's inspection budget.
 const RECOVERY_DEADLINE_MS: i64 = 5_000;
 
-impl<A: ParentAgent> ParentHost<A> {
+impl<A: Agent> AgentHost<A> {
     /// Emits an observability event: a JSON log line and the agent's hook.
-    pub fn observe(&self, kind: EventType, payload: serde_json::Value) {
+    pub(crate) fn observe(&self, kind: EventType, payload: serde_json::Value) {
         let event = ObservabilityEvent {
             kind,
             agent: A::CLASS.to_owned(),
@@ -33,7 +34,7 @@ impl<A: ParentAgent> ParentHost<A> {
     }
 
     /// Starts recovery once per instance, without holding up the event that woke it.
-    pub(super) fn ensure_recovery(&self) {
+    pub(crate) fn ensure_recovery(&self) {
         if self.0.recovery_started.replace(true) {
             return;
         }
@@ -41,53 +42,8 @@ impl<A: ParentAgent> ParentHost<A> {
         self.0.state.wait_until(async move { host.recover().await });
     }
 
-    /// Handles the alarm: recovers undriven runs, runs the detached backbone, and keeps the
-    /// alarm armed while runs are live or deliveries are due.
-    pub async fn alarm(&self) -> worker::Result<worker::Response> {
-        self.0.alarm_at.set(None);
-        self.0.recovery_started.set(true);
-        self.recover().await;
-        if self.backbone_tick().await {
-            self.0.backbone_quiet_ticks.set(0);
-        } else {
-            self.0.backbone_quiet_ticks.set(self.0.backbone_quiet_ticks.get() + 1);
-        }
-        let mut next = None;
-        if self.registry().live_count().unwrap_or(0) > 0 {
-            next = Some(self.0.agent.recovery_alarm_ms(&self.0.env));
-        }
-        if !self.ledger().outstanding().unwrap_or_default().is_empty() {
-            let cadence = self.cadence_ms();
-            next = Some(next.map_or(cadence, |n| n.min(cadence)));
-        }
-        if let Some(ms) = next {
-            self.arm_alarm_in(ms).await;
-        }
-        worker::Response::ok("")
-    }
-
-    /// Makes sure an alarm fires within `ms` (an earlier pending one stays).
-    pub(super) async fn arm_alarm_in(&self, ms: u64) {
-        let at = now_ms() + ms as i64;
-        if self.0.alarm_at.get().is_some_and(|pending| pending <= at) {
-            return;
-        }
-        let storage = self.0.state.storage();
-        let pending = storage.get_alarm().await.ok().flatten();
-        if pending.is_some_and(|p| p <= at) {
-            self.0.alarm_at.set(pending);
-            return;
-        }
-        // `set_alarm(i64)` takes an offset from now, not a time: pass a Date.
-        let when = worker::ScheduledTime::new(js_sys::Date::new(&wasm_bindgen::JsValue::from_f64(at as f64)));
-        match storage.set_alarm(when).await {
-            Ok(()) => self.0.alarm_at.set(Some(at)),
-            Err(e) => worker::console_error!("agent-tools: arming the alarm failed: {e}"),
-        }
-    }
-
     /// One recovery pass over the live runs nobody here is driving.
-    async fn recover(&self) {
+    pub(crate) async fn recover(&self) {
         if self.0.recovering.replace(true) {
             return;
         }
@@ -128,18 +84,11 @@ impl<A: ParentAgent> ParentHost<A> {
                 finalized += 1;
                 continue;
             }
-            let Some(class) = Self::child_class(&record.agent_type) else {
-                let message = format!("{} no longer dispatches {}", A::CLASS, record.agent_type);
-                self.observe(EventType::RecoveryFailed, json!({ "runId": run_id, "error": message }));
-                guard.finish(&self.conclude(&record, Terminal::Error { message }).await);
-                finalized += 1;
-                continue;
-            };
-            let stub = match self.child_stub(class, &run_id) {
+            let stub = match self.run_stub(&record) {
                 Ok(stub) => stub,
                 Err(e) => {
                     self.observe(EventType::RecoveryFailed, json!({ "runId": run_id, "error": e }));
-                    let message = format!("could not reach {}: {e}", class.class);
+                    let message = format!("could not reach {}: {e}", record.agent_type);
                     guard.finish(&self.conclude(&record, Terminal::Error { message }).await);
                     finalized += 1;
                     continue;

@@ -1,0 +1,292 @@
+//! The [`Agent`] trait: what an agent author writes. Every hook has a default, so an agent is
+//! a unit struct with a system prompt, and grows hook by hook.
+//!
+//! One trait serves both roles, as in the TypeScript SDK: any agent can dispatch other agents
+//! as tools (a *parent*) and be dispatched as a tool (a *child*), so a child may have agent tools
+//! of its own. [`crate::durable_object!`] turns an agent into its Durable Object class.
+
+use serde_json::Value;
+use worker::{Env, Request, Response};
+
+use crate::model::{Model, ModelError, ModelProvider};
+use crate::observability::ObservabilityEvent;
+use crate::parent::detached;
+use crate::platform::AgentHost;
+use crate::platform::{Turn, TurnOutput};
+use crate::run::{Milestone, ProgressSnapshot, RunInfo, RunResult, RunStatus};
+use crate::tools::Tools;
+
+/// The Durable Object class an agent is bound to. Implemented by [`crate::durable_object!`],
+/// never by hand: the class name is the name of the exported class, so the two cannot drift.
+pub trait AgentClass {
+    /// The class name (`Researcher`): the exported Durable Object class, the `agentType` of its
+    /// runs, and, in kebab-case, its URL segment (`/agents/researcher/…`).
+    const CLASS: &'static str;
+    /// The `[[durable_objects.bindings]]` name in `wrangler.toml` (by default the class name).
+    const BINDING: &'static str;
+}
+
+/// How a child that lost its turn to a restart (a deploy, an eviction mid-turn) heals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecoveryPolicy {
+    /// Run the turn again from its stored input; the new answer alone becomes the result (the
+    /// partial one stays in the child's transcript, marked superseded). The child's own tool
+    /// calls run again too: make tools with side effects idempotent, or choose `Seal`.
+    #[default]
+    Rerun,
+    /// End the run `interrupted` (retryable) with the partial answer kept; dispatching the same
+    /// run id again runs it afresh.
+    Seal,
+}
+
+/// What a dispatch over [`AgentToolOptions::max_concurrent`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Admission {
+    /// Refuse it at once with a clear error, writing nothing: a retry of the same run id
+    /// succeeds once a slot is free. The default, because a caller (usually a model turn) should
+    /// learn about back-pressure rather than wait without bound.
+    #[default]
+    Reject,
+    /// Hold it until a slot frees, then dispatch it (first come, first served).
+    Queue,
+}
+
+/// The engine's settings for one agent (the TypeScript SDK's static `options`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentToolOptions {
+    /// The most runs `starting` or `running` at once (`maxConcurrentAgentTools`; default:
+    /// unlimited).
+    pub max_concurrent: Option<usize>,
+    /// What a dispatch over the cap does.
+    pub admission: Admission,
+    /// How long a followed child may send nothing before the run is sealed `interrupted`
+    /// (`no-progress`, the child left running). Default 120 000 ms.
+    pub reattach_no_progress_timeout_ms: u64,
+    /// The longest a run may be followed after its tail first broke; past it the child is torn
+    /// down and the run sealed `interrupted` (`window-exceeded`). Default: unlimited.
+    pub reattach_max_window_ms: Option<u64>,
+    /// How soon after a run starts the agent's alarm fires (and then how often, while runs are
+    /// live) to recover runs a restart left undriven. Default 10 000 ms.
+    pub recovery_alarm_ms: u64,
+    /// The detached backbone's cadence while nothing changes (default 5, 15, 30, then every
+    /// 120 s).
+    pub backbone_cadence_ms: Vec<u64>,
+    /// A detached run's absolute budget unless it sets one (default 24 h).
+    pub detached_max_budget_ms: u64,
+    /// A detached run's no-progress budget unless it sets one (default 1 h; 0 disables it).
+    pub detached_no_progress_budget_ms: u64,
+    /// How this agent, as a child, heals a turn a restart cut short.
+    pub recovery: RecoveryPolicy,
+}
+
+impl Default for AgentToolOptions {
+    fn default() -> Self {
+        Self {
+            max_concurrent: None,
+            admission: Admission::Reject,
+            reattach_no_progress_timeout_ms: 120_000,
+            reattach_max_window_ms: None,
+            recovery_alarm_ms: 10_000,
+            backbone_cadence_ms: detached::CADENCE_MS.to_vec(),
+            detached_max_budget_ms: detached::DEFAULT_MAX_BUDGET_MS,
+            detached_no_progress_budget_ms: detached::DEFAULT_NO_PROGRESS_BUDGET_MS,
+            recovery: RecoveryPolicy::Rerun,
+        }
+    }
+}
+
+/// A chat agent. Implement it on a `Default` type, declare its Durable Object with
+/// [`crate::durable_object!`], and route its parents with [`crate::route`].
+///
+/// Hooks receive the agent's [`AgentHost`]: its storage, its clients, and the calls that
+/// dispatch, cancel, inspect and clear child runs.
+#[allow(async_fn_in_trait)] // Workers are single-threaded; no `Send` bound is wanted.
+pub trait Agent: AgentClass + Default + Sized + 'static {
+    // ----- the chat agent ---------------------------------------------------------------
+
+    /// Instructions for the model.
+    fn system_prompt(&self) -> Option<String> {
+        None
+    }
+
+    /// The tools the model may call: agent tools ([`crate::AgentTool`]) and ordinary
+    /// server-side tools ([`crate::Tool`]). Read once per instance.
+    fn tools(&self) -> Tools<Self> {
+        Tools::new()
+    }
+
+    /// The most model steps in one chat turn (the AI SDK's `stepCountIs(n)`).
+    fn max_steps(&self) -> usize {
+        5
+    }
+
+    /// The model for a turn. `input` is the run's input when the turn is an agent-tool run,
+    /// `None` for a chat turn. By default the provider the Worker's settings select
+    /// ([`ModelProvider::from_env`]: `MODEL_PROVIDER`, …); return any [`Model`] of your own.
+    fn model(&self, env: &Env, input: Option<&Value>) -> Result<impl Model, ModelError> {
+        let _ = input;
+        ModelProvider::from_env(env)
+    }
+
+    /// The engine's settings (concurrency cap, re-attach and detached budgets, recovery).
+    fn agent_tool_options(&self, env: &Env) -> AgentToolOptions {
+        let _ = env;
+        AgentToolOptions::default()
+    }
+
+    /// Serves an RPC call (`agent.call(method, args)` of the stock client). The default knows
+    /// no methods. Return `Err(message)` to reject the call with that message.
+    async fn call(&self, host: &AgentHost<Self>, method: &str, args: Vec<Value>) -> Result<Value, String> {
+        let _ = (host, args);
+        Err(format!("Method {method} does not exist"))
+    }
+
+    /// Serves an HTTP request the built-in routes do not (a `POST` to start a run, say). The
+    /// path is the agent's (`/agents/<agent>/<name>/<rest>`); a body has been read into memory
+    /// (up to 1 MiB). The default answers a JSON 405 for other methods on the agent itself and
+    /// a JSON 404 for anything else.
+    async fn on_request(&self, host: &AgentHost<Self>, request: Request) -> worker::Result<Response> {
+        host.default_response(&request)
+    }
+
+    /// A task scheduled with [`AgentHost::schedule`] is due. Runs once per task (again after a
+    /// crash before it returned).
+    async fn on_schedule(&self, host: &AgentHost<Self>, task: crate::ScheduledTask) {
+        let _ = (host, task);
+    }
+
+    /// Subscribes to the engine's structured events (they are also logged as JSON lines).
+    fn on_observability(&self, event: &ObservabilityEvent) {
+        let _ = event;
+    }
+
+    // ----- as a parent ------------------------------------------------------------------
+
+    /// Fires once when a run's row is created, after its `started` frame.
+    async fn on_agent_tool_start(&self, host: &AgentHost<Self>, run: &RunInfo) {
+        let _ = (host, run);
+    }
+
+    /// Fires once per run when it reaches a terminal status, awaited or detached (a repaired
+    /// `interrupted` run does not fire it again; a detached run's handler sees every outcome).
+    async fn on_agent_tool_finish(&self, host: &AgentHost<Self>, run: &RunInfo, result: &RunResult) {
+        let _ = (host, run, result);
+    }
+
+    /// Best-effort: a child's progress or milestone passed through this agent. Not durable.
+    async fn on_progress(&self, host: &AgentHost<Self>, run: &RunInfo, progress: &ProgressSnapshot) {
+        let _ = (host, run, progress);
+    }
+
+    /// Delivers a detached run's outcome to the handler it was dispatched with (the tag given
+    /// in [`crate::DetachedOptions::on_finish`], typically the app's own enum, serialized).
+    /// Called at least once per outcome (exactly once unless a delivery crashed): make it
+    /// idempotent. `Err` is retried by the backbone, up to 5 attempts, then dead-lettered.
+    async fn on_detached_finish(
+        &self,
+        host: &AgentHost<Self>,
+        handler: &Value,
+        run: &RunInfo,
+        result: &RunResult,
+    ) -> Result<(), String> {
+        let _ = (host, handler, run, result);
+        Ok(())
+    }
+
+    /// The chat message a `notify` run injects when it finishes (empty: none). The default is
+    /// the TypeScript SDK's wording.
+    fn format_detached_completion(&self, run: &RunInfo, result: &RunResult) -> String {
+        let label = format!("Background task \"{}\" (run {})", run.agent_type, run.run_id);
+        let error = |e: &Option<String>| e.as_ref().map_or(".".to_owned(), |e| format!(": {e}"));
+        match result.status {
+            RunStatus::Completed => match &result.summary {
+                Some(summary) if !summary.is_empty() => format!("{label} finished:\n\n{summary}"),
+                _ => format!("{label} finished successfully."),
+            },
+            RunStatus::Error => format!("{label} failed{}", error(&result.error)),
+            RunStatus::Aborted => format!("{label} was cancelled."),
+            RunStatus::Interrupted if result.reason == Some(crate::InterruptedReason::BudgetExceeded) => {
+                format!("{label} ran out of time before completing and was stopped.")
+            }
+            RunStatus::Interrupted => format!("{label} was interrupted before completing{}", error(&result.error)),
+            status => format!("{label} ended ({}).", status.as_str()),
+        }
+    }
+
+    /// The chat line a milestone of an `on_milestones` run adds (empty: none). The default is
+    /// the TypeScript SDK's wording.
+    fn format_detached_milestone(&self, run: &RunInfo, milestone: &Milestone) -> String {
+        let detail = milestone
+            .data
+            .as_ref()
+            .map(|d| format!("\n\n{}", serde_json::to_string_pretty(d).unwrap_or_default()))
+            .unwrap_or_default();
+        format!(
+            "Background task \"{}\" (run {}) reached milestone \"{}\".{detail}",
+            run.agent_type, run.run_id, milestone.name
+        )
+    }
+
+    /// The drill-in gate: runs before a `/sub/<child>/<name>` request reaches the child. Return
+    /// a response to refuse it. The default refuses (404) any name that is not a known run of
+    /// that child class, so a guessed id never creates a child.
+    async fn on_before_sub_agent(
+        &self,
+        host: &AgentHost<Self>,
+        request: &Request,
+        child: &SubAgent,
+    ) -> Option<Response> {
+        let _ = request;
+        if host.has_agent_tool_run_of(&child.class, &child.name) {
+            return None;
+        }
+        crate::platform::json_error(404, format!("no {} run {:?} on this {}", child.class, child.name, Self::CLASS))
+            .ok()
+    }
+
+    // ----- as a child -------------------------------------------------------------------
+
+    /// The user message that starts a run: the input as text (a string as is, anything else as
+    /// pretty JSON), with id `agent-tool-<run>-input`.
+    fn format_agent_tool_input(&self, input: &Value, run_id: &str) -> Value {
+        let text = match input {
+            Value::String(s) => s.clone(),
+            other => serde_json::to_string_pretty(other).unwrap_or_default(),
+        };
+        crate::chat::message::user_text(format!("agent-tool-{run_id}-input"), text)
+    }
+
+    /// Structured output of a finished run (default: none). Read right after the turn ends;
+    /// `message` is the assistant's `UIMessage`.
+    fn get_agent_tool_output(&self, turn: &Turn<Self>, message: &Value) -> Option<Value> {
+        let _ = (turn, message);
+        None
+    }
+
+    /// The run's summary: by default the assistant's text, or the output's JSON when the turn
+    /// produced no text.
+    fn get_agent_tool_summary(&self, text: &str, output: Option<&Value>) -> String {
+        match output {
+            Some(o) if text.is_empty() => o.to_string(),
+            _ => text.to_owned(),
+        }
+    }
+
+    /// Runs an agent-tool run. The default runs a chat turn ([`Turn::chat`]); override it to
+    /// report progress around the chat, or for workflow-style work that streams chunks with
+    /// [`Turn::emit`]. An `Err` ends the run as `error`; a cancel drops this future.
+    async fn run(&self, turn: &Turn<Self>) -> Result<TurnOutput, String> {
+        turn.chat().await
+    }
+}
+
+/// A drill-in target: the child class and the run id (its instance name) a
+/// `/sub/<child>/<name>` path names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubAgent {
+    /// The child class, as recorded for the run (`Researcher`); the kebab-case of the path
+    /// segment when no run matches.
+    pub class: String,
+    /// The run id.
+    pub name: String,
+}

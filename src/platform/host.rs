@@ -1,0 +1,530 @@
+//! [`AgentHost`]: one agent bound to its Durable Object. It serves the agent's clients (HTTP,
+//! WebSocket chat, RPC, replay, drill-in), its parent (the internal child routes), and its
+//! alarm (recovery, the detached backbone, scheduled tasks). The parent role lives in
+//! `platform/parent/`, the child role in `platform/child/`.
+//!
+//! A client that connects is accepted and replayed in one synchronous step, and every frame is
+//! stored and broadcast in another, so every frame reaches a client exactly once: in the replay
+//! if it was stored before, live if after.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use futures::channel::oneshot;
+use serde_json::{json, Value};
+use worker::{Env, Method, Request, RequestInit, Response, State, WebSocket, WebSocketIncomingMessage, WebSocketPair};
+
+use super::chat::{self, Chat, ChatAction};
+use super::child::LiveRun;
+use super::{json_error, DoSql};
+use crate::agent::{Agent, AgentToolOptions, SubAgent};
+use crate::cancel::CancelToken;
+use crate::child::runs::ChildRuns;
+use crate::parent::detached::Ledger;
+use crate::parent::registry::Registry;
+use crate::protocol::rpc::RpcResponse;
+use crate::routing::{kebab_case, parse_agent_path, AgentPath};
+use crate::run::{RunResult, ScheduledTask};
+use crate::store::{meta, Sql};
+use crate::tools::Tools;
+
+/// A run this instance is driving (as a parent).
+#[derive(Default)]
+pub(crate) struct Inflight {
+    /// Callers that dispatched the same run id meanwhile.
+    pub(crate) waiters: Vec<oneshot::Sender<RunResult>>,
+    /// Stops the driver (the run was cancelled here).
+    pub(crate) cancel: CancelToken,
+}
+
+pub(crate) struct Inner<A: Agent> {
+    pub(crate) state: State,
+    pub(crate) env: Env,
+    pub(crate) sql: DoSql,
+    pub(crate) agent: A,
+    pub(crate) chat: Chat,
+    pub(crate) tools: Tools<A>,
+    pub(crate) options: AgentToolOptions,
+    /// Why this agent cannot serve (a broken tool declaration, a missing binding); every
+    /// request is answered with it.
+    pub(crate) config_error: Option<String>,
+    // ----- the parent role
+    /// Runs this instance is driving, with the callers joined to them.
+    pub(crate) inflight: RefCell<HashMap<String, Inflight>>,
+    /// The agent-tool runs each chat turn dispatched, by request id (to cancel them with it).
+    pub(crate) turn_runs: RefCell<HashMap<String, Vec<String>>>,
+    /// Dispatches queued for a concurrency slot.
+    pub(crate) slot_waiters: RefCell<Vec<oneshot::Sender<()>>>,
+    /// Recovery was started in this instance.
+    pub(crate) recovery_started: Cell<bool>,
+    /// A recovery pass is under way.
+    pub(crate) recovering: Cell<bool>,
+    /// When the pending alarm fires, as far as this instance knows.
+    pub(crate) alarm_at: Cell<Option<i64>>,
+    /// Backbone ticks in a row that changed nothing (the cadence escalates with them).
+    pub(crate) backbone_quiet_ticks: Cell<usize>,
+    // ----- the child role
+    /// The agent-tool runs whose turn runs in this instance.
+    pub(crate) live: RefCell<HashMap<String, LiveRun>>,
+}
+
+/// One agent bound to its Durable Object: what hooks receive, and what dispatches, cancels,
+/// inspects and clears child runs. Clone is cheap (a shared handle).
+///
+/// [`crate::durable_object!`] creates one per Durable Object instance and forwards every
+/// platform event to it.
+pub struct AgentHost<A: Agent>(pub(crate) Rc<Inner<A>>);
+
+impl<A: Agent> Clone for AgentHost<A> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+/// The schema every agent has: identity, scheduled tasks.
+const HOST_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS agent_tool_schedule (
+  id TEXT PRIMARY KEY,
+  at INTEGER NOT NULL,
+  payload_json TEXT NOT NULL,
+  claimed_at INTEGER
+);
+CREATE INDEX IF NOT EXISTS agent_tool_schedule_by_at ON agent_tool_schedule (at);
+";
+
+/// How long a claimed scheduled task is held before another alarm may run it again.
+const TASK_LEASE_MS: i64 = 60_000;
+
+impl<A: Agent> AgentHost<A> {
+    /// Creates the host and its tables. Called by the Durable Object's constructor.
+    pub fn new(state: State, env: Env) -> Self {
+        let sql = DoSql(state.storage().sql());
+        let agent = A::default();
+        let mut config_error = migrate(&sql).err().map(|e| {
+            format!(
+                "{}: its SQLite storage failed ({e}); list {:?} in a [[migrations]] new_sqlite_classes of wrangler.toml",
+                A::CLASS,
+                A::CLASS
+            )
+        });
+        let tools = agent.tools();
+        if config_error.is_none() {
+            config_error = tools.check().err().map(|e| format!("{}: {e}", A::CLASS));
+        }
+        if config_error.is_none() {
+            config_error = check_bindings(&tools, &env);
+        }
+        if let Some(e) = &config_error {
+            worker::console_error!("agent-tools: {e}");
+        }
+        let options = agent.agent_tool_options(&env);
+        let chat =
+            Chat::new(sql.clone()).with_reserved_ids(|sql, id| matches!(ChildRuns::new(sql).get(id), Ok(Some(_))));
+        Self(Rc::new(Inner {
+            state,
+            env,
+            sql,
+            agent,
+            chat,
+            tools,
+            options,
+            config_error,
+            inflight: RefCell::new(HashMap::new()),
+            turn_runs: RefCell::new(HashMap::new()),
+            slot_waiters: RefCell::new(Vec::new()),
+            recovery_started: Cell::new(false),
+            recovering: Cell::new(false),
+            alarm_at: Cell::new(None),
+            backbone_quiet_ticks: Cell::new(0),
+            live: RefCell::new(HashMap::new()),
+        }))
+    }
+
+    /// The agent.
+    pub fn agent(&self) -> &A {
+        &self.0.agent
+    }
+
+    /// The Worker environment (vars, secrets, bindings).
+    pub fn env(&self) -> &Env {
+        &self.0.env
+    }
+
+    /// The Durable Object state (storage, sockets, `wait_until`).
+    pub fn state(&self) -> &State {
+        &self.0.state
+    }
+
+    /// This agent's SQLite storage, for the app's own tables (prefix them: the engine's tables
+    /// start with `agent_tool_` and `chat_`).
+    pub fn sql(&self) -> &worker::SqlStorage {
+        &self.0.sql.0
+    }
+
+    /// The chat transcript (`UIMessage` JSON, oldest first).
+    pub fn messages(&self) -> Vec<Value> {
+        self.0.chat.messages()
+    }
+
+    /// This instance's name: the `<name>` of `/agents/<agent>/<name>` for an agent clients
+    /// reach, `<Parent>/<parent-name>/<run-id>` for a child. Learned on the first request and
+    /// kept in SQL (an alarm wakes a Durable Object without one).
+    pub fn name(&self) -> Option<String> {
+        meta::get(&self.0.sql, "name").ok().flatten()
+    }
+
+    /// Sends a text frame to every connected client.
+    pub fn broadcast(&self, text: &str) {
+        for ws in self.0.state.get_websockets_with_tag(chat::CLIENT_TAG) {
+            let _ = ws.send_with_str(text);
+        }
+    }
+
+    /// Sends text frames, in order, to every connected client; with none connected, the
+    /// frames are never built.
+    pub(crate) fn broadcast_all(&self, texts: impl Iterator<Item = String>) {
+        let sockets = self.0.state.get_websockets_with_tag(chat::CLIENT_TAG);
+        if sockets.is_empty() {
+            return;
+        }
+        let texts: Vec<String> = texts.collect();
+        for ws in sockets {
+            for text in &texts {
+                let _ = ws.send_with_str(text);
+            }
+        }
+    }
+
+    pub(crate) fn registry(&self) -> Registry<'_, DoSql> {
+        Registry::new(&self.0.sql)
+    }
+
+    pub(crate) fn ledger(&self) -> Ledger<'_, DoSql> {
+        Ledger::new(&self.0.sql)
+    }
+
+    pub(crate) fn runs(&self) -> ChildRuns<'_, DoSql> {
+        ChildRuns::new(&self.0.sql)
+    }
+
+    pub(crate) fn options(&self) -> &AgentToolOptions {
+        &self.0.options
+    }
+
+    /// The answer [`Agent::on_request`] gives by default: a JSON 405 for a method the agent's
+    /// own routes do not serve, a JSON 404 for any other path.
+    pub fn default_response(&self, request: &Request) -> worker::Result<Response> {
+        let url = request.url()?;
+        let rest = parse_agent_path(url.path()).map(|p| p.rest).unwrap_or_default();
+        if rest.is_empty() || rest == "/get-messages" {
+            return json_error(
+                405,
+                format!("{} is not served here: {} answers GET and WebSocket upgrades", request.method(), A::CLASS),
+            );
+        }
+        json_error(404, format!("{} has no route {rest}", A::CLASS))
+    }
+
+    // ----- platform events --------------------------------------------------------------
+
+    /// Serves a request: the parent's internal child routes, drill-in (`/sub/…`), WebSocket
+    /// upgrades, `GET /get-messages`, and anything else through [`Agent::on_request`].
+    pub async fn fetch(&self, req: Request) -> worker::Result<Response> {
+        if let Some(problem) = &self.0.config_error {
+            return json_error(500, problem.clone());
+        }
+        let url = req.url()?;
+        if url.host_str() == Some(crate::protocol::child_api::HOST) {
+            return self.serve_parent(req).await;
+        }
+        let Some(path) = parse_agent_path(url.path()) else {
+            return json_error(404, format!("{} serves /agents/{}/<name>", A::CLASS, kebab_case(A::CLASS)));
+        };
+        if self.name().is_none() {
+            meta::set(&self.0.sql, "name", &path.name).map_err(|e| worker::Error::RustError(e.to_string()))?;
+        }
+        self.ensure_recovery();
+        if path.sub.is_some() {
+            return self.drill_in(req, &path).await;
+        }
+        // A child reached by drill-in is known to its clients by its run id (the parent's URL
+        // rewrite encodes it).
+        let name = meta::get(&self.0.sql, "run_id").ok().flatten().unwrap_or_else(|| path.name.clone());
+        let upgrade = req.headers().get("upgrade")?.unwrap_or_default();
+        if upgrade.eq_ignore_ascii_case("websocket") {
+            return self.connect(&name);
+        }
+        match (req.method(), path.rest.as_str()) {
+            (Method::Get | Method::Head, "") => {
+                Response::from_json(&json!({ "agent": kebab_case(A::CLASS), "name": name }))
+            }
+            (Method::Get | Method::Head, "/get-messages") => Response::from_json(&self.messages()),
+            _ => self.0.agent.on_request(self, req).await,
+        }
+    }
+
+    /// A `/sub/<child>/<name>` request: the gate decides, then the child gets the request with
+    /// the path rewritten to its own (`/agents/<child>/<name>/<rest>`), so it serves it as any
+    /// agent serves its clients (and gates a deeper `/sub/` with its own registry).
+    async fn drill_in(&self, req: Request, path: &AgentPath) -> worker::Result<Response> {
+        let Some(sub) = &path.sub else { return json_error(404, "no sub-agent in the path") };
+        let is_socket = req.headers().get("upgrade")?.is_some_and(|u| u.eq_ignore_ascii_case("websocket"));
+        let run = self.registry().get(&sub.name).ok().flatten().filter(|r| kebab_case(&r.agent_type) == sub.agent);
+        let child = SubAgent {
+            class: run.as_ref().map_or_else(|| sub.agent.clone(), |r| r.agent_type.clone()),
+            name: sub.name.clone(),
+        };
+        if let Some(refusal) = self.0.agent.on_before_sub_agent(self, &req, &child).await {
+            return if is_socket { reject_socket(refusal.status_code()) } else { Ok(refusal) };
+        }
+        let Some(run) = run else {
+            let refusal = json_error(404, format!("no {} run {:?} on this {}", sub.agent, sub.name, A::CLASS))?;
+            return if is_socket { reject_socket(404) } else { Ok(refusal) };
+        };
+        let stub = match self.run_stub(&run) {
+            Ok(stub) => stub,
+            Err(e) => return json_error(502, format!("could not reach {}: {e}", run.agent_type)),
+        };
+        let mut url = req.url()?;
+        url.set_path(&format!("/agents/{}/{}{}", sub.agent, crate::routing::percent_encode(&sub.name), path.rest));
+        let mut init = RequestInit::new();
+        init.with_method(req.method()).with_headers(req.headers().clone());
+        let mut req = req;
+        if !matches!(req.method(), Method::Get | Method::Head) {
+            let body = req.bytes().await.unwrap_or_default();
+            init.with_body(Some(js_sys::Uint8Array::from(body.as_slice()).into()));
+        }
+        stub.fetch_with_request(Request::new_with_init(url.as_str(), &init)?).await
+    }
+
+    fn connect(&self, name: &str) -> worker::Result<Response> {
+        let pair = WebSocketPair::new()?;
+        let connection = chat::accept(&self.0.state, &pair.server);
+        self.0.chat.on_connect(&pair.server, &connection);
+        let identity = json!({ "type": "cf_agent_identity", "name": name, "agent": kebab_case(A::CLASS) });
+        pair.server.send_with_str(identity.to_string())?;
+        let mcp = json!({ "type": "cf_agent_mcp_servers",
+                          "mcp": { "servers": {}, "tools": [], "prompts": [], "resources": [] } });
+        pair.server.send_with_str(mcp.to_string())?;
+        match self.registry().replay() {
+            Ok(frames) => {
+                for frame in frames {
+                    pair.server.send_with_str(frame.to_json())?;
+                }
+            }
+            Err(e) => worker::console_error!("agent-tools: replay failed: {e}"),
+        }
+        Response::from_websocket(pair.client)
+    }
+
+    /// Handles one client frame: RPC calls and chat frames. Anything malformed gets an error
+    /// frame and the socket stays open.
+    pub async fn websocket_message(&self, ws: WebSocket, message: WebSocketIncomingMessage) -> worker::Result<()> {
+        if self.0.config_error.is_some() {
+            return Ok(());
+        }
+        self.ensure_recovery();
+        match self.0.chat.receive(&self.0.state, &ws, message) {
+            ChatAction::Done => {}
+            ChatAction::Call(call) => {
+                let reply = match self.0.agent.call(self, &call.method, call.args).await {
+                    Ok(result) => RpcResponse::ok(call.id, result),
+                    Err(error) => RpcResponse::err(call.id, error),
+                };
+                let _ = ws.send_with_str(reply.to_json());
+            }
+            ChatAction::RunTurn { request_id, sender } => self.run_chat_turn(request_id, Some(sender)).await,
+            ChatAction::Cancel { request_id } => self.cancel_chat_turn(&request_id).await,
+        }
+        Ok(())
+    }
+
+    /// Handles a client going away.
+    pub async fn websocket_close(&self, ws: WebSocket, code: usize, reason: String) -> worker::Result<()> {
+        self.0.chat.closed(&ws, code, reason);
+        Ok(())
+    }
+
+    /// Handles a socket error: the client is gone.
+    pub async fn websocket_error(&self, ws: WebSocket) -> worker::Result<()> {
+        self.0.chat.closed(&ws, 1011, "socket error".into());
+        Ok(())
+    }
+
+    /// Handles the alarm: recovers undriven runs, runs the detached backbone, runs due
+    /// scheduled tasks, and keeps the alarm armed for whatever comes next.
+    pub async fn alarm(&self) -> worker::Result<Response> {
+        if self.0.config_error.is_some() {
+            return Response::ok("");
+        }
+        self.0.alarm_at.set(None);
+        self.0.recovery_started.set(true);
+        self.recover().await;
+        if self.backbone_tick().await {
+            self.0.backbone_quiet_ticks.set(0);
+        } else {
+            self.0.backbone_quiet_ticks.set(self.0.backbone_quiet_ticks.get() + 1);
+        }
+        self.run_due_tasks().await;
+        let mut next: Option<i64> = None;
+        let now = super::now_ms();
+        let mut sooner = |at: i64| next = Some(next.map_or(at, |n| n.min(at)));
+        if self.registry().live_count().unwrap_or(0) > 0 {
+            sooner(now + self.options().recovery_alarm_ms as i64);
+        }
+        if !self.ledger().outstanding().unwrap_or_default().is_empty() {
+            sooner(now + self.cadence_ms() as i64);
+        }
+        if let Some(at) = self.next_task_at() {
+            sooner(at.max(now));
+        }
+        if let Some(at) = next {
+            self.arm_alarm_at(at).await;
+        }
+        Response::ok("")
+    }
+
+    // ----- scheduled work ---------------------------------------------------------------
+
+    /// Schedules [`Agent::on_schedule`] with `payload` at `at` (epoch ms; the past means now).
+    /// Durable: it survives restarts and shares the agent's one alarm with the engine. Returns
+    /// the task's id.
+    pub async fn schedule<T: serde::Serialize>(&self, at: i64, payload: &T) -> Result<String, String> {
+        let payload = serde_json::to_string(payload).map_err(|e| format!("the payload does not serialize: {e}"))?;
+        let id = super::random_id();
+        self.0
+            .sql
+            .exec(
+                "INSERT INTO agent_tool_schedule (id, at, payload_json) VALUES (?, ?, ?)",
+                &[id.as_str().into(), at.into(), payload.into()],
+            )
+            .map_err(|e| e.to_string())?;
+        self.arm_alarm_at(at.max(super::now_ms())).await;
+        Ok(id)
+    }
+
+    /// Schedules a task `delay_ms` from now (see [`AgentHost::schedule`]).
+    pub async fn schedule_in<T: serde::Serialize>(&self, delay_ms: u64, payload: &T) -> Result<String, String> {
+        self.schedule(super::now_ms().saturating_add(delay_ms as i64), payload).await
+    }
+
+    /// Cancels a scheduled task. Returns whether it was still pending.
+    pub fn cancel_schedule(&self, id: &str) -> bool {
+        self.0
+            .sql
+            .exec("DELETE FROM agent_tool_schedule WHERE id = ? RETURNING 1", &[id.into()])
+            .is_ok_and(|rows| !rows.is_empty())
+    }
+
+    /// The tasks not yet run, soonest first.
+    pub fn scheduled(&self) -> Vec<ScheduledTask> {
+        self.0
+            .sql
+            .exec("SELECT id, at, payload_json FROM agent_tool_schedule ORDER BY at, id", &[])
+            .unwrap_or_default()
+            .iter()
+            .map(|r| ScheduledTask {
+                id: r.text(0).unwrap_or_default(),
+                at: r.int(1).unwrap_or(0),
+                payload: r.text(2).and_then(|p| serde_json::from_str(&p).ok()).unwrap_or(Value::Null),
+            })
+            .collect()
+    }
+
+    fn next_task_at(&self) -> Option<i64> {
+        self.0.sql.one("SELECT MIN(at) FROM agent_tool_schedule", &[]).ok().flatten().and_then(|r| r.int(0))
+    }
+
+    /// Runs the tasks that are due, each claimed under a lease first (one synchronous step) so
+    /// two alarms never run one task at once; a task is deleted once its hook returned.
+    async fn run_due_tasks(&self) {
+        let now = super::now_ms();
+        let due = self
+            .0
+            .sql
+            .exec(
+                "UPDATE agent_tool_schedule SET claimed_at = ?1 WHERE at <= ?1 AND (claimed_at IS NULL OR claimed_at <= ?2) \
+                 RETURNING id, at, payload_json",
+                &[now.into(), (now - TASK_LEASE_MS).into()],
+            )
+            .unwrap_or_default();
+        let mut tasks: Vec<ScheduledTask> = due
+            .iter()
+            .map(|r| ScheduledTask {
+                id: r.text(0).unwrap_or_default(),
+                at: r.int(1).unwrap_or(0),
+                payload: r.text(2).and_then(|p| serde_json::from_str(&p).ok()).unwrap_or(Value::Null),
+            })
+            .collect();
+        tasks.sort_by(|a, b| a.at.cmp(&b.at).then_with(|| a.id.cmp(&b.id)));
+        for task in tasks {
+            let id = task.id.clone();
+            self.0.agent.on_schedule(self, task).await;
+            let _ = self.0.sql.exec("DELETE FROM agent_tool_schedule WHERE id = ?", &[id.as_str().into()]);
+        }
+    }
+
+    /// Makes sure the alarm fires by `at` (an earlier pending one stays).
+    pub(crate) async fn arm_alarm_at(&self, at: i64) {
+        if self.0.alarm_at.get().is_some_and(|pending| pending <= at) {
+            return;
+        }
+        let storage = self.0.state.storage();
+        let pending = storage.get_alarm().await.ok().flatten();
+        if pending.is_some_and(|p| p <= at) {
+            self.0.alarm_at.set(pending);
+            return;
+        }
+        // `set_alarm(i64)` takes an offset from now, not a time: pass a Date.
+        let when = worker::ScheduledTime::new(js_sys::Date::new(&wasm_bindgen::JsValue::from_f64(at as f64)));
+        match storage.set_alarm(when).await {
+            Ok(()) => self.0.alarm_at.set(Some(at)),
+            Err(e) => worker::console_error!("agent-tools: arming the alarm failed: {e}"),
+        }
+    }
+
+    /// Makes sure the alarm fires within `ms`.
+    pub(crate) async fn arm_alarm_in(&self, ms: u64) {
+        self.arm_alarm_at(super::now_ms().saturating_add(ms as i64)).await;
+    }
+}
+
+pub(crate) fn migrate(sql: &DoSql) -> Result<(), crate::store::StoreError> {
+    Registry::new(sql).migrate()?;
+    Ledger::new(sql).migrate()?;
+    ChildRuns::new(sql).migrate()?;
+    sql.batch(meta::SCHEMA)?;
+    sql.batch(HOST_SCHEMA)
+}
+
+/// Checks that every child class an agent's tools dispatch has its Durable Object binding.
+fn check_bindings<A: Agent>(tools: &Tools<A>, env: &Env) -> Option<String> {
+    for entry in &tools.entries {
+        if let crate::tools::Entry::Agent(tool) = entry {
+            if env.durable_object(tool.child.binding).is_err() {
+                return Some(missing_binding(A::CLASS, tool.child.class, tool.child.binding));
+            }
+        }
+    }
+    None
+}
+
+/// The error for a child class whose binding is missing, naming the line to add.
+pub(crate) fn missing_binding(parent: &str, class: &str, binding: &str) -> String {
+    format!(
+        "{parent} dispatches {class}, but the Worker has no Durable Object binding {binding:?}: add \
+         [[durable_objects.bindings]] name = \"{binding}\" class_name = \"{class}\" to wrangler.toml \
+         (and \"{class}\" to a [[migrations]] new_sqlite_classes)"
+    )
+}
+
+/// Refuses a WebSocket the way the TypeScript SDK does: accept it, then close it at once with
+/// `4000 + status` for a 4xx status (which the stock client treats as final), else 1011.
+pub(crate) fn reject_socket(status: u16) -> worker::Result<Response> {
+    let pair = WebSocketPair::new()?;
+    pair.server.accept()?;
+    let code = if (400..500).contains(&status) { 4000 + status } else { 1011 };
+    pair.server.close(Some(code), Some(format!("Sub-agent connection rejected ({status})")))?;
+    Response::from_websocket(pair.client)
+}

@@ -1,0 +1,90 @@
+//! An agent's [`Tools`](crate::Tools) bound to one model turn: agent tools dispatch child runs,
+//! server-side tools run their `execute`; both validate input first and hand failures to the
+//! model as the failure envelope.
+
+use serde_json::Value;
+
+use super::child::Turn;
+use super::AgentHost;
+use crate::agent::Agent;
+use crate::chat::turn::ToolBox;
+use crate::model::{ToolCall, ToolSpec};
+use crate::run::AgentToolFailure;
+use crate::tools::{Entry, ToolContext};
+
+/// The tools of one turn: a client's chat turn (`turn: None`) or an agent-tool run's.
+pub(crate) struct HostTools<'a, A: Agent> {
+    pub(crate) host: &'a AgentHost<A>,
+    /// The turn's request id (the run id for an agent-tool run): the child runs it dispatches
+    /// are cancelled with it.
+    pub(crate) request_id: &'a str,
+    pub(crate) turn: Option<&'a Turn<A>>,
+}
+
+impl<A: Agent> ToolBox for HostTools<'_, A> {
+    fn specs(&self) -> Vec<ToolSpec> {
+        self.host.0.tools.specs()
+    }
+
+    async fn execute(&self, call: &ToolCall, order: usize) -> Result<Value, String> {
+        let Some(entry) = self.host.0.tools.find(&call.name) else {
+            return Err(format!("unknown tool {:?}", call.name));
+        };
+        let spec = entry.spec();
+        crate::schema::validate(&spec.input_schema, &call.input)
+            .map_err(|e| format!("Invalid input for tool {}: {e}", call.name))?;
+        match entry {
+            Entry::Agent(tool) => {
+                let options = tool.run_options(call, order);
+                if let Some(run_id) = &options.run_id {
+                    let mut turn_runs = self.host.0.turn_runs.borrow_mut();
+                    turn_runs.entry(self.request_id.to_owned()).or_default().push(run_id.clone());
+                }
+                let result = self.host.dispatch_awaited(tool.child, options).await;
+                Ok(tool.result_for_model(&result))
+            }
+            Entry::Server(tool) => {
+                let ctx = ToolContext { host: self.host, call, turn: self.turn };
+                match tool.call(&ctx, call.input.clone()).await {
+                    Ok(output) => Ok(output),
+                    Err(error) => Ok(AgentToolFailure::error(error).to_value()),
+                }
+            }
+        }
+    }
+
+    fn call_id_taken(&self, id: &str) -> bool {
+        matches!(self.host.registry().get(&format!("agent-tool:{id}")), Ok(Some(_)))
+    }
+}
+
+impl<A: Agent> AgentHost<A> {
+    /// Runs the chat turn a client asked for.
+    pub(crate) async fn run_chat_turn(&self, request_id: String, sender: Option<String>) {
+        let inner = &self.0;
+        let model = match inner.agent.model(&inner.env, None) {
+            Ok(m) => m,
+            Err(e) => return inner.chat.fail_request(&inner.state, &request_id, &e.to_string()),
+        };
+        let tools = HostTools { host: self, request_id: &request_id, turn: None };
+        let (system, max_steps) = (inner.agent.system_prompt(), inner.agent.max_steps());
+        inner.chat.run_client_turn(&inner.state, &request_id, sender, system, max_steps, &model, &tools).await;
+        inner.turn_runs.borrow_mut().remove(&request_id);
+    }
+
+    /// Cancels a chat turn (running or still queued) and the child runs it was waiting on: the
+    /// model stops first, then the children are cancelled together.
+    pub(crate) async fn cancel_chat_turn(&self, request_id: &str) {
+        if self.0.chat.cancel(request_id, "cancelled by the client").is_none() {
+            return;
+        }
+        self.cancel_turn_runs(request_id, "the chat turn was cancelled").await;
+    }
+
+    /// Cancels the child runs a turn dispatched.
+    pub(crate) async fn cancel_turn_runs(&self, request_id: &str, reason: &str) {
+        let runs = self.0.turn_runs.borrow_mut().remove(request_id).unwrap_or_default();
+        let reason = || Some(reason.to_owned());
+        futures::future::join_all(runs.iter().map(|run_id| self.cancel_agent_tool(run_id, reason()))).await;
+    }
+}

@@ -1,0 +1,429 @@
+//! The types of a run as its dispatcher sees them: options in, results out, and read-only views
+//! of the registry (the TypeScript SDK's `RunAgentToolOptions`, `RunAgentToolResult`,
+//! `AgentToolFailure`, `AgentToolRunInfo`, `AgentToolProgressSnapshot`, …).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::cancel::CancelToken;
+pub use crate::parent::detached::{DetachedHandle, DetachedOptions, MilestoneMode, OnMilestones};
+use crate::parent::registry::RunRecord;
+pub use crate::parent::registry::{EventDelivery, RunStatus};
+pub use crate::protocol::chunk::Progress;
+pub use crate::protocol::InterruptedReason;
+
+/// Options of one dispatch ([`crate::AgentHost::run_agent_tool`]).
+///
+/// ```
+/// use agent_tools::RunOptions;
+/// use serde_json::json;
+///
+/// let options = RunOptions::new(json!({ "query": "HTTP/3" })).run_id("import-42").display_order(1);
+/// assert_eq!(options.run_id.as_deref(), Some("import-42"));
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// The child's input.
+    pub input: Value,
+    /// Run id; a fresh one (a v4 UUID) when absent. Dispatching a known id never starts a second
+    /// child.
+    pub run_id: Option<String>,
+    /// The parent tool call this run belongs to (groups sibling runs in the UI).
+    pub parent_tool_call_id: Option<String>,
+    /// Sibling order under the tool call (default 0).
+    pub display_order: Option<i64>,
+    /// Overrides the default input preview (a string's first 500 characters; other input as
+    /// JSON cut to 500).
+    pub input_preview: Option<String>,
+    /// UI metadata (`{name?, icon?, ...}`).
+    pub display: Option<Value>,
+    /// Chunk delivery mode (awaited runs only).
+    pub event_delivery: EventDelivery,
+    /// Cancels the awaited run when cancelled, as [`crate::AgentHost::cancel_agent_tool`] does
+    /// (the TypeScript SDK's `signal`). A detached run ignores it.
+    pub signal: Option<CancelToken>,
+}
+
+impl RunOptions {
+    /// Options with this input and every other field at its default.
+    pub fn new(input: Value) -> Self {
+        Self { input, ..Self::default() }
+    }
+
+    /// Sets the run id.
+    pub fn run_id(mut self, run_id: impl Into<String>) -> Self {
+        self.run_id = Some(run_id.into());
+        self
+    }
+
+    /// Sets the parent tool call id.
+    pub fn parent_tool_call_id(mut self, id: impl Into<String>) -> Self {
+        self.parent_tool_call_id = Some(id.into());
+        self
+    }
+
+    /// Sets the sibling order.
+    pub fn display_order(mut self, order: i64) -> Self {
+        self.display_order = Some(order);
+        self
+    }
+
+    /// Sets the input preview.
+    pub fn input_preview(mut self, preview: impl Into<String>) -> Self {
+        self.input_preview = Some(preview.into());
+        self
+    }
+
+    /// Sets the UI metadata.
+    pub fn display(mut self, display: Value) -> Self {
+        self.display = Some(display);
+        self
+    }
+
+    /// Sets the chunk delivery mode.
+    pub fn event_delivery(mut self, delivery: EventDelivery) -> Self {
+        self.event_delivery = delivery;
+        self
+    }
+
+    /// Cancels the run when `signal` is cancelled.
+    pub fn signal(mut self, signal: CancelToken) -> Self {
+        self.signal = Some(signal);
+        self
+    }
+}
+
+/// The outcome of a run (the TypeScript SDK's `RunAgentToolResult` and
+/// `AgentToolLifecycleResult`); over RPC it serializes in camelCase.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunResult {
+    /// Run id.
+    pub run_id: String,
+    /// Child class name.
+    pub agent_type: String,
+    /// Final status.
+    pub status: RunStatus,
+    /// Summary (completed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    /// Structured output (completed, when the child has one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+    /// Error, abort reason or interruption cause.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Interrupted: machine-readable cause.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<InterruptedReason>,
+    /// Interrupted: whether the child still runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child_still_running: Option<bool>,
+}
+
+/// What an agent tool returns to the model when its run does not complete (the TypeScript
+/// SDK's `AgentToolFailure`): `{"ok":false,"status","error","retryable","reason"?,"childStillRunning"?}`.
+/// `retryable` is true only for `interrupted`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentToolFailure {
+    /// Always `false`.
+    pub ok: bool,
+    /// `error`, `aborted` or `interrupted`.
+    pub status: RunStatus,
+    /// Human-readable, safe to surface.
+    pub error: String,
+    /// Whether dispatching the same run again can succeed.
+    pub retryable: bool,
+    /// Interrupted: machine-readable cause.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<InterruptedReason>,
+    /// Interrupted: whether the child was still working when the parent stopped waiting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child_still_running: Option<bool>,
+}
+
+impl AgentToolFailure {
+    /// The envelope as JSON.
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).unwrap_or(Value::Null)
+    }
+
+    /// A failed server-side tool call.
+    pub fn error(message: impl Into<String>) -> Self {
+        Self {
+            ok: false,
+            status: RunStatus::Error,
+            error: message.into(),
+            retryable: false,
+            reason: None,
+            child_still_running: None,
+        }
+    }
+}
+
+impl RunResult {
+    pub(crate) fn from_record(r: &RunRecord) -> Self {
+        Self {
+            run_id: r.run_id.clone(),
+            agent_type: r.agent_type.clone(),
+            status: r.status,
+            summary: r.summary.clone(),
+            output: r.output_json.as_deref().and_then(|s| serde_json::from_str(s).ok()),
+            error: r.error_message.clone(),
+            reason: r.interrupted_reason,
+            child_still_running: r.child_still_running,
+        }
+    }
+
+    /// A dispatch refused before any row was written (bad run id, cap reached, …).
+    pub(crate) fn refused(run_id: impl Into<String>, agent_type: impl Into<String>, error: impl Into<String>) -> Self {
+        Self {
+            run_id: run_id.into(),
+            agent_type: agent_type.into(),
+            status: RunStatus::Error,
+            summary: None,
+            output: None,
+            error: Some(error.into()),
+            reason: None,
+            child_still_running: None,
+        }
+    }
+
+    /// The failure envelope, for a run that did not complete.
+    pub fn failure(&self) -> Option<AgentToolFailure> {
+        if self.status == RunStatus::Completed {
+            return None;
+        }
+        let interrupted = self.status == RunStatus::Interrupted;
+        Some(AgentToolFailure {
+            ok: false,
+            status: self.status,
+            error: self.error.clone().unwrap_or_else(|| format!("agent tool run {}", self.status.as_str())),
+            retryable: interrupted,
+            reason: self.reason.filter(|_| interrupted),
+            child_still_running: self.child_still_running.filter(|_| interrupted),
+        })
+    }
+
+    /// What the parent's model sees: the summary on success (a tool with an output schema
+    /// sends the validated output instead), else the failure envelope.
+    pub fn for_model(&self) -> Value {
+        match self.failure() {
+            None => Value::String(self.summary.clone().unwrap_or_default()),
+            Some(failure) => failure.to_value(),
+        }
+    }
+}
+
+/// A run as the registry knows it (the TypeScript SDK's `AgentToolRunInfo`): what hooks
+/// receive, and what [`crate::AgentHost::agent_tool_runs`] lists.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunInfo {
+    /// Run id.
+    pub run_id: String,
+    /// The parent tool call that spawned it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_tool_call_id: Option<String>,
+    /// Child class name.
+    pub agent_type: String,
+    /// Input preview.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_preview: Option<String>,
+    /// Status now.
+    pub status: RunStatus,
+    /// UI metadata.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub display: Option<Value>,
+    /// `metadata.source` of a detached `notify` run's messages.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub notify_source: Option<String>,
+    /// Sibling order.
+    pub display_order: i64,
+    /// Epoch ms.
+    pub started_at: i64,
+    /// Epoch ms, once terminal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<i64>,
+    /// Whether it was dispatched detached.
+    pub detached: bool,
+}
+
+impl RunInfo {
+    pub(crate) fn from_record(r: &RunRecord) -> Self {
+        Self {
+            run_id: r.run_id.clone(),
+            parent_tool_call_id: r.parent_tool_call_id.clone(),
+            agent_type: r.agent_type.clone(),
+            input_preview: r.input_preview.clone(),
+            status: r.status,
+            display: r.display.clone(),
+            notify_source: r.detached.as_ref().and_then(|d| d.notify_source.clone()),
+            display_order: r.display_order,
+            started_at: r.started_at,
+            completed_at: r.completed_at,
+            detached: r.detached.is_some(),
+        }
+    }
+}
+
+/// A run's latest progress signal (the TypeScript SDK's `AgentToolProgressSnapshot`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ProgressSnapshot {
+    /// 0..1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<f64>,
+    /// Status line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Phase label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Set when the signal was a durable milestone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub milestone: Option<String>,
+    /// Epoch ms of the signal.
+    pub at: i64,
+    /// The payload (live signals carry it; a kept snapshot only when persisted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+}
+
+/// A durable milestone a child reached (the TypeScript SDK's `AgentToolMilestone`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Milestone {
+    /// Its name.
+    pub name: String,
+    /// Per-run ordinal from 0.
+    pub sequence: i64,
+    /// Epoch ms.
+    pub at: i64,
+    /// Its payload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Value>,
+}
+
+/// A run's state with its result, progress and milestones
+/// ([`crate::AgentHost::inspect_agent_tool_run`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunInspection {
+    /// The run.
+    #[serde(flatten)]
+    pub info: RunInfo,
+    /// Its result, once terminal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<RunResult>,
+    /// The latest progress kept for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<ProgressSnapshot>,
+    /// Its milestones, by sequence.
+    pub milestones: Vec<Milestone>,
+}
+
+/// One stored chunk of a run (the TypeScript SDK's `AgentToolStoredChunk`): its frame sequence
+/// and the `UIMessageChunk` JSON.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AgentToolChunk {
+    /// The frame sequence it was sent with (and replays with).
+    pub sequence: i64,
+    /// The chunk.
+    pub body: String,
+}
+
+/// Which runs [`crate::AgentHost::clear_agent_tool_runs`] removes.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ClearFilter {
+    /// Only runs with one of these statuses (all, when `None`).
+    pub status: Option<Vec<RunStatus>>,
+    /// Only runs started before this time, epoch ms (all, when `None`).
+    pub older_than: Option<i64>,
+}
+
+/// A task scheduled with [`crate::AgentHost::schedule`], handed to
+/// [`crate::Agent::on_schedule`] when it is due.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduledTask {
+    /// Its id (returned by `schedule`).
+    pub id: String,
+    /// When it was due, epoch ms.
+    pub at: i64,
+    /// Its payload, as scheduled.
+    pub payload: Value,
+}
+
+impl ScheduledTask {
+    /// The payload as the type it was scheduled with.
+    pub fn payload<T: serde::de::DeserializeOwned>(&self) -> Result<T, String> {
+        serde_json::from_value(self.payload.clone()).map_err(|e| format!("task {} payload: {e}", self.id))
+    }
+}
+
+/// Checks a caller-supplied run id: 1–256 characters, no control characters.
+pub(crate) fn validate_run_id(run_id: &str) -> Result<(), String> {
+    if run_id.is_empty() {
+        return Err("run id must not be empty".into());
+    }
+    if run_id.chars().count() > 256 {
+        return Err("run id must be at most 256 characters".into());
+    }
+    if run_id.chars().any(char::is_control) {
+        return Err("run id must not contain control characters".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn result(status: RunStatus) -> RunResult {
+        RunResult { status, ..RunResult::refused("r", "Researcher", "boom") }
+    }
+
+    #[test]
+    fn the_model_sees_a_summary_or_the_failure_envelope() {
+        let mut done = result(RunStatus::Completed);
+        done.summary = Some("text".into());
+        done.output = Some(json!({"k": 1}));
+        assert_eq!(done.for_model(), json!("text"), "the summary, not the output, without an output schema");
+        assert_eq!(done.failure(), None);
+        assert_eq!(
+            result(RunStatus::Error).for_model(),
+            json!({"ok": false, "status": "error", "error": "boom", "retryable": false})
+        );
+        assert_eq!(result(RunStatus::Aborted).for_model()["retryable"], json!(false));
+        let mut interrupted = result(RunStatus::Interrupted);
+        interrupted.reason = Some(InterruptedReason::NoProgress);
+        interrupted.child_still_running = Some(true);
+        assert_eq!(
+            interrupted.for_model(),
+            json!({"ok": false, "status": "interrupted", "error": "boom", "retryable": true,
+                   "reason": "no-progress", "childStillRunning": true})
+        );
+        let typed = interrupted.failure().unwrap();
+        assert!(typed.retryable);
+        assert_eq!(serde_json::from_value::<AgentToolFailure>(interrupted.for_model()).unwrap(), typed);
+    }
+
+    #[test]
+    fn run_ids_are_checked() {
+        assert!(validate_run_id("agent-tool:call_1").is_ok());
+        assert!(validate_run_id("").is_err());
+        assert!(validate_run_id(&"x".repeat(257)).is_err());
+        assert!(validate_run_id("a\nb").is_err());
+    }
+
+    #[test]
+    fn scheduled_payloads_come_back_typed() {
+        let task = ScheduledTask { id: "t".into(), at: 5, payload: json!({"n": 3}) };
+        #[derive(serde::Deserialize, PartialEq, Debug)]
+        struct P {
+            n: u8,
+        }
+        assert_eq!(task.payload::<P>(), Ok(P { n: 3 }));
+        assert!(task.payload::<String>().is_err());
+    }
+}

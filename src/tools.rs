@@ -1,0 +1,322 @@
+//! What an agent's model may call: [`AgentTool`]s (child agents) and ordinary server-side
+//! [`Tool`]s, gathered in [`Tools`]. Both get the same treatment: input validated against the
+//! tool's JSON Schema before anything runs (an invalid call is a tool error the model sees), and
+//! a failure returned to the model as the envelope
+//! `{"ok":false,"status":"error",…,"retryable":false}`.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::agent::Agent;
+use crate::model::{ToolCall, ToolSpec};
+use crate::parent::agent_tool::schema_for;
+use crate::platform::AgentHost;
+use crate::platform::Turn;
+use crate::protocol::chunk::Progress;
+
+pub use crate::parent::agent_tool::AgentTool;
+
+/// An ordinary server-side tool of agent `A`: typed input (its JSON Schema derived with
+/// `schemars`), an async `execute` with access to the agent.
+///
+/// ```
+/// use agent_tools::prelude::*;
+/// # #[derive(Default)] pub struct Assistant;
+/// # impl Agent for Assistant {}
+/// # agent_tools::durable_object!(Assistant);
+///
+/// #[derive(serde::Deserialize, schemars::JsonSchema)]
+/// struct Add {
+///     a: i64,
+///     b: i64,
+/// }
+///
+/// struct Adder;
+///
+/// impl Tool<Assistant> for Adder {
+///     type Input = Add;
+///     type Output = i64;
+///     fn name(&self) -> &str {
+///         "add"
+///     }
+///     fn description(&self) -> &str {
+///         "Adds two integers."
+///     }
+///     async fn execute(&self, _ctx: &ToolContext<'_, Assistant>, input: Add) -> Result<i64, String> {
+///         input.a.checked_add(input.b).ok_or_else(|| "the sum overflows".to_owned())
+///     }
+/// }
+/// # fn main() {}
+/// ```
+#[allow(async_fn_in_trait)] // Workers are single-threaded; no `Send` bound is wanted.
+pub trait Tool<A: Agent>: 'static {
+    /// The input, deserialized from the model's arguments once they match its schema.
+    type Input: DeserializeOwned + JsonSchema;
+    /// What the model receives on success.
+    type Output: Serialize;
+    /// The name the model calls it by (`[a-zA-Z0-9_-]`, at most 64 characters).
+    fn name(&self) -> &str;
+    /// What it does, for the model.
+    fn description(&self) -> &str;
+    /// Runs one call. `Err(message)` reaches the model as the failure envelope.
+    async fn execute(&self, ctx: &ToolContext<'_, A>, input: Self::Input) -> Result<Self::Output, String>;
+}
+
+/// What a [`Tool`] sees of the turn that called it.
+pub struct ToolContext<'a, A: Agent> {
+    pub(crate) host: &'a AgentHost<A>,
+    pub(crate) call: &'a ToolCall,
+    pub(crate) turn: Option<&'a Turn<A>>,
+}
+
+impl<'a, A: Agent> ToolContext<'a, A> {
+    /// The agent running the tool.
+    pub fn host(&self) -> &'a AgentHost<A> {
+        self.host
+    }
+
+    /// The model's tool call id.
+    pub fn call_id(&self) -> &str {
+        &self.call.id
+    }
+
+    /// The agent-tool run this turn executes, when the agent runs as a child.
+    pub fn turn(&self) -> Option<&'a Turn<A>> {
+        self.turn
+    }
+
+    /// Reports progress of the run this turn executes (see [`Turn::report_progress`]); a no-op
+    /// with a warning outside an agent-tool run.
+    pub fn report_progress(&self, progress: Progress) {
+        match self.turn {
+            Some(turn) => turn.report_progress(progress),
+            None => worker::console_warn!("agent-tools: report_progress outside an agent-tool run is ignored"),
+        }
+    }
+}
+
+type LocalFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// A [`Tool`] with its types erased, so tools of different types share one list.
+pub(crate) trait DynTool<A: Agent> {
+    fn spec(&self) -> ToolSpec;
+    fn call<'a>(&'a self, ctx: &'a ToolContext<'a, A>, input: Value) -> LocalFuture<'a, Result<Value, String>>;
+}
+
+struct Erased<T> {
+    tool: T,
+    schema: Value,
+}
+
+impl<A: Agent, T: Tool<A>> DynTool<A> for Erased<T> {
+    fn spec(&self) -> ToolSpec {
+        ToolSpec {
+            name: self.tool.name().to_owned(),
+            description: self.tool.description().to_owned(),
+            input_schema: self.schema.clone(),
+        }
+    }
+
+    fn call<'a>(&'a self, ctx: &'a ToolContext<'a, A>, input: Value) -> LocalFuture<'a, Result<Value, String>> {
+        Box::pin(async move {
+            let input: T::Input = serde_json::from_value(input)
+                .map_err(|e| format!("Invalid input for tool {}: {e}", self.tool.name()))?;
+            let output = self.tool.execute(ctx, input).await?;
+            serde_json::to_value(output)
+                .map_err(|e| format!("tool {} returned unserializable output: {e}", self.tool.name()))
+        })
+    }
+}
+
+/// One entry of [`Tools`].
+pub(crate) enum Entry<A: Agent> {
+    Agent(Rc<AgentTool>),
+    Server(Rc<dyn DynTool<A>>),
+}
+
+impl<A: Agent> Clone for Entry<A> {
+    fn clone(&self) -> Self {
+        match self {
+            Self::Agent(t) => Self::Agent(t.clone()),
+            Self::Server(t) => Self::Server(t.clone()),
+        }
+    }
+}
+
+impl<A: Agent> Entry<A> {
+    pub(crate) fn spec(&self) -> ToolSpec {
+        match self {
+            Self::Agent(t) => t.spec(),
+            Self::Server(t) => t.spec(),
+        }
+    }
+}
+
+/// The tools of an agent's model, in the order the model sees them.
+///
+/// ```
+/// use agent_tools::prelude::*;
+/// # #[derive(Default)] pub struct Researcher;
+/// # impl Agent for Researcher {}
+/// # agent_tools::durable_object!(Researcher);
+/// # #[derive(Default)] pub struct Assistant;
+///
+/// impl Agent for Assistant {
+///     fn tools(&self) -> Tools<Self> {
+///         Tools::new().agent(AgentTool::of::<Researcher>("research", "Research one topic in depth."))
+///     }
+/// }
+/// # agent_tools::durable_object!(Assistant);
+/// # fn main() {}
+/// ```
+pub struct Tools<A: Agent> {
+    pub(crate) entries: Vec<Entry<A>>,
+}
+
+impl<A: Agent> Default for Tools<A> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<A: Agent> Clone for Tools<A> {
+    fn clone(&self) -> Self {
+        Self { entries: self.entries.clone() }
+    }
+}
+
+impl<A: Agent> Tools<A> {
+    /// No tools.
+    pub fn new() -> Self {
+        Self { entries: Vec::new() }
+    }
+
+    /// Adds a child agent as a tool.
+    pub fn agent(mut self, tool: AgentTool) -> Self {
+        self.entries.push(Entry::Agent(Rc::new(tool)));
+        self
+    }
+
+    /// Adds an ordinary server-side tool.
+    pub fn tool<T: Tool<A>>(mut self, tool: T) -> Self {
+        let schema = schema_for::<T::Input>();
+        self.entries.push(Entry::Server(Rc::new(Erased { tool, schema })));
+        self
+    }
+
+    /// The tools as the model sees them.
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.entries.iter().map(Entry::spec).collect()
+    }
+
+    /// Checks the declaration: names are valid and unique, every input and output schema is
+    /// one the validator fully understands. An agent whose tools fail this answers every
+    /// request with this error (and logs it) instead of running a model with broken tools.
+    pub fn check(&self) -> Result<(), String> {
+        let mut seen = HashSet::new();
+        for entry in &self.entries {
+            let spec = entry.spec();
+            let name = &spec.name;
+            if name.is_empty()
+                || name.len() > 64
+                || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            {
+                return Err(format!("tool name {name:?} must be 1 to 64 characters of [a-zA-Z0-9_-]"));
+            }
+            if !seen.insert(name.clone()) {
+                return Err(format!("two tools are named {name:?}; tool names must be unique"));
+            }
+            crate::schema::check_schema(&spec.input_schema)
+                .map_err(|e| format!("tool {name:?} has an invalid input schema: {e}"))?;
+            if spec.input_schema.get("type").and_then(Value::as_str) != Some("object") {
+                return Err(format!("tool {name:?}: its input schema must describe an object (\"type\": \"object\")"));
+            }
+            if let Entry::Agent(tool) = entry {
+                if let Some(output) = &tool.output_schema {
+                    crate::schema::check_schema(output)
+                        .map_err(|e| format!("tool {name:?} has an invalid output schema: {e}"))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn find(&self, name: &str) -> Option<&Entry<A>> {
+        self.entries.iter().find(|e| match e {
+            Entry::Agent(t) => t.name == name,
+            Entry::Server(t) => t.spec().name == name,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[derive(Default)]
+    struct Parent;
+    impl crate::AgentClass for Parent {
+        const CLASS: &'static str = "Parent";
+        const BINDING: &'static str = "Parent";
+    }
+    impl Agent for Parent {}
+
+    #[derive(serde::Deserialize, JsonSchema)]
+    struct Words {
+        #[allow(dead_code)]
+        text: String,
+    }
+
+    struct Count(&'static str);
+    impl Tool<Parent> for Count {
+        type Input = Words;
+        type Output = usize;
+        fn name(&self) -> &str {
+            self.0
+        }
+        fn description(&self) -> &str {
+            "Counts words."
+        }
+        async fn execute(&self, _ctx: &ToolContext<'_, Parent>, input: Words) -> Result<usize, String> {
+            Ok(input.text.split_whitespace().count())
+        }
+    }
+
+    fn agent_tool(name: &str) -> AgentTool {
+        AgentTool::of::<Parent>(name, "A child.")
+    }
+
+    #[test]
+    fn a_sound_declaration_passes() {
+        let tools: Tools<Parent> = Tools::new().agent(agent_tool("research")).tool(Count("count"));
+        assert_eq!(tools.check(), Ok(()));
+        let names: Vec<String> = tools.specs().into_iter().map(|s| s.name).collect();
+        assert_eq!(names, ["research", "count"]);
+        assert_eq!(tools.specs()[1].input_schema["properties"]["text"]["type"], "string");
+    }
+
+    #[test]
+    fn bad_declarations_fail_early_and_clearly() {
+        let twice: Tools<Parent> = Tools::new().agent(agent_tool("count")).tool(Count("count"));
+        assert_eq!(twice.check(), Err("two tools are named \"count\"; tool names must be unique".into()));
+        let spaced: Tools<Parent> = Tools::new().tool(Count("count words"));
+        assert!(spaced.check().unwrap_err().contains("must be 1 to 64 characters of [a-zA-Z0-9_-]"));
+        let unchecked: Tools<Parent> =
+            Tools::new().agent(agent_tool("research").input_schema(json!({"type": "object", "not_a_keyword": 1})));
+        let error = unchecked.check().unwrap_err();
+        assert!(error.starts_with("tool \"research\" has an invalid input schema: keyword `not_a_keyword`"), "{error}");
+        let scalar: Tools<Parent> = Tools::new().agent(agent_tool("research").input_schema(json!({"type": "string"})));
+        assert!(scalar.check().unwrap_err().contains("must describe an object"));
+        let output: Tools<Parent> =
+            Tools::new().agent(agent_tool("research").output_schema(json!({"type": "object", "format": "color"})));
+        assert!(output.check().unwrap_err().starts_with("tool \"research\" has an invalid output schema"));
+    }
+}
