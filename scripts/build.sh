@@ -10,5 +10,5 @@ if [ "${1:-}" = "--example" ]; then example=true; shift; fi
 worker-build --release "$@"
 "$ROOT/scripts/build-web.sh"
 if $example; then
-  (cd "$ROOT/examples/hello-agents" && worker-build --release "$@")
+  "$ROOT/scripts/build-example.sh" "$@"
 fi

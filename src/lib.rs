@@ -89,6 +89,9 @@ mod wrangler_check;
 mod fuzz_tests;
 
 #[cfg(all(test, not(target_arch = "wasm32")))]
+mod sim;
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
 mod public_api_tests {
     /// The code blocks of a doc comment (`//!` or `///`), as rustdoc compiles them, with the
     /// lines rustdoc hides (`# …`) left out: what a reader of the rendered docs sees.
@@ -117,7 +120,7 @@ mod public_api_tests {
     #[test]
     fn the_readmes_code_is_compiled() {
         let readme = include_str!("../README.md");
-        let compiled: Vec<String> = [include_str!("lib.rs"), include_str!("platform/parent/detached.rs")]
+        let compiled: Vec<String> = [include_str!("lib.rs"), include_str!("platform/parent/dispatch.rs")]
             .iter()
             .flat_map(|s| doc_blocks(s))
             .collect();

@@ -35,6 +35,33 @@ pub enum EventType {
     /// Many detached runs are live at once; payload `{live}`.
     #[serde(rename = "agent_tool:detached:live_count_warning")]
     DetachedLiveCountWarning,
+    /// A child runs a turn again that a restart cut short (recovery policy `rerun`); payload
+    /// `{runId, attempt, reason}`.
+    #[serde(rename = "agent_tool:recovery:rerun")]
+    ChildRerun,
+    /// A child sealed a run whose turn a restart cut short (policy `seal`, or too many
+    /// attempts); payload `{runId, attempt}`.
+    #[serde(rename = "agent_tool:recovery:sealed")]
+    ChildSealed,
+    /// A late real result repaired a run the parent had stopped waiting for; payload
+    /// `{runId, status}`.
+    #[serde(rename = "agent_tool:recovery:late_result")]
+    LateResult,
+    /// A run's outcome was recorded without the chunks the child stored after the parent's
+    /// cursor: its stream could not be read to the end (three tries in a row broke off). The
+    /// result is the child's; the parent's replay lacks the run's last chunks (the child's own
+    /// transcript has them). Payload `{runId, status}`.
+    #[serde(rename = "agent_tool:recovery:drain_incomplete")]
+    DrainIncomplete,
+    /// The agent's alarm ran (recovery, the detached backbone, watches of runs given up on):
+    /// payload `{live, outstanding, watched, nextInMs}`: the runs still live, the deliveries
+    /// still owed, the runs watched for a late result, and when it fires next (`null`: not
+    /// again until new work arms it).
+    #[serde(rename = "agent_tool:alarm")]
+    Alarm,
+    /// `report_progress` was called outside a live run and ignored; payload `{runId, why}`.
+    #[serde(rename = "agent_tool:progress:ignored")]
+    ProgressIgnored,
 }
 
 /// One event.

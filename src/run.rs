@@ -248,6 +248,9 @@ pub struct RunInfo {
     pub completed_at: Option<i64>,
     /// Whether it was dispatched detached.
     pub detached: bool,
+    /// How many times the child ran the turn again after a restart cut it short
+    /// ([`crate::RecoveryPolicy::Rerun`]).
+    pub reruns: i64,
 }
 
 impl RunInfo {
@@ -264,6 +267,7 @@ impl RunInfo {
             started_at: r.started_at,
             completed_at: r.completed_at,
             detached: r.detached.is_some(),
+            reruns: r.reruns,
         }
     }
 }

@@ -12,8 +12,17 @@ const params = new URLSearchParams(location.search);
 const NAME = params.get("name") || "demo";
 const TERMINAL = ["completed", "error", "aborted", "interrupted"];
 
+// A child whose turn a restart cut short runs it again (its default recovery policy): the
+// stock reducer keeps both attempts in `parts`, the new one after a `data-agent-superseded`
+// part. The card shows the last attempt's text.
+function attempts(run) {
+  return run.parts.filter((p) => p.type === "data-agent-superseded").length + 1;
+}
+
 function runText(run) {
+  const last = run.parts.map((p) => p.type).lastIndexOf("data-agent-superseded");
   return run.parts
+    .slice(last + 1)
     .filter((p) => p.type === "text")
     .map((p) => p.text)
     .join("");
@@ -51,6 +60,11 @@ function RunCard({ run, agent, onOpen }) {
         <span className="icon">{run.display?.icon ?? "🤖"}</span>
         <strong>{title}</strong>
         <StatusBadge status={run.status} />
+        {attempts(run) > 1 && (
+          <span className="badge rerun" data-testid="rerun" title="a restart cut the child's turn short; it ran again">
+            attempt {attempts(run)}
+          </span>
+        )}
         <span className="preview" title={run.inputPreview}>
           {run.inputPreview}
         </span>

@@ -35,6 +35,10 @@ pub fn to_model_messages(system: Option<&str>, messages: &[Value]) -> Vec<ModelM
         out.push(ModelMessage::System(system.to_owned()));
     }
     for message in messages {
+        // An attempt a restart cut short, answered again by a later one.
+        if message.pointer("/metadata/superseded") == Some(&Value::Bool(true)) {
+            continue;
+        }
         match message.get("role").and_then(Value::as_str) {
             Some("user") => out.push(ModelMessage::User(text_parts(parts(message)))),
             Some("system") => out.push(ModelMessage::System(text_parts(parts(message)))),

@@ -139,7 +139,11 @@ impl<'a, S: Sql + ?Sized> StreamLog<'a, S> {
 
     /// Appends a chunk at `index` (the caller owns the counter). Re-appending an index is a no-op.
     pub fn append(&self, stream: &str, index: i64, kind: ChunkKind, body: &str) -> Result<(), StoreError> {
-        let kind = if kind == ChunkKind::Milestone { "milestone" } else { "stored" };
+        let kind = match kind {
+            ChunkKind::Milestone => "milestone",
+            ChunkKind::Superseded => "superseded",
+            ChunkKind::Stored | ChunkKind::Progress => "stored",
+        };
         self.sql.exec(
             "INSERT OR IGNORE INTO chat_stream_chunks (stream_id, idx, kind, body) VALUES (?, ?, ?, ?)",
             &[V::from(stream), V::Int(index), V::from(kind), V::from(body)],
@@ -157,10 +161,29 @@ impl<'a, S: Sql + ?Sized> StreamLog<'a, S> {
             .iter()
             .map(|r| StoredChunk {
                 index: r.int(0).unwrap_or(0),
-                kind: if r.text(1).as_deref() == Some("milestone") { ChunkKind::Milestone } else { ChunkKind::Stored },
+                kind: match r.text(1).as_deref() {
+                    Some("milestone") => ChunkKind::Milestone,
+                    Some("superseded") => ChunkKind::Superseded,
+                    _ => ChunkKind::Stored,
+                },
                 body: r.text(2).unwrap_or_default(),
             })
             .collect())
+    }
+
+    /// Marks the saved messages of stream `stream_id` that a restart cut short
+    /// (`metadata.interrupted`) as superseded: a new attempt answers instead. They stay in the
+    /// transcript, and are no longer sent to models.
+    pub fn mark_superseded(&self, stream_id: &str) -> Result<(), StoreError> {
+        let messages = Messages::new(self.sql).list()?;
+        for mut message in messages {
+            let meta = &message["metadata"];
+            if meta["interrupted"] == Value::Bool(true) && meta["streamId"].as_str() == Some(stream_id) {
+                message["metadata"]["superseded"] = Value::Bool(true);
+                Messages::new(self.sql).upsert(&message, 0)?;
+            }
+        }
+        Ok(())
     }
 
     /// Deletes a stream.
@@ -200,22 +223,28 @@ impl<'a, S: Sql + ?Sized> OpenStreams<'a, S> {
 
     /// After a restart: every stream still open was cut short with its turn. Each one's
     /// assistant message is rebuilt from the chunks it stored and saved, marked
-    /// `metadata.interrupted` (what was said stays said; nothing is re-run). Returns the
-    /// recovered messages.
+    /// `metadata.interrupted` (what was said stays said). A child run's stream holds every
+    /// attempt of its turn, each after a `superseded` marker: the message is the last
+    /// attempt's. Returns the recovered messages.
     pub fn recover(&self, now: i64) -> Result<Vec<Value>, StoreError> {
         let open = self.sql.exec("SELECT stream_id, message_id FROM chat_open_streams ORDER BY started_at", &[])?;
         let mut recovered = Vec::new();
         for row in &open {
             let (Some(stream_id), Some(message_id)) = (row.text(0), row.text(1)) else { continue };
-            let mut builder = crate::chat::message::MessageBuilder::new(message_id);
+            let mut builder = crate::chat::message::MessageBuilder::new(message_id.clone());
             for chunk in StreamLog::new(self.sql).after(&stream_id, -1)? {
-                if let Ok(chunk) = serde_json::from_str::<Value>(&chunk.body) {
+                if chunk.kind == ChunkKind::Superseded {
+                    // A child run's stream holds every attempt, each after its marker: the
+                    // message cut short is the last attempt's alone.
+                    builder = crate::chat::message::MessageBuilder::new(message_id.clone());
+                } else if let Ok(chunk) = serde_json::from_str::<Value>(&chunk.body) {
                     builder.apply(&chunk);
                 }
             }
             if !builder.is_empty() {
                 let mut message = builder.message();
                 message["metadata"]["interrupted"] = Value::Bool(true);
+                message["metadata"]["streamId"] = Value::String(stream_id.clone());
                 Messages::new(self.sql).upsert(&message, now)?;
                 recovered.push(message);
             }
@@ -333,5 +362,28 @@ mod recovery_tests {
         assert_eq!(crate::chat::message::text_of(&saved[0]), "half an answer");
         assert_eq!(saved[0]["metadata"]["interrupted"], true);
         assert!(open.recover(11).unwrap().is_empty(), "recovered once");
+    }
+
+    #[test]
+    fn a_child_stream_cut_short_again_recovers_its_last_attempt_alone() {
+        let db = sqlite::memory();
+        db.batch(SCHEMA).unwrap();
+        let open = OpenStreams::new(&db);
+        open.open("run", "run", "attempt-2", 1).unwrap();
+        let log = StreamLog::new(&db);
+        let chunks = [
+            (ChunkKind::Stored, r#"{"type":"text-start","id":"t"}"#),
+            (ChunkKind::Stored, r#"{"type":"text-delta","id":"t","delta":"first try"}"#),
+            (ChunkKind::Superseded, r#"{"type":"data-agent-superseded","data":{"attempt":2}}"#),
+            (ChunkKind::Stored, r#"{"type":"text-start","id":"t"}"#),
+            (ChunkKind::Stored, r#"{"type":"text-delta","id":"t","delta":"second"}"#),
+        ];
+        for (i, (kind, chunk)) in chunks.into_iter().enumerate() {
+            log.append("run", i as i64, kind, chunk).unwrap();
+        }
+        open.recover(10).unwrap();
+        let saved = Messages::new(&db).list().unwrap();
+        assert_eq!(saved.len(), 1);
+        assert_eq!(crate::chat::message::text_of(&saved[0]), "second", "never both attempts in one message");
     }
 }

@@ -1,4 +1,5 @@
 //! The child room: run rows, the chunk log, progress and milestones.
 
+pub mod engine;
 pub mod progress;
 pub mod runs;

@@ -26,7 +26,9 @@ CREATE TABLE IF NOT EXISTS agent_tool_child_runs (
   completed_at INTEGER,
   progress_json TEXT,
   last_signal_at INTEGER,
-  event_delivery TEXT NOT NULL DEFAULT 'full'
+  event_delivery TEXT NOT NULL DEFAULT 'full',
+  attempt INTEGER NOT NULL DEFAULT 1,
+  attempt_start INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS agent_tool_child_milestones (
   run_id TEXT NOT NULL,
@@ -38,7 +40,12 @@ CREATE TABLE IF NOT EXISTS agent_tool_child_milestones (
 ) WITHOUT ROWID;
 ";
 
-/// A child run's status. A child is never `interrupted`: that word belongs to the parent.
+/// Columns added since the first schema.
+const ADDED_COLUMNS: &[(&str, &str)] =
+    &[("attempt", "INTEGER NOT NULL DEFAULT 1"), ("attempt_start", "INTEGER NOT NULL DEFAULT 0")];
+
+/// A child run's status. `interrupted` only ever comes from the `seal` recovery policy: a
+/// restart cut the turn short and the child does not run it again by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ChildStatus {
@@ -52,6 +59,8 @@ pub enum ChildStatus {
     Error,
     /// Cancelled.
     Aborted,
+    /// Sealed after a restart (recovery policy `seal`); a new start runs it afresh.
+    Interrupted,
 }
 
 impl ChildStatus {
@@ -61,6 +70,7 @@ impl ChildStatus {
             "running" => Self::Running,
             "completed" => Self::Completed,
             "aborted" => Self::Aborted,
+            "interrupted" => Self::Interrupted,
             _ => Self::Error,
         }
     }
@@ -73,12 +83,13 @@ impl ChildStatus {
             Self::Completed => "completed",
             Self::Error => "error",
             Self::Aborted => "aborted",
+            Self::Interrupted => "interrupted",
         }
     }
 
-    /// Whether the run has ended.
+    /// Whether the run has ended (a sealed run too, until it is started again).
     pub fn is_terminal(self) -> bool {
-        matches!(self, Self::Completed | Self::Error | Self::Aborted)
+        !matches!(self, Self::Starting | Self::Running)
     }
 }
 
@@ -116,10 +127,15 @@ pub struct ChildRun {
     /// Whether ordinary chunks are broadcast (`full`) or only kept (`terminal`).
     #[serde(skip)]
     pub terminal_only: bool,
+    /// The attempt under way or last made (from 1; a rerun after a restart adds one).
+    pub attempt: i64,
+    /// The log index where the current attempt's chunks begin.
+    #[serde(skip)]
+    pub attempt_start: i64,
 }
 
 const COLUMNS: &str = "run_id, status, input_json, summary, output_json, error_message, started_at, \
-    completed_at, progress_json, last_signal_at, event_delivery";
+    completed_at, progress_json, last_signal_at, event_delivery, attempt, attempt_start";
 
 impl ChildRun {
     fn from_row(r: &Row) -> Self {
@@ -136,6 +152,8 @@ impl ChildRun {
             progress: json(8),
             last_signal_at: r.int(9),
             terminal_only: r.text(10).as_deref() == Some("terminal"),
+            attempt: r.int(11).unwrap_or(1),
+            attempt_start: r.int(12).unwrap_or(0),
         }
     }
 
@@ -145,6 +163,7 @@ impl ChildRun {
             ChildStatus::Completed => OutcomeStatus::Completed,
             ChildStatus::Error => OutcomeStatus::Error,
             ChildStatus::Aborted => OutcomeStatus::Aborted,
+            ChildStatus::Interrupted => OutcomeStatus::Interrupted,
             ChildStatus::Starting | ChildStatus::Running => return None,
         };
         Some(RunOutcome {
@@ -194,10 +213,24 @@ impl<'a, S: Sql + ?Sized> ChildRuns<'a, S> {
         Self { sql }
     }
 
-    /// Creates the tables (and the chat stream log's) if missing.
+    /// Creates the tables (and the chat stream log's) if missing, and adds the columns later
+    /// versions introduced.
     pub fn migrate(&self) -> Result<(), StoreError> {
         self.sql.batch(SCHEMA)?;
+        crate::store::ensure_columns(self.sql, "agent_tool_child_runs", ADDED_COLUMNS)?;
         self.sql.batch(crate::chat::store::SCHEMA)
+    }
+
+    /// Starts the run's next attempt, whose chunks begin at log index `start`: the row is
+    /// `running` again with no outcome. Returns the attempt's number.
+    pub fn begin_attempt(&self, run_id: &str, start: i64) -> Result<i64, StoreError> {
+        let row = self.sql.one(
+            "UPDATE agent_tool_child_runs SET status = 'running', attempt = attempt + 1, attempt_start = ?, \
+             summary = NULL, output_json = NULL, error_message = NULL, completed_at = NULL \
+             WHERE run_id = ? RETURNING attempt",
+            &[V::Int(start), V::from(run_id)],
+        )?;
+        row.and_then(|r| r.int(0)).ok_or_else(|| StoreError { message: format!("child run {run_id} vanished") })
     }
 
     /// Creates the run, or returns the existing one. The flag says whether it was created: only

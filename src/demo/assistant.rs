@@ -84,6 +84,12 @@ impl Agent for Assistant {
         if let Some(cadence) = setting(env, "AGENT_TOOL_BACKBONE_MS") {
             options.backbone_cadence_ms = cadence.split(',').filter_map(|n| n.trim().parse().ok()).collect();
         }
+        if let Some(ms) = setting(env, "AGENT_TOOL_REATTACH_NO_PROGRESS_MS").and_then(|v| v.parse().ok()) {
+            options.reattach_no_progress_timeout_ms = ms;
+        }
+        if let Some(ms) = setting(env, "AGENT_TOOL_REATTACH_WINDOW_MS").and_then(|v| v.parse().ok()) {
+            options.reattach_max_window_ms = Some(ms);
+        }
         options
     }
 

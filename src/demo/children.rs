@@ -1,23 +1,74 @@
 //! The demo's child agents.
 
-use agent_tools::model::{ModelError, ModelProvider};
-use agent_tools::prelude::*;
-use serde_json::{json, Value};
-use worker::Env;
+use std::time::Duration;
 
-/// The offline model at the pace the settings give, or the pace a run's input asks for
-/// (`words`, `delayMs`): tests and the demo page use it to make runs long or short.
-fn paced_model(env: &Env, input: Option<&Value>) -> Result<ModelProvider, ModelError> {
+use agent_tools::model::{Model, ModelError, ModelEvent, ModelProvider, ModelRequest};
+use agent_tools::prelude::*;
+use agent_tools::RecoveryPolicy;
+use serde_json::{json, Value};
+use worker::{Delay, Env};
+
+use super::setting;
+
+/// The demo's children's model: the provider the settings select, and, on the offline model,
+/// the pace a run's input asks for (`words`, `delayMs`) and an optional silence mid-answer
+/// (`stallAfterWords`, `stallMs`): tests and the demo page use them to make runs long, short or
+/// silent. A model of the demo's own, wrapping a built-in one.
+struct Paced {
+    provider: ModelProvider,
+    stall_after: Option<u64>,
+    stall_ms: u64,
+}
+
+fn paced_model(env: &Env, input: Option<&Value>) -> Result<Paced, ModelError> {
     let mut provider = ModelProvider::from_env(env)?;
-    if let (ModelProvider::Offline(pace), Some(input)) = (&mut provider, input) {
-        if let Some(words) = input.get("words").and_then(Value::as_u64) {
+    let number = |key: &str| input.and_then(|i| i.get(key)).and_then(Value::as_u64);
+    if let ModelProvider::Offline(pace) = &mut provider {
+        if let Some(words) = number("words") {
             pace.words = words.min(5000) as usize;
         }
-        if let Some(delay) = input.get("delayMs").and_then(Value::as_u64) {
+        if let Some(delay) = number("delayMs") {
             pace.delay_ms = delay.min(60_000);
         }
     }
-    Ok(provider)
+    Ok(Paced {
+        provider,
+        stall_after: number("stallAfterWords"),
+        stall_ms: number("stallMs").unwrap_or(0).min(600_000),
+    })
+}
+
+impl Model for Paced {
+    async fn step(&self, request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError> {
+        let ModelProvider::Offline(offline) = &self.provider else {
+            return self.provider.step(request, on_event).await;
+        };
+        let mut words = 0;
+        for event in offline.respond(request) {
+            let paced = matches!(event, ModelEvent::TextDelta(_) | ModelEvent::ToolCallStart { .. });
+            if paced && offline.delay_ms > 0 {
+                Delay::from(Duration::from_millis(offline.delay_ms)).await;
+            }
+            let delta = matches!(event, ModelEvent::TextDelta(_));
+            on_event(event);
+            if delta {
+                words += 1;
+                if self.stall_after == Some(words) {
+                    Delay::from(Duration::from_millis(self.stall_ms)).await;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `CHILD_RECOVERY`: `rerun` (the default) or `seal`.
+fn child_options(env: &Env) -> AgentToolOptions {
+    let recovery = match setting(env, "CHILD_RECOVERY").as_deref() {
+        Some("seal") => RecoveryPolicy::Seal,
+        _ => RecoveryPolicy::Rerun,
+    };
+    AgentToolOptions { recovery, ..AgentToolOptions::default() }
 }
 
 /// A chat agent that researches what it is asked, reporting progress and a milestone.
@@ -29,8 +80,12 @@ impl Agent for Researcher {
         Some("You are a researcher. Research the topic you are given and answer with concise findings.".into())
     }
 
-    fn model(&self, env: &Env, input: Option<&Value>) -> Result<impl agent_tools::model::Model, ModelError> {
+    fn model(&self, env: &Env, input: Option<&Value>) -> Result<impl Model, ModelError> {
         paced_model(env, input)
+    }
+
+    fn agent_tool_options(&self, env: &Env) -> AgentToolOptions {
+        child_options(env)
     }
 
     /// A structured record of the findings, kept beside the text summary (and the summary
@@ -48,7 +103,7 @@ impl Agent for Researcher {
 
     async fn run(&self, turn: &Turn<Self>) -> Result<TurnOutput, String> {
         // Two word-delays between the research phases, at the pace the model streams.
-        let delay = match paced_model(turn.env(), Some(turn.input())) {
+        let delay = match paced_model(turn.env(), Some(turn.input())).map(|m| m.provider) {
             Ok(ModelProvider::Offline(pace)) => pace.delay_ms,
             _ => 60,
         };
@@ -66,6 +121,16 @@ impl Agent for Researcher {
             ..step(0.4, "reading", "Sources gathered")
         });
         turn.pause(pause).await;
+        if let Some(ms) = turn.input().get("hangMs").and_then(Value::as_u64) {
+            // A hung child: nothing reaches this Durable Object (not even an inspection) for
+            // `hangMs`, as when it is stuck; the rest of the Worker goes on.
+            let hang = Delay::from(Duration::from_millis(ms.min(25_000)));
+            let hung = turn.host().state().block_concurrency_while(async move {
+                hang.await;
+                Ok(())
+            });
+            let _ = hung.await;
+        }
         turn.report_progress(step(0.6, "writing", "Writing the findings"));
         let out = turn.chat().await?;
         turn.report_progress(step(1.0, "done", "Done"));
@@ -82,7 +147,11 @@ impl Agent for Summarizer {
         Some("Summarize the text you are given in a few sentences.".into())
     }
 
-    fn model(&self, env: &Env, input: Option<&Value>) -> Result<impl agent_tools::model::Model, ModelError> {
+    fn model(&self, env: &Env, input: Option<&Value>) -> Result<impl Model, ModelError> {
         paced_model(env, input)
+    }
+
+    fn agent_tool_options(&self, env: &Env) -> AgentToolOptions {
+        child_options(env)
     }
 }

@@ -3,4 +3,5 @@
 
 pub(crate) mod agent_tool;
 pub(crate) mod detached;
+pub(crate) mod engine;
 pub(crate) mod registry;

@@ -59,7 +59,10 @@ CREATE TABLE IF NOT EXISTS agent_tool_runs (
   progress_seq INTEGER,
   child_binding TEXT NOT NULL DEFAULT '',
   finish_hook_at INTEGER,
-  notify INTEGER NOT NULL DEFAULT 0
+  notify INTEGER NOT NULL DEFAULT 0,
+  input_json TEXT,
+  reruns INTEGER NOT NULL DEFAULT 0,
+  started_seq INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS agent_tool_runs_by_call
   ON agent_tool_runs (parent_tool_call_id, display_order);
@@ -72,6 +75,7 @@ CREATE TABLE IF NOT EXISTS agent_tool_frames (
   run_id TEXT NOT NULL,
   seq INTEGER NOT NULL,
   body TEXT NOT NULL,
+  event INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY (run_id, seq)
 ) WITHOUT ROWID;
 ";
@@ -81,6 +85,9 @@ const ADDED_COLUMNS: &[(&str, &str)] = &[
     ("child_binding", "TEXT NOT NULL DEFAULT ''"),
     ("finish_hook_at", "INTEGER"),
     ("notify", "INTEGER NOT NULL DEFAULT 0"),
+    ("input_json", "TEXT"),
+    ("reruns", "INTEGER NOT NULL DEFAULT 0"),
+    ("started_seq", "INTEGER NOT NULL DEFAULT 0"),
 ];
 
 /// Registry failures.
@@ -180,19 +187,22 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
     /// table an earlier version created (a deploy keeps the rows).
     pub fn migrate(&self) -> Result<(), StoreError> {
         self.sql.batch(SCHEMA)?;
-        crate::store::ensure_columns(self.sql, "agent_tool_runs", ADDED_COLUMNS)
+        crate::store::ensure_columns(self.sql, "agent_tool_runs", ADDED_COLUMNS)?;
+        crate::store::ensure_columns(self.sql, "agent_tool_frames", &[("event", "INTEGER NOT NULL DEFAULT 0")])
     }
 
     /// Inserts a `starting` row, or returns the existing row for this run id. A run id that
     /// belongs to another child class is refused.
     pub fn insert(&self, run: &NewRun, now: i64) -> Result<Inserted, RegistryError> {
-        // A cleared run id that is dispatched again continues its old numbering: a client that
-        // saw the old frames must not take the new ones for them.
+        // A cleared run id that is dispatched again continues its old numbering, its `started`
+        // frame included: a client that saw the old frames must not take the new ones for them.
         let written = self.sql.exec(
             "INSERT INTO agent_tool_runs (run_id, parent_tool_call_id, agent_type, input_preview, \
-             status, display_json, display_order, started_at, event_delivery, child_binding, next_seq) \
-             VALUES (?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, \
-               COALESCE((SELECT next_seq FROM agent_tool_tombstones WHERE run_id = ?1), 1)) \
+             status, display_json, display_order, started_at, event_delivery, child_binding, input_json, \
+             started_seq, next_seq) \
+             VALUES (?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, \
+               COALESCE((SELECT next_seq FROM agent_tool_tombstones WHERE run_id = ?1), 0), \
+               COALESCE((SELECT next_seq FROM agent_tool_tombstones WHERE run_id = ?1), 0) + 1) \
              ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
             &[
                 V::from(&run.run_id),
@@ -204,6 +214,7 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
                 V::Int(now),
                 V::from(run.event_delivery.as_str()),
                 V::from(&run.binding),
+                V::from(run.input.to_string()),
             ],
         )?;
         let record = self
@@ -248,6 +259,19 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
             .is_some())
     }
 
+    /// Runs given up on while their child still ran (`interrupted`, `child_still_running`),
+    /// within `window_ms` of the give-up: the backbone keeps inspecting them for a late result.
+    pub fn watched(&self, now: i64, window_ms: i64) -> Result<Vec<RunRecord>, StoreError> {
+        let rows = self.sql.exec(
+            &format!(
+                "SELECT {COLUMNS} FROM agent_tool_runs WHERE status = 'interrupted' AND child_still_running = 1 \
+                 AND completed_at > ? ORDER BY completed_at"
+            ),
+            &[V::Int(now.saturating_sub(window_ms))],
+        )?;
+        Ok(rows.iter().map(RunRecord::from_row).collect())
+    }
+
     /// Runs that hold a concurrency slot (`starting` or `running`).
     pub fn live_count(&self) -> Result<i64, StoreError> {
         let row =
@@ -256,8 +280,16 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
     }
 
     /// `interrupted` → `running`: a re-attach repairs a soft terminal (its reason fields are
-    /// cleared; its frame's sequence stays used). Returns whether it changed.
+    /// cleared). Its `interrupted` frame is kept for replay at the sequence it was sent with, so
+    /// a client that connects later goes through the same states as one that saw it live (the
+    /// stock reducer keeps an interruption's `reason` after a later `finished`). Returns whether
+    /// it changed.
     pub fn reattach(&self, run_id: &str) -> Result<bool, StoreError> {
+        let Some(record) = self.get(run_id)? else { return Ok(false) };
+        if record.status != RunStatus::Interrupted {
+            return Ok(false);
+        }
+        self.keep_terminal_frame(&record)?;
         let rows = self.sql.exec(
             "UPDATE agent_tool_runs SET status = 'running', interrupted_reason = NULL, child_still_running = NULL, \
              error_message = NULL, terminal_seq = NULL, completed_at = NULL \
@@ -265,6 +297,19 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
             &[V::from(run_id)],
         )?;
         Ok(!rows.is_empty())
+    }
+
+    /// Keeps a soft terminal's frame (`interrupted`, which a later terminal or a re-attach
+    /// replaces in the row) among the frames, replayed at the sequence it was sent with.
+    fn keep_terminal_frame(&self, record: &RunRecord) -> Result<(), StoreError> {
+        if let Some(frame) = record.terminal_frame() {
+            let event = serde_json::to_string(&frame.event).unwrap_or_default();
+            self.sql.exec(
+                "INSERT OR IGNORE INTO agent_tool_frames (run_id, seq, body, event) VALUES (?, ?, ?, 1)",
+                &[V::from(record.run_id.as_str()), V::Int(frame.sequence), V::from(event)],
+            )?;
+        }
+        Ok(())
     }
 
     /// Claims the one `on_agent_tool_finish` call of a run, awaited or detached: `true` for the
@@ -300,7 +345,8 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
         now: i64,
     ) -> Result<Option<Vec<i64>>, StoreError> {
         let n = chunks.len() as i64;
-        let signalled = chunks.iter().any(|c| c.kind != ChunkKind::Stored);
+        let signalled = chunks.iter().any(|c| matches!(c.kind, ChunkKind::Progress | ChunkKind::Milestone));
+        let reruns = chunks.iter().filter(|c| c.kind == ChunkKind::Superseded).count() as i64;
         // Only the latest progress of a batch is kept, at its offset in the batch.
         let progress = chunks
             .iter()
@@ -315,7 +361,8 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
                  child_cursor = MAX(child_cursor, ?2), \
                  last_signal_at = CASE WHEN ?3 THEN ?4 ELSE last_signal_at END, \
                  progress_json = COALESCE(?6, progress_json), \
-                 progress_seq = CASE WHEN ?6 IS NULL THEN progress_seq ELSE next_seq + ?7 END \
+                 progress_seq = CASE WHEN ?6 IS NULL THEN progress_seq ELSE next_seq + ?7 END, \
+                 reruns = reruns + ?8 \
                  WHERE run_id = ?5 AND status IN {LIVE_STATUSES} RETURNING next_seq - ?1"
             ),
             &[
@@ -326,6 +373,7 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
                 V::from(run_id),
                 V::from(progress.map(|(_, body)| body)),
                 V::Int(progress.map_or(0, |(offset, _)| offset)),
+                V::Int(reruns),
             ],
         )?;
         let Some(first) = row.and_then(|r| r.int(0)) else { return Ok(None) };
@@ -349,10 +397,15 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
         Ok(Some(seqs))
     }
 
-    /// Records a terminal result unless the run already has a hard terminal. Returns the
+    /// Records a terminal result unless the run already has a hard terminal (an `interrupted`
+    /// one it replaces stays among the frames, see [`Registry::reattach`]). Returns the
     /// updated row when it was written (its `terminal_seq` names the terminal frame), `None`
     /// when the row was already final or is unknown.
     pub fn finish(&self, run_id: &str, terminal: &Terminal, now: i64) -> Result<Option<RunRecord>, StoreError> {
+        if let Some(record) = self.get(run_id)?.filter(|r| r.status == RunStatus::Interrupted) {
+            // Its clients saw the interruption: a late client must too, before what replaces it.
+            self.keep_terminal_frame(&record)?;
+        }
         let (summary, output, error, reason, still_running) = match terminal {
             Terminal::Completed { summary, output } => {
                 (Some(summary.clone()), output.as_ref().map(Value::to_string), None, None, None)
@@ -417,7 +470,7 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
     /// The stored frames of a run (chunks and milestones) after sequence `after`, in order.
     pub fn frames(&self, run_id: &str, after: i64) -> Result<Vec<(i64, String)>, StoreError> {
         let rows = self.sql.exec(
-            "SELECT seq, body FROM agent_tool_frames WHERE run_id = ? AND seq > ? ORDER BY seq",
+            "SELECT seq, body FROM agent_tool_frames WHERE run_id = ? AND seq > ? AND event = 0 ORDER BY seq",
             &[V::from(run_id), V::Int(after)],
         )?;
         Ok(rows.iter().filter_map(|r| Some((r.int(0)?, r.text(1)?))).collect())
@@ -428,7 +481,7 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
         // A milestone body is a JSON object whose `type` is the milestone part; inside a string
         // value the same characters would be escaped, so this never matches text.
         let rows = self.sql.exec(
-            "SELECT seq, body FROM agent_tool_frames WHERE run_id = ? AND body LIKE ? ORDER BY seq",
+            "SELECT seq, body FROM agent_tool_frames WHERE run_id = ? AND event = 0 AND body LIKE ? ORDER BY seq",
             &[V::from(run_id), V::from(format!("%\"type\":\"{}\"%", crate::protocol::chunk::MILESTONE_PART))],
         )?;
         Ok(rows.iter().filter_map(|r| Some((r.int(0)?, r.text(1)?))).collect())
@@ -439,22 +492,30 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
     /// sequence), then its terminal frame. Two queries, whatever the number of runs.
     pub fn replay(&self) -> Result<Vec<EventFrame>, StoreError> {
         let runs = self.all()?;
-        let frames = self.sql.exec("SELECT run_id, seq, body FROM agent_tool_frames ORDER BY run_id, seq", &[])?;
-        let mut by_run: std::collections::HashMap<String, Vec<(i64, String)>> = Default::default();
+        let frames =
+            self.sql.exec("SELECT run_id, seq, body, event FROM agent_tool_frames ORDER BY run_id, seq", &[])?;
+        let mut by_run: std::collections::HashMap<String, Vec<(i64, String, bool)>> = Default::default();
         for f in &frames {
             if let (Some(id), Some(seq), Some(body)) = (f.text(0), f.int(1), f.text(2)) {
-                by_run.entry(id).or_default().push((seq, body));
+                by_run.entry(id).or_default().push((seq, body, f.int(3) == Some(1)));
             }
         }
         let mut out = Vec::new();
         for run in runs {
             out.push(run.started_frame().replayed());
             let mut chunks = by_run.remove(&run.run_id).unwrap_or_default();
-            if let Some(progress) = run.progress.clone() {
-                let at = chunks.partition_point(|(seq, _)| *seq < progress.0);
-                chunks.insert(at, progress);
+            if let Some((seq, body)) = run.progress.clone() {
+                let at = chunks.partition_point(|(s, _, _)| *s < seq);
+                chunks.insert(at, (seq, body, false));
             }
-            for (seq, body) in chunks {
+            for (seq, body, event) in chunks {
+                if event {
+                    // An earlier terminal a re-attach repaired, as it was sent.
+                    if let Ok(event) = serde_json::from_str(&body) {
+                        out.push(EventFrame::new(run.parent_tool_call_id.clone(), seq, event).replayed());
+                    }
+                    continue;
+                }
                 out.push(run.chunk_frame(seq, body).replayed());
             }
             if let Some(t) = run.terminal_frame() {

@@ -50,6 +50,8 @@ pub struct ActiveStream {
     pub request_id: String,
     /// Cancels the turn.
     pub cancel: CancelToken,
+    /// A resuming client is replayed the log after this index.
+    pub replay_after: i64,
 }
 
 /// What a client frame asks of the host, once the chat has handled its own frames.
@@ -81,6 +83,9 @@ pub struct TurnSpec<'a> {
     /// the same client request id stored (an agent-tool run keeps its log: it may already hold
     /// milestones).
     pub fresh_stream: bool,
+    /// A client resuming the stream is replayed the log after this index (an agent-tool run's
+    /// new attempt: not the superseded one before it).
+    pub replay_after: i64,
     /// The connection that asked (it already has its messages).
     pub sender: Option<String>,
     /// System prompt.
@@ -98,7 +103,7 @@ pub struct Chat {
     sql: DoSql,
     active: RefCell<Option<ActiveStream>>,
     pending: RefCell<HashSet<String>>,
-    last_stream: RefCell<Option<String>>,
+    last_stream: RefCell<Option<(String, i64)>>,
     /// Requests waiting for the turn before them.
     waiting: RefCell<HashSet<String>>,
     /// Those of `waiting` cancelled meanwhile.
@@ -397,11 +402,12 @@ impl Chat {
 
     fn on_resume_ack(&self, ws: &WebSocket, connection: &str, request_id: &str) {
         let active = self.active().filter(|a| a.request_id == request_id);
-        let stream_id = match &active {
-            Some(a) => Some(a.request_id.clone()),
-            None => self.last_stream.borrow().clone().filter(|s| s == request_id),
+        let stream = match &active {
+            Some(a) => Some((a.request_id.clone(), a.replay_after)),
+            None => self.last_stream.borrow().clone().filter(|(s, _)| s == request_id),
         };
-        let chunks = stream_id.map(|s| StreamLog::new(&self.sql).after(&s, -1).unwrap_or_default()).unwrap_or_default();
+        let chunks =
+            stream.map(|(s, after)| StreamLog::new(&self.sql).after(&s, after).unwrap_or_default()).unwrap_or_default();
         // Replay and re-admission in one synchronous step: no live chunk falls between them.
         for c in &chunks {
             let frame = json!({ "type": RESPONSE, "id": request_id, "body": c.body, "done": false, "replay": true, "seq": c.index });
@@ -440,6 +446,7 @@ impl Chat {
         let spec = TurnSpec {
             request_id: request_id.to_owned(),
             fresh_stream: true,
+            replay_after: -1,
             sender,
             system,
             max_steps,
@@ -472,8 +479,11 @@ impl Chat {
         if spec.fresh_stream {
             self.reset_stream(&spec.request_id);
         }
-        *self.active.borrow_mut() =
-            Some(ActiveStream { request_id: spec.request_id.clone(), cancel: spec.cancel.clone() });
+        *self.active.borrow_mut() = Some(ActiveStream {
+            request_id: spec.request_id.clone(),
+            cancel: spec.cancel.clone(),
+            replay_after: spec.replay_after,
+        });
         let _active = ActiveGuard { chat: self, request_id: spec.request_id.clone() };
         let message_id = format!("assistant_{}_{}", now_ms(), random_id().chars().take(8).collect::<String>());
         if let Err(e) = OpenStreams::new(&self.sql).open(&spec.request_id, &spec.request_id, &message_id, now_ms()) {
@@ -511,7 +521,7 @@ impl Chat {
             worker::console_error!("agent-tools: saving the assistant message failed: {e}");
         }
         *self.active.borrow_mut() = None;
-        *self.last_stream.borrow_mut() = Some(spec.request_id.clone());
+        *self.last_stream.borrow_mut() = Some((spec.request_id.clone(), spec.replay_after));
         self.pending.borrow_mut().clear();
         let transcript = json!({ "type": "cf_agent_chat_messages", "messages": self.messages() });
         self.broadcast(state, &transcript.to_string(), spec.sender.as_deref());

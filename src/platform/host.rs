@@ -16,27 +16,18 @@ use serde_json::{json, Value};
 use worker::{Env, Method, Request, RequestInit, Response, State, WebSocket, WebSocketIncomingMessage, WebSocketPair};
 
 use super::chat::{self, Chat, ChatAction};
-use super::child::LiveRun;
 use super::{json_error, DoSql};
 use crate::agent::{Agent, AgentToolOptions, SubAgent};
 use crate::cancel::CancelToken;
+use crate::child::engine::{ChildEngine, SubscriberId};
 use crate::child::runs::ChildRuns;
-use crate::parent::detached::Ledger;
+use crate::parent::engine::ParentEngine;
 use crate::parent::registry::Registry;
 use crate::protocol::rpc::RpcResponse;
 use crate::routing::{kebab_case, parse_agent_path, AgentPath};
 use crate::run::{RunResult, ScheduledTask};
 use crate::store::{meta, Sql};
 use crate::tools::Tools;
-
-/// A run this instance is driving (as a parent).
-#[derive(Default)]
-pub(crate) struct Inflight {
-    /// Callers that dispatched the same run id meanwhile.
-    pub(crate) waiters: Vec<oneshot::Sender<RunResult>>,
-    /// Stops the driver (the run was cancelled here).
-    pub(crate) cancel: CancelToken,
-}
 
 pub(crate) struct Inner<A: Agent> {
     pub(crate) state: State,
@@ -50,23 +41,25 @@ pub(crate) struct Inner<A: Agent> {
     /// request is answered with it.
     pub(crate) config_error: Option<String>,
     // ----- the parent role
-    /// Runs this instance is driving, with the callers joined to them.
-    pub(crate) inflight: RefCell<HashMap<String, Inflight>>,
+    /// The decisions about the runs this agent dispatches.
+    pub(crate) parent: RefCell<ParentEngine>,
+    /// Callers waiting for a run's result, by run id.
+    pub(crate) waiters: RefCell<HashMap<String, Vec<oneshot::Sender<RunResult>>>>,
+    /// The children's tails being read, by run id (cancel one to stop reading).
+    pub(crate) tails: RefCell<HashMap<String, CancelToken>>,
     /// The agent-tool runs each chat turn dispatched, by request id (to cancel them with it).
     pub(crate) turn_runs: RefCell<HashMap<String, Vec<String>>>,
     /// Dispatches queued for a concurrency slot.
     pub(crate) slot_waiters: RefCell<Vec<oneshot::Sender<()>>>,
-    /// Recovery was started in this instance.
-    pub(crate) recovery_started: Cell<bool>,
-    /// A recovery pass is under way.
-    pub(crate) recovering: Cell<bool>,
     /// When the pending alarm fires, as far as this instance knows.
     pub(crate) alarm_at: Cell<Option<i64>>,
-    /// Backbone ticks in a row that changed nothing (the cadence escalates with them).
-    pub(crate) backbone_quiet_ticks: Cell<usize>,
     // ----- the child role
-    /// The agent-tool runs whose turn runs in this instance.
-    pub(crate) live: RefCell<HashMap<String, LiveRun>>,
+    /// The decisions about the runs this agent executes for its parent.
+    pub(crate) child: RefCell<ChildEngine>,
+    /// The turns running here, by run id (cancel one to stop it).
+    pub(crate) turns: RefCell<HashMap<String, CancelToken>>,
+    /// The parents' tails of this agent's runs, by subscriber.
+    pub(crate) subscribers: RefCell<HashMap<SubscriberId, futures::channel::mpsc::UnboundedSender<Vec<u8>>>>,
 }
 
 /// One agent bound to its Durable Object: what hooks receive, and what dispatches, cancels,
@@ -128,16 +121,17 @@ impl<A: Agent> AgentHost<A> {
             agent,
             chat,
             tools,
+            parent: RefCell::new(ParentEngine::new(A::CLASS, options.clone())),
+            child: RefCell::new(ChildEngine::new(options.recovery)),
             options,
             config_error,
-            inflight: RefCell::new(HashMap::new()),
+            waiters: RefCell::new(HashMap::new()),
+            tails: RefCell::new(HashMap::new()),
             turn_runs: RefCell::new(HashMap::new()),
             slot_waiters: RefCell::new(Vec::new()),
-            recovery_started: Cell::new(false),
-            recovering: Cell::new(false),
             alarm_at: Cell::new(None),
-            backbone_quiet_ticks: Cell::new(0),
-            live: RefCell::new(HashMap::new()),
+            turns: RefCell::new(HashMap::new()),
+            subscribers: RefCell::new(HashMap::new()),
         }))
     }
 
@@ -200,16 +194,8 @@ impl<A: Agent> AgentHost<A> {
         Registry::new(&self.0.sql)
     }
 
-    pub(crate) fn ledger(&self) -> Ledger<'_, DoSql> {
-        Ledger::new(&self.0.sql)
-    }
-
     pub(crate) fn runs(&self) -> ChildRuns<'_, DoSql> {
         ChildRuns::new(&self.0.sql)
-    }
-
-    pub(crate) fn options(&self) -> &AgentToolOptions {
-        &self.0.options
     }
 
     /// The answer [`Agent::on_request`] gives by default: a JSON 405 for a method the agent's
@@ -282,7 +268,8 @@ impl<A: Agent> AgentHost<A> {
             let refusal = json_error(404, format!("no {} run {:?} on this {}", sub.agent, sub.name, A::CLASS))?;
             return if is_socket { reject_socket(404) } else { Ok(refusal) };
         };
-        let stub = match self.run_stub(&run) {
+        let to = crate::parent::engine::child_address(A::CLASS, &self.name().unwrap_or_default(), &run);
+        let stub = match self.0.env.durable_object(&to.binding).and_then(|ns| ns.id_from_name(&to.name)?.get_stub()) {
             Ok(stub) => stub,
             Err(e) => return json_error(502, format!("could not reach {}: {e}", run.agent_type)),
         };
@@ -359,28 +346,11 @@ impl<A: Agent> AgentHost<A> {
             return Response::ok("");
         }
         self.0.alarm_at.set(None);
-        self.0.recovery_started.set(true);
-        self.recover().await;
-        if self.backbone_tick().await {
-            self.0.backbone_quiet_ticks.set(0);
-        } else {
-            self.0.backbone_quiet_ticks.set(self.0.backbone_quiet_ticks.get() + 1);
-        }
+        let actions = self.0.parent.borrow_mut().alarm(&self.0.sql, super::now_ms());
+        self.carry_out(actions);
         self.run_due_tasks().await;
-        let mut next: Option<i64> = None;
-        let now = super::now_ms();
-        let mut sooner = |at: i64| next = Some(next.map_or(at, |n| n.min(at)));
-        if self.registry().live_count().unwrap_or(0) > 0 {
-            sooner(now + self.options().recovery_alarm_ms as i64);
-        }
-        if !self.ledger().outstanding().unwrap_or_default().is_empty() {
-            sooner(now + self.cadence_ms() as i64);
-        }
         if let Some(at) = self.next_task_at() {
-            sooner(at.max(now));
-        }
-        if let Some(at) = next {
-            self.arm_alarm_at(at).await;
+            self.arm_alarm_at(at.max(super::now_ms())).await;
         }
         Response::ok("")
     }
@@ -484,17 +454,16 @@ impl<A: Agent> AgentHost<A> {
         }
     }
 
-    /// Makes sure the alarm fires within `ms`.
-    pub(crate) async fn arm_alarm_in(&self, ms: u64) {
-        self.arm_alarm_at(super::now_ms().saturating_add(ms as i64)).await;
+    /// The first event of a fresh instance starts recovery once (in the background).
+    pub(crate) fn ensure_recovery(&self) {
+        let actions = self.0.parent.borrow_mut().wake(&self.0.sql, super::now_ms());
+        self.carry_out(actions);
     }
 }
 
 pub(crate) fn migrate(sql: &DoSql) -> Result<(), crate::store::StoreError> {
-    Registry::new(sql).migrate()?;
-    Ledger::new(sql).migrate()?;
+    crate::parent::engine::migrate(sql)?;
     ChildRuns::new(sql).migrate()?;
-    sql.batch(meta::SCHEMA)?;
     sql.batch(HOST_SCHEMA)
 }
 

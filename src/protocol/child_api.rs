@@ -59,3 +59,45 @@ pub fn tail_url(run_id: &str, after: i64) -> String {
 pub fn inspect_url(run_id: &str) -> String {
     format!("{BASE}/inspect?runId={}", crate::routing::percent_encode(run_id))
 }
+
+/// What the parent reads of a child's inspection (`GET {BASE}/inspect`); `null` on the wire
+/// when the child does not know the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InspectionReply {
+    /// The child's status (`starting`, `running`, `completed`, `error`, `aborted`,
+    /// `interrupted`).
+    pub status: String,
+    /// Summary (completed).
+    #[serde(default)]
+    pub summary: Option<String>,
+    /// Structured output (completed).
+    #[serde(default)]
+    pub output: Option<Value>,
+    /// Error or abort reason.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// The attempt under way or last made.
+    #[serde(default)]
+    pub attempt: Option<i64>,
+}
+
+impl InspectionReply {
+    /// The outcome, if the run ended.
+    pub fn outcome(&self) -> Option<super::tail::RunOutcome> {
+        use super::tail::OutcomeStatus;
+        let status = match self.status.as_str() {
+            "completed" => OutcomeStatus::Completed,
+            "error" => OutcomeStatus::Error,
+            "aborted" => OutcomeStatus::Aborted,
+            "interrupted" => OutcomeStatus::Interrupted,
+            _ => return None,
+        };
+        Some(super::tail::RunOutcome {
+            status,
+            summary: self.summary.clone(),
+            output: self.output.clone(),
+            error: self.error.clone(),
+        })
+    }
+}

@@ -10,6 +10,16 @@ use serde_json::{json, Map, Value};
 pub const PROGRESS_PART: &str = "data-agent-progress";
 /// Reserved chunk type for a durable milestone.
 pub const MILESTONE_PART: &str = "data-agent-milestone";
+/// Reserved chunk type that starts a run's new attempt: what came before it in the run's stream
+/// is a superseded attempt (a restart cut it short), what comes after it is the run's answer.
+pub const SUPERSEDED_PART: &str = "data-agent-superseded";
+
+/// The marker chunk of a new attempt: `{"type":"data-agent-superseded","data":{"attempt":n,"reason":…}}`.
+/// A non-transient data part, so every client's run state (live, reconnected or late) gets it
+/// at the same place among the parts.
+pub fn superseded(attempt: i64, reason: &str) -> String {
+    json!({ "type": SUPERSEDED_PART, "data": { "attempt": attempt, "reason": reason } }).to_string()
+}
 
 /// `{"type":"abort"}`, with a reason when given.
 pub fn abort(reason: Option<&str>) -> String {

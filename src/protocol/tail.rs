@@ -16,6 +16,16 @@ pub enum ChunkKind {
     Milestone,
     /// A transient `data-agent-progress` chunk: not in the log; only the latest counts.
     Progress,
+    /// `data-agent-superseded`: the child's turn starts over (a restart cut the previous attempt
+    /// short); stored, and the start of the run's current attempt.
+    Superseded,
+}
+
+impl ChunkKind {
+    /// Whether the chunk is kept in the logs (everything but progress).
+    pub fn is_stored(self) -> bool {
+        self != Self::Progress
+    }
 }
 
 /// The terminal state of a child run.
@@ -28,6 +38,9 @@ pub enum OutcomeStatus {
     Error,
     /// The turn was cancelled.
     Aborted,
+    /// A restart cut the turn short and the child's recovery policy is `seal`: soft, a new
+    /// dispatch of the run starts it afresh.
+    Interrupted,
 }
 
 impl OutcomeStatus {
@@ -37,6 +50,7 @@ impl OutcomeStatus {
             Self::Completed => "completed",
             Self::Error => "error",
             Self::Aborted => "aborted",
+            Self::Interrupted => "interrupted",
         }
     }
 }

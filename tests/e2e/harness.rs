@@ -70,19 +70,11 @@ pub fn ensure_example_built() {
         .map(|t| t >= newest_mtime(&root().join("src")) && t >= newest_mtime(&dir.join("src")))
         .unwrap_or(false);
     if !fresh {
-        let status = Command::new("worker-build")
-            .arg("--release")
-            .current_dir(&dir)
-            .env(
-                "PATH",
-                format!(
-                    "{}/.cargo/bin:{}",
-                    std::env::var("HOME").unwrap_or_default(),
-                    std::env::var("PATH").unwrap_or_default()
-                ),
-            )
+        // Through the script: it points worker-build at the installed wasm-bindgen and wasm-opt
+        // (worker-build alone would try to download them).
+        let status = Command::new(root().join("scripts/build-example.sh"))
             .status()
-            .expect("run worker-build for the example (scripts/setup.sh installs it)");
+            .expect("run scripts/build-example.sh (scripts/setup.sh installs what it needs)");
         assert!(status.success(), "building the example worker failed");
     }
     *built = true;
@@ -184,6 +176,19 @@ impl Worker {
         persist: Option<&Path>,
         vars: &[(&str, &str)],
     ) -> Worker {
+        Self::spawn(wrangler, config, cwd, persist, vars, None).await
+    }
+
+    /// [`Worker::start_custom`], with wrangler's dev registry (how one `wrangler dev` finds the
+    /// Durable Objects of another) at `registry` when given.
+    async fn spawn(
+        wrangler: &Path,
+        config: &Path,
+        cwd: &Path,
+        persist: Option<&Path>,
+        vars: &[(&str, &str)],
+        registry: Option<&Path>,
+    ) -> Worker {
         let temp = tempfile::tempdir().unwrap();
         let persist = persist.map(Path::to_path_buf).unwrap_or_else(|| temp.path().join("state"));
         let log = temp.path().join("wrangler.log");
@@ -203,6 +208,9 @@ impl Worker {
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().unwrap())
             .stderr(log_file);
+        if let Some(registry) = registry {
+            cmd.env("WRANGLER_REGISTRY_PATH", registry);
+        }
         for (k, v) in vars {
             cmd.arg("--var").arg(format!("{k}:{v}"));
         }
@@ -299,6 +307,111 @@ impl Drop for Worker {
             self.report_failure();
         }
     }
+}
+
+/// The demo split over two `wrangler dev` processes, as a deploy of the parent alone splits it:
+/// `parent` runs the `Assistant` class and reaches the `Researcher` and `Summarizer` classes of
+/// `children` through wrangler's dev registry (`script_name` bindings). Killing `parent` resets
+/// every parent agent while their children go on.
+#[allow(dead_code)] // the benchmark does not use it
+pub struct Split {
+    pub parent: Worker,
+    pub children: Worker,
+    parent_config: PathBuf,
+    parent_state: tempfile::TempDir,
+    registry: tempfile::TempDir,
+    vars: Vec<(String, String)>,
+}
+
+#[allow(dead_code)]
+impl Split {
+    /// Starts the children's Worker, then the parent's, with fresh state and extra `--var`s
+    /// for both.
+    pub async fn start(vars: &[(&str, &str)]) -> Split {
+        ensure_built();
+        let config = std::fs::read_to_string(prebuilt_config()).unwrap();
+        let id = format!("{}-{}", std::process::id(), unique("split"));
+        let children_name = format!("agent-tools-children-{id}");
+        let children_config = root().join(format!(".wrangler-test/wrangler-children-{id}.toml"));
+        std::fs::write(&children_config, split_config(&config, &format!("agent-tools-children-{id}"), None)).unwrap();
+        let parent_config = root().join(format!(".wrangler-test/wrangler-parent-{id}.toml"));
+        let parent = split_config(&config, &format!("agent-tools-parent-{id}"), Some(&children_name));
+        std::fs::write(&parent_config, parent).unwrap();
+        let registry = tempfile::tempdir().unwrap();
+        let wrangler = root().join("node_modules/.bin/wrangler");
+        let children = Worker::spawn(&wrangler, &children_config, &root(), None, vars, Some(registry.path())).await;
+        let parent_state = tempfile::tempdir().unwrap();
+        let persist = parent_state.path().join("state");
+        let parent =
+            Worker::spawn(&wrangler, &parent_config, &root(), Some(&persist), vars, Some(registry.path())).await;
+        let vars = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut split = Split { parent, children, parent_config, parent_state, registry, vars };
+        split.wait_connected().await;
+        split
+    }
+
+    /// Kills the parent's runtime (SIGKILL, as an eviction or a crash mid-deploy leaves it) and
+    /// starts it again on the same state; the children's runtime never stops.
+    pub async fn restart_parent(&mut self) {
+        self.parent.kill();
+        let vars: Vec<(&str, &str)> = self.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let persist = self.parent_state.path().join("state");
+        let wrangler = root().join("node_modules/.bin/wrangler");
+        self.parent =
+            Worker::spawn(&wrangler, &self.parent_config, &root(), Some(&persist), &vars, Some(self.registry.path()))
+                .await;
+        self.wait_connected().await;
+    }
+
+    /// Waits until the parent's wrangler sees the children's Worker in the registry: until then
+    /// a dispatch finds no Durable Object to call.
+    async fn wait_connected(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !self.parent.log_text().contains("[connected]") {
+            assert!(Instant::now() < deadline, "the parent never saw the children:\n{}", self.parent.log_text());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// The demo's prebuilt config for one side of a [`Split`]: with `children_script` (the parent
+/// side) only `Assistant` is defined here and the child classes are bound from that script;
+/// without, the `Assistant` class is left out.
+fn split_config(config: &str, name: &str, children_script: Option<&str>) -> String {
+    let mut out = String::new();
+    let mut top_level = true;
+    for line in config.lines() {
+        top_level &= !line.starts_with('[');
+        if top_level && line.starts_with("name = ") {
+            out.push_str(&format!("name = \"{name}\"\n"));
+            continue;
+        }
+        if let Some(class) = line.strip_prefix("class_name = ") {
+            match (children_script, class == "\"Assistant\"") {
+                (Some(script), false) => out.push_str(&format!("{line}\nscript_name = \"{script}\"\n")),
+                _ => out.push_str(&format!("{line}\n")),
+            }
+            continue;
+        }
+        if let Some(list) = line.strip_prefix("new_sqlite_classes = ") {
+            let classes: Vec<&str> =
+                list.trim_matches(['[', ']']).split(',').map(|c| c.trim().trim_matches('"')).collect();
+            let kept: Vec<String> = classes
+                .into_iter()
+                .filter(|c| (*c == "Assistant") == children_script.is_some())
+                .map(|c| format!("\"{c}\""))
+                .collect();
+            out.push_str(&format!("new_sqlite_classes = [{}]\n", kept.join(", ")));
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    if children_script.is_none() {
+        // The children's side serves no Assistant: drop its binding block.
+        out = out.replace("[[durable_objects.bindings]]\nname = \"Assistant\"\nclass_name = \"Assistant\"\n", "");
+    }
+    out
 }
 
 /// Lines of wrangler's log a failing test prints.

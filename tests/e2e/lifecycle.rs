@@ -420,6 +420,7 @@ async fn the_stock_reducer_rebuilds_the_same_state_after_every_refresh() {
     assert!(output.status.success(), "node failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
     let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
     assert_eq!(report["reconnects"], 4, "three refreshes mid-run and one after it ended");
+    assert_eq!(report["compared"], 3, "compared with the steady client after every refresh mid-run");
     assert!(report["steadyFrames"].as_u64().unwrap() > 60, "the steady client saw the whole run");
     assert!(report["textLength"].as_u64().unwrap() > 100);
 }

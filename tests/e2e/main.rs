@@ -12,3 +12,4 @@ mod library;
 mod lifecycle;
 mod mock_model;
 mod recovery;
+mod reducer_check;

@@ -1,15 +1,18 @@
-//! Restart recovery, proven by killing the runtime (SIGKILL to wrangler and workerd) in the
-//! middle of streaming runs and starting it again on the same state.
+//! Restart recovery, for real: the runtime killed with SIGKILL (parent and children together)
+//! and started again on the same state, or the parent's runtime alone killed and restarted while
+//! its children go on in another (a [`Split`]), as a deploy of the parent leaves them.
+//! Children heal their lost turns by their recovery policy (`rerun`, `seal`); the parent
+//! re-attaches, within its budgets, and every client (one that stayed, one that came back, one
+//! that came late) ends in the same state, checked with the stock reducer.
 
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
-use crate::harness::text_of;
-use crate::harness::{streamed_text, unique, Client, Worker, WAIT};
+use crate::harness::{percent_encode, root, streamed_text, text_of, unique, Client, Split, Worker, WAIT};
 use agent_tools::model::OfflineModel as offline;
-
-const VARS: &[(&str, &str)] = &[("AGENT_TOOL_ALARM_MS", "1500"), ("OFFLINE_WORDS", "60"), ("OFFLINE_DELAY_MS", "80")];
 
 fn log_events(worker: &Worker, kind: &str) -> Vec<Value> {
     worker
@@ -21,15 +24,110 @@ fn log_events(worker: &Worker, kind: &str) -> Vec<Value> {
         .collect()
 }
 
+async fn wait_log(worker: &Worker, kind: &str, count: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let events = log_events(worker, kind);
+        if events.len() >= count {
+            return events;
+        }
+        assert!(Instant::now() < deadline, "fewer than {count} {kind} events:\n{}", worker.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The stock reducer in Node, for a client that stays (and reconnects) and a late one.
+struct StockClients {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+impl StockClients {
+    fn start(name: &str) -> Self {
+        let mut child = tokio::process::Command::new("node")
+            .arg(root().join("tests/node/restart-reducer.mjs"))
+            .arg(name)
+            .current_dir(root())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("node");
+        let stdin = child.stdin.take().unwrap();
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        Self { child, stdin, lines }
+    }
+
+    async fn send(&mut self, command: Value) -> Value {
+        self.stdin.write_all(format!("{command}\n").as_bytes()).await.unwrap();
+        let line = tokio::time::timeout(WAIT * 2, self.lines.next_line()).await;
+        let line = line.ok().and_then(Result::ok).flatten().unwrap_or_else(|| panic!("node said nothing to {command}"));
+        serde_json::from_str(&line).unwrap()
+    }
+
+    async fn connect(&mut self, who: &str, worker: &Worker) {
+        self.send(json!({"cmd": "connect", "who": who, "host": format!("127.0.0.1:{}", worker.port)})).await;
+    }
+
+    /// Both states once no frame came for a while, with the times the client stamps itself
+    /// (`progress.at`) left out.
+    async fn states(mut self) -> (Value, Value) {
+        let states = self.send(json!({"cmd": "dump"})).await;
+        let _ = self.child.wait().await;
+        (strip_at(states["steady"].clone()), strip_at(states["late"].clone()))
+    }
+}
+
+fn strip_at(mut v: Value) -> Value {
+    match &mut v {
+        Value::Object(o) => {
+            o.retain(|k, value| !(k == "at" && value.is_number()));
+            for value in o.values_mut() {
+                *value = strip_at(value.take());
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(|x| *x = strip_at(x.take())),
+        _ => {}
+    }
+    v
+}
+
+/// The text of a run's chunks, split at the `data-agent-superseded` markers: one entry per
+/// attempt.
+fn attempts(events: &[Value]) -> Vec<String> {
+    let mut out = vec![String::new()];
+    for e in events.iter().filter(|e| e["event"]["kind"] == "chunk") {
+        let Ok(chunk) = serde_json::from_str::<Value>(e["event"]["body"].as_str().unwrap_or_default()) else {
+            continue;
+        };
+        match chunk["type"].as_str() {
+            Some("text-delta") => out.last_mut().unwrap().push_str(chunk["delta"].as_str().unwrap_or_default()),
+            Some("data-agent-superseded") => out.push(String::new()),
+            _ => {}
+        }
+    }
+    out
+}
+
+fn topic_of(text: &str) -> String {
+    text.strip_prefix("Findings on ").and_then(|t| t.split(':').next()).unwrap_or_default().to_owned()
+}
+
+const KILL_VARS: &[(&str, &str)] =
+    &[("AGENT_TOOL_ALARM_MS", "1500"), ("OFFLINE_WORDS", "60"), ("OFFLINE_DELAY_MS", "80")];
+
 #[tokio::test(flavor = "multi_thread")]
-async fn runs_cut_short_by_a_killed_runtime_are_recovered_without_any_client() {
-    let mut worker = Worker::start_with(None, VARS).await;
+async fn a_killed_runtime_heals_every_run_by_running_the_lost_turn_again() {
+    let mut worker = Worker::start_with(None, KILL_VARS).await;
     let state = worker.take_temp().unwrap();
     let persist = worker.persist.clone();
-    let name = unique("killed");
+    let name = unique("rerun");
+    let mut stock = StockClients::start(&name);
+    stock.connect("steady", &worker).await;
     let mut client = worker.client(&name).await;
-    let call = client.send_call("research", json!([{"topics": ["first topic", "second topic"]}])).await;
-    let chat = client.chat("Research alpha and beta").await;
+    client.send_call("research", json!([{"topics": ["first topic", "second topic"]}])).await;
+    client.chat("Research alpha and beta").await;
     let mut run_ids: Vec<String> = Vec::new();
     while run_ids.len() < 4 {
         let frame = client.recv(WAIT).await.expect("four runs start");
@@ -41,63 +139,56 @@ async fn runs_cut_short_by_a_killed_runtime_are_recovered_without_any_client() {
         client.wait_deltas(run_id, 4).await;
     }
     worker.kill();
-    let _ = (call, chat);
 
-    // Back up on the same state. Nobody connects: the alarm alone must recover the runs.
-    let started = Instant::now();
-    let worker = Worker::start_with(Some(&persist), VARS).await;
-    let complete = loop {
-        let done = log_events(&worker, "agent_tool:recovery:complete");
-        if let Some(event) = done.first() {
-            break event.clone();
-        }
-        assert!(started.elapsed() < Duration::from_secs(30), "no recovery without a client:\n{}", worker.log_text());
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    assert_eq!(complete["agent"], "Assistant");
-    assert_eq!(complete["name"], name.as_str(), "identity comes from SQL on an alarm wake-up");
-    assert_eq!(complete["payload"]["finalized"], 4);
-    let rows = log_events(&worker, "agent_tool:recovery:row");
-    let mut recovered: Vec<String> = rows.iter().map(|r| r["payload"]["runId"].as_str().unwrap().to_owned()).collect();
-    recovered.sort();
+    // Back up on the same state. Nobody connects: the alarm alone recovers the runs, each
+    // child runs its lost turn again, and the parent follows it to the end.
+    let worker = Worker::start_with(Some(&persist), KILL_VARS).await;
+    let complete = wait_log(&worker, "agent_tool:recovery:complete", 1).await;
+    assert_eq!(complete[0]["name"], name.as_str(), "identity comes from SQL on an alarm wake-up");
+    assert_eq!(complete[0]["payload"]["reattached"], 4, "{complete:?}");
+    let reruns = wait_log(&worker, "agent_tool:recovery:rerun", 4).await;
+    let mut rerun_ids: Vec<String> =
+        reruns.iter().map(|e| e["payload"]["runId"].as_str().unwrap().to_owned()).collect();
+    rerun_ids.sort();
     let mut expected = run_ids.clone();
     expected.sort();
-    assert_eq!(recovered, expected);
+    assert_eq!(rerun_ids, expected, "each child ran its turn again, once");
+    assert!(reruns.iter().all(|e| e["payload"]["attempt"] == 2));
 
-    // Now a client: every run ended with a clear error; what streamed before the kill is kept,
-    // never re-run, never glued to a second attempt.
+    // Wait for every run to finish, still with no client, then look.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let runs = loop {
+        let mut probe = worker.client(&name).await;
+        let runs = probe.call("runs", json!([])).await.unwrap();
+        if runs.as_array().unwrap().iter().all(|r| r["status"] == "completed") {
+            break runs;
+        }
+        assert!(Instant::now() < deadline, "runs did not finish: {runs:#}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
     let mut fresh = Client::connect(&worker.ws(&format!("/agents/assistant/{name}"))).await;
     fresh.drain(Duration::from_millis(800)).await;
-    let runs = fresh.call("runs", json!([])).await.unwrap();
-    assert_eq!(runs.as_array().unwrap().len(), 4);
     for row in runs.as_array().unwrap() {
-        assert_eq!(row["status"], "error", "{row}");
-        assert!(row["error"].as_str().unwrap().contains("restarted"), "{row}");
-    }
-    for run_id in &run_ids {
+        let run_id = row["runId"].as_str().unwrap();
+        assert_eq!(row["reruns"], 1, "{row}");
         let events = fresh.run_events(run_id);
         let seqs: Vec<i64> = events.iter().map(|e| e["sequence"].as_i64().unwrap()).collect();
         assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{run_id}: {seqs:?}");
-        let last = events.last().unwrap();
-        assert_eq!(last["event"]["kind"], "error");
-        // The terminal takes the next sequence after the last forwarded frame (replay keeps
-        // that frame: a chunk, or the latest progress).
-        assert_eq!(seqs[seqs.len() - 1], seqs[seqs.len() - 2] + 1, "{run_id}: {seqs:?}");
-        let text = streamed_text(&events);
-        let topic = text.strip_prefix("Findings on ").and_then(|t| t.split(':').next()).unwrap_or_default().to_owned();
-        let full = offline::research_answer(&topic, 60);
-        assert!(
-            !text.is_empty() && full.starts_with(&text) && text.len() < full.len(),
-            "{run_id}: a partial answer, once: {text}"
-        );
-        // The child kept the partial answer in its own transcript.
-        let path =
-            format!("/agents/assistant/{name}/sub/researcher/{}/get-messages", crate::harness::percent_encode(run_id));
-        let messages: Value = reqwest::get(worker.http(&path)).await.unwrap().json().await.unwrap();
-        let assistant =
-            messages.as_array().unwrap().iter().find(|m| m["role"] == "assistant").expect("a saved partial answer");
-        assert_eq!(assistant["metadata"]["interrupted"], true);
-        assert_eq!(text_of(assistant), text, "the child's transcript and the parent's frames agree");
+        assert_eq!(events.last().unwrap()["event"]["kind"], "finished");
+        let attempts = attempts(&events);
+        assert_eq!(attempts.len(), 2, "{run_id}: the superseded attempt, a marker, the new one");
+        let full = offline::research_answer(&topic_of(&attempts[1]), 60);
+        assert_eq!(attempts[1], full, "{run_id}: the new attempt, whole");
+        assert!(full.starts_with(&attempts[0]) && attempts[0].len() < full.len(), "{run_id}: the partial, once");
+        assert_eq!(row["summary"], full.as_str(), "{run_id}: the result is the new answer alone");
+        // The child keeps both in its transcript, the cut-short one marked superseded.
+        let path = format!("/agents/assistant/{name}/sub/researcher/{}/get-messages", percent_encode(run_id));
+        let messages: Vec<Value> = reqwest::get(worker.http(&path)).await.unwrap().json().await.unwrap();
+        let answers: Vec<&Value> = messages.iter().filter(|m| m["role"] == "assistant").collect();
+        assert_eq!(answers.len(), 2, "{messages:#?}");
+        assert_eq!(answers[0]["metadata"]["superseded"], true);
+        assert_eq!(text_of(answers[0]), attempts[0], "the transcript keeps the partial as it streamed");
+        assert_eq!(text_of(answers[1]), full);
     }
     let hooks = fresh.call("hooks", json!([])).await.unwrap();
     for run_id in &run_ids {
@@ -105,16 +196,223 @@ async fn runs_cut_short_by_a_killed_runtime_are_recovered_without_any_client() {
             hooks.as_array().unwrap().iter().filter(|h| h["runId"] == run_id.as_str() && h["hook"] == "finish").count();
         assert_eq!(finishes, 1, "{run_id}");
     }
-    // The parent's own chat turn was cut short too: its partial answer is saved, marked.
-    let messages: Value = reqwest::get(worker.http(&format!("/agents/assistant/{name}/get-messages")))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let messages = messages.as_array().unwrap();
-    assert_eq!(messages.len(), 2, "{messages:#?}");
-    assert_eq!(messages[1]["metadata"]["interrupted"], true);
-    assert_eq!(messages[1]["parts"].as_array().unwrap().iter().filter(|p| p["type"] == "tool-research").count(), 2);
+
+    // The client that stayed (reconnected to the new runtime) and a late one agree.
+    stock.connect("steady", &worker).await;
+    stock.connect("late", &worker).await;
+    let (steady, late) = stock.states().await;
+    assert_eq!(steady["runsById"].as_object().map(|o| o.len()), Some(4));
+    assert_eq!(steady, late, "a reconnected client and a late client end in the same state");
     drop(state);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn under_the_seal_policy_a_killed_run_is_interrupted_and_a_new_dispatch_runs_it_afresh() {
+    let vars = [KILL_VARS, &[("CHILD_RECOVERY", "seal")]].concat();
+    let mut worker = Worker::start_with(None, &vars).await;
+    let state = worker.take_temp().unwrap();
+    let persist = worker.persist.clone();
+    let name = unique("seal");
+    let mut stock = StockClients::start(&name);
+    stock.connect("steady", &worker).await;
+    let mut client = worker.client(&name).await;
+    let args = json!([{"topics": ["sealed topic"], "runIds": ["sealed-1"]}]);
+    client.send_call("research", args.clone()).await;
+    client.wait_deltas("sealed-1", 5).await;
+    worker.kill();
+
+    let worker = Worker::start_with(Some(&persist), &vars).await;
+    wait_log(&worker, "agent_tool:recovery:sealed", 1).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut client = loop {
+        let mut probe = worker.client(&name).await;
+        let runs = probe.call("runs", json!([])).await.unwrap();
+        if runs[0]["status"] == "interrupted" {
+            assert_eq!(runs[0]["childStillRunning"], false);
+            assert!(runs[0]["error"].as_str().unwrap().contains("restarted"), "{runs:#}");
+            break probe;
+        }
+        assert!(Instant::now() < deadline, "the run was not sealed: {runs:#}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    // Retryable: the same run id dispatched again runs it afresh, to a whole answer.
+    let result = client.call("research", args).await.unwrap();
+    assert_eq!(result[0]["status"], "completed", "{result}");
+    let full = offline::research_answer("sealed topic", 60);
+    assert_eq!(result[0]["summary"], full.as_str());
+    let mut late = Client::connect(&worker.ws(&format!("/agents/assistant/{name}"))).await;
+    late.drain(Duration::from_millis(800)).await;
+    let events = late.run_events("sealed-1");
+    let kinds: Vec<&str> = events.iter().map(|e| e["event"]["kind"].as_str().unwrap()).collect();
+    assert!(kinds.contains(&"interrupted"), "the interruption stays in the run's history: {kinds:?}");
+    let attempts = attempts(&events);
+    assert_eq!(attempts.len(), 2);
+    assert!(full.starts_with(&attempts[0]) && attempts[0] != full);
+    assert_eq!(attempts[1], full);
+
+    stock.connect("steady", &worker).await;
+    stock.connect("late", &worker).await;
+    let (steady, late) = stock.states().await;
+    assert_eq!(steady["runsById"]["sealed-1"]["status"], "completed");
+    assert_eq!(steady, late, "a reconnected client and a late client end in the same state");
+    drop(state);
+}
+
+const RESET_VARS: &[(&str, &str)] = &[
+    ("AGENT_TOOL_ALARM_MS", "800"),
+    ("AGENT_TOOL_BACKBONE_MS", "1000"),
+    ("OFFLINE_WORDS", "30"),
+    ("OFFLINE_DELAY_MS", "60"),
+];
+
+async fn dispatch(client: &mut Client, run_id: &str, input: Value) -> String {
+    client.send_call("dispatch", json!([{"agent": "Researcher", "runId": run_id, "input": input}])).await
+}
+
+async fn run_row(worker: &Worker, name: &str, run_id: &str, until: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let mut probe = worker.client(name).await;
+        let runs = probe.call("runs", json!([])).await.unwrap();
+        if let Some(row) = runs.as_array().unwrap().iter().find(|r| r["runId"] == run_id) {
+            if until(row) {
+                return row.clone();
+            }
+        }
+        assert!(Instant::now() < deadline, "{run_id} never got there: {runs:#}\n{}", worker.log_text());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_parent_restarted_alone_reattaches_to_its_live_child_from_the_last_chunk_seen() {
+    let mut split = Split::start(RESET_VARS).await;
+    let name = unique("reattach");
+    let mut client = split.parent.client(&name).await;
+    dispatch(&mut client, "live-1", json!({"query": "reattach", "words": 100, "delayMs": 80})).await;
+    client.wait_deltas("live-1", 6).await;
+    split.restart_parent().await;
+    let worker = &split.parent;
+    wait_log(worker, "agent_tool:recovery:reattach", 1).await;
+    let row = run_row(worker, &name, "live-1", |r| r["status"] == "completed").await;
+    assert_eq!(row["reruns"], 0, "the child never stopped: nothing ran twice");
+    let full = offline::research_answer("reattach", 100);
+    assert_eq!(row["summary"], full.as_str());
+    // One attempt, every word once, the frames numbered on from where the parent stopped.
+    let mut late = worker.client(&name).await;
+    late.drain(Duration::from_millis(500)).await;
+    let events = late.run_events("live-1");
+    let seqs: Vec<i64> = events.iter().map(|e| e["sequence"].as_i64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    assert_eq!(attempts(&events), std::slice::from_ref(&full));
+    assert!(log_events(worker, "agent_tool:recovery:rerun").is_empty());
+    // What the first client saw before the restart is exactly what the late one has at those
+    // sequences (transient progress aside: it is live only).
+    for seen in client.run_events("live-1") {
+        if seen["event"]["body"].as_str().is_some_and(|b| b.contains(r#""transient":true"#)) {
+            continue;
+        }
+        let same = events.iter().find(|e| e["sequence"] == seen["sequence"]);
+        let same = same.unwrap_or_else(|| panic!("{seen} not replayed; replayed: {:?}", seqs));
+        assert_eq!(same["event"], seen["event"]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_silent_child_is_no_progress_and_its_late_result_repairs_the_run() {
+    let vars = [RESET_VARS, &[("AGENT_TOOL_REATTACH_NO_PROGRESS_MS", "1500")]].concat();
+    let mut split = Split::start(&vars).await;
+    let name = unique("silent");
+    let mut client = split.parent.client(&name).await;
+    let input = json!({"query": "silence", "words": 12, "delayMs": 40, "stallAfterWords": 5, "stallMs": 9000});
+    dispatch(&mut client, "quiet-1", input).await;
+    client.wait_deltas("quiet-1", 5).await;
+    split.restart_parent().await;
+    let worker = &split.parent;
+    let row = run_row(worker, &name, "quiet-1", |r| r["status"] == "interrupted").await;
+    assert_eq!(row["reason"], "no-progress");
+    assert_eq!(row["childStillRunning"], true, "soft: the child was left running");
+    // The child speaks again and finishes: the backbone records its real result, once.
+    let row = run_row(worker, &name, "quiet-1", |r| r["status"] == "completed").await;
+    assert_eq!(row["summary"], offline::research_answer("silence", 12).as_str());
+    wait_log(worker, "agent_tool:recovery:late_result", 1).await;
+    let mut late = worker.client(&name).await;
+    late.drain(Duration::from_millis(500)).await;
+    let events = late.run_events("quiet-1");
+    let kinds: Vec<&str> = events.iter().map(|e| e["event"]["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds.iter().filter(|k| **k == "interrupted").count(), 1, "{kinds:?}");
+    assert_eq!(*kinds.last().unwrap(), "finished");
+    assert_eq!(streamed_text(&events), offline::research_answer("silence", 12), "every word once");
+    let hooks = late.call("hooks", json!([])).await.unwrap();
+    let finishes =
+        hooks.as_array().unwrap().iter().filter(|h| h["runId"] == "quiet-1" && h["hook"] == "finish").count();
+    assert_eq!(finishes, 1, "the finish hook fired once, at the interruption");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_run_past_its_reattach_window_is_torn_down() {
+    let vars = [RESET_VARS, &[("AGENT_TOOL_REATTACH_WINDOW_MS", "1200")]].concat();
+    let mut split = Split::start(&vars).await;
+    let name = unique("window");
+    let mut client = split.parent.client(&name).await;
+    dispatch(&mut client, "long-1", json!({"query": "window", "words": 150, "delayMs": 80})).await;
+    client.wait_deltas("long-1", 3).await;
+    split.restart_parent().await;
+    let worker = &split.parent;
+    let row = run_row(worker, &name, "long-1", |r| r["status"] == "interrupted").await;
+    assert_eq!(row["reason"], "window-exceeded");
+    assert_eq!(row["childStillRunning"], false);
+    // The child was torn down: its own run ended aborted, and no late result ever repairs it.
+    let path = format!("/agents/assistant/{name}/sub/researcher/long-1/get-messages");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let messages: Vec<Value> = reqwest::get(worker.http(&path)).await.unwrap().json().await.unwrap();
+        let words = messages.iter().filter(|m| m["role"] == "assistant").map(text_of).collect::<String>();
+        if !words.is_empty() && words.split_whitespace().count() < 150 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the child's answer: {messages:#?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await; // two backbone ticks
+    let row = run_row(worker, &name, "long-1", |_| true).await;
+    assert_eq!(row["status"], "interrupted");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hung_child_times_recovery_out_per_run_and_as_a_whole() {
+    let mut split = Split::start(RESET_VARS).await;
+    let name = unique("hung");
+    let mut client = split.parent.client(&name).await;
+    for i in 0..4 {
+        let input = json!({"query": format!("hung {i}"), "words": 6, "delayMs": 20, "hangMs": 15000});
+        dispatch(&mut client, &format!("hung-{i}"), input).await;
+    }
+    // Each child reports its first progress, then hangs (nothing reaches it, not even an
+    // inspection).
+    for i in 0..4 {
+        client.wait_for(WAIT, |f| f["event"]["runId"] == format!("hung-{i}") && f["event"]["kind"] == "chunk").await;
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    split.restart_parent().await;
+    let worker = &split.parent;
+    let complete = wait_log(worker, "agent_tool:recovery:complete", 1).await;
+    assert_eq!(complete[0]["payload"]["finalized"], 4, "{complete:?}");
+    let mut reasons = Vec::new();
+    for i in 0..4 {
+        let row = run_row(worker, &name, &format!("hung-{i}"), |r| r["status"] != "running").await;
+        reasons.push(row["reason"].as_str().unwrap_or_default().to_owned());
+    }
+    // Two seconds per inspection, five for the pass: three time out, the fourth is past the
+    // deadline before its turn.
+    assert_eq!(reasons.iter().filter(|r| *r == "inspect-timeout").count(), 3, "{reasons:?}");
+    assert_eq!(reasons.iter().filter(|r| *r == "recovery-deadline").count(), 1, "{reasons:?}");
+    assert_eq!(log_events(worker, "agent_tool:recovery:deadline").len(), 1);
+    // The timed-out ones were left running: once unhung, their real results repair them.
+    for (i, reason) in reasons.iter().enumerate() {
+        if reason == "inspect-timeout" {
+            let row = run_row(worker, &name, &format!("hung-{i}"), |r| r["status"] == "completed").await;
+            assert_eq!(row["summary"], offline::research_answer(&format!("hung {i}"), 6).as_str());
+        }
+    }
 }

@@ -1,7 +1,8 @@
 // Replay with the stock reducer (applyAgentToolEvent, createAgentToolEventState from
 // agents@0.32.0): a client that disconnects and reconnects (a page refresh: fresh state each
-// time) at several points of a streaming run ends with the same state as a client that never
-// disconnected.
+// time) at several points of a streaming run is, after every refresh, in the same state as a
+// client that never disconnected (compared the moment both have applied the same frames), and
+// ends in the same state.
 // Usage: node replay-reducer.mjs <host:port> <agent-name>
 import assert from "node:assert/strict";
 import WebSocket from "ws";
@@ -53,13 +54,41 @@ const done = watcher.call("dispatch", [
 const waitFor = async (test) => {
   while (!test()) await new Promise((r) => setTimeout(r, 5));
 };
+// Progress `at` is stamped by the client when it applies the frame; nothing else differs.
+const strip = (state) =>
+  JSON.parse(JSON.stringify(state, (key, value) => (key === "at" && typeof value === "number" ? undefined : value)));
+// The highest sequence of the run a state has applied.
+const applied = (frames) => frames.reduce((max, seq) => Math.max(max, seq), -1);
+let steadySeqs = [];
+let refreshedSeqs = [];
+const track = (list) => (frame) => {
+  if (frame.event.runId === RUN) list.push(frame.sequence);
+};
+const trackSteady = track(steadySeqs);
+watcher.addEventListener("message", (event) => {
+  const frame = JSON.parse(event.data);
+  if (frame.type === "agent-tool-event") trackSteady(frame);
+});
+const reopen = async () => {
+  refreshedSeqs = [];
+  await open();
+  refreshing.addEventListener("message", (event) => {
+    const frame = JSON.parse(event.data);
+    if (frame.type === "agent-tool-event") track(refreshedSeqs)(frame);
+  });
+};
 let reconnects = 0;
+let compared = 0;
 for (const after of [3, 15, 40]) {
   await waitFor(() => chunksSeen >= after);
   refreshing.close();
   chunksSeen = 0;
-  await open();
+  await reopen();
   reconnects += 1;
+  // Caught up: the moment both have applied the same frames, both are in the same state.
+  await waitFor(() => refreshedSeqs.length > 0 && applied(refreshedSeqs) === applied(steadySeqs));
+  assert.deepEqual(strip(refreshed), strip(steady), `after refresh ${reconnects}`);
+  compared += 1;
 }
 const result = await done;
 assert.equal(result.status, "completed");
@@ -70,9 +99,6 @@ reconnects += 1;
 await waitFor(() => refreshed.runsById[RUN]?.status === "completed");
 await new Promise((r) => setTimeout(r, 100));
 
-// Progress `at` is stamped by the client when it applies the frame; nothing else differs.
-const strip = (state) =>
-  JSON.parse(JSON.stringify(state, (key, value) => (key === "at" && typeof value === "number" ? undefined : value)));
 assert.deepEqual(strip(refreshed), strip(steady));
 const run = steady.runsById[RUN];
 const text = run.parts.filter((p) => p.type === "text").map((p) => p.text).join("");
@@ -80,7 +106,7 @@ assert.equal(text, result.summary);
 assert.ok(run.milestones?.length === 1 && run.milestones[0].name === "sources-gathered");
 assert.equal(run.progress?.fraction, 1);
 // Reached only if every assertion above held (a failed one exits non-zero).
-console.log(JSON.stringify({ reconnects, steadyFrames, textLength: text.length }));
+console.log(JSON.stringify({ reconnects, compared, steadyFrames, textLength: text.length }));
 watcher.close();
 refreshing.close();
 process.exit(0);

@@ -100,6 +100,8 @@ pub struct NewRun {
     pub display_order: i64,
     /// Chunk delivery mode.
     pub event_delivery: EventDelivery,
+    /// The input, kept with the row so recovery can start the child again.
+    pub input: Value,
 }
 
 /// A terminal result to record.
@@ -199,6 +201,12 @@ pub struct RunRecord {
     pub progress: Option<(i64, String)>,
     /// Last progress or milestone seen, epoch ms.
     pub last_signal_at: Option<i64>,
+    /// The input as dispatched (`None` for rows of the first schema).
+    pub input: Option<Value>,
+    /// How many times the child started the run over after a restart.
+    pub reruns: i64,
+    /// The sequence of its `started` frame: 0, or where a cleared run of the same id stopped.
+    pub started_seq: i64,
     /// Detached configuration and delivery ledger (`None` for an awaited run).
     pub detached: Option<DetachedState>,
 }
@@ -242,7 +250,8 @@ pub(super) const COLUMNS: &str = "run_id, parent_tool_call_id, agent_type, input
     display_order, started_at, completed_at, event_delivery, next_seq, child_cursor, \
     terminal_seq, progress_json, progress_seq, detached, on_finish, notify_source, on_milestones_json, \
     max_budget_at, no_progress_budget_ms, last_signal_at, finish_claimed_at, finish_delivered_at, \
-    finish_attempts, give_up_claimed_at, give_up_delivered_at, give_up_attempts, child_binding, notify";
+    finish_attempts, give_up_claimed_at, give_up_delivered_at, give_up_attempts, child_binding, notify, \
+    input_json, reruns, started_seq";
 
 impl RunRecord {
     pub(super) fn from_row(r: &Row) -> Self {
@@ -274,6 +283,9 @@ impl RunRecord {
                 _ => None,
             },
             last_signal_at: r.int(26),
+            input: r.text(35).and_then(|s| serde_json::from_str(&s).ok()),
+            reruns: r.int(36).unwrap_or(0),
+            started_seq: r.int(37).unwrap_or(0),
             detached: (r.int(20) == Some(1)).then(|| DetachedState {
                 on_finish: r.text(21).and_then(|s| serde_json::from_str(&s).ok()),
                 notify: r.int(34) == Some(1),
@@ -288,7 +300,7 @@ impl RunRecord {
         }
     }
 
-    /// The `started` event (always sequence 0).
+    /// The `started` event.
     fn started_event(&self) -> AgentToolEvent {
         AgentToolEvent::Started {
             run_id: self.run_id.clone(),
@@ -326,7 +338,7 @@ impl RunRecord {
 
     /// The `started` frame.
     pub fn started_frame(&self) -> EventFrame {
-        EventFrame::new(self.parent_tool_call_id.clone(), 0, self.started_event())
+        EventFrame::new(self.parent_tool_call_id.clone(), self.started_seq, self.started_event())
     }
 
     /// A chunk frame of this run.

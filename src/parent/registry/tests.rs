@@ -19,6 +19,7 @@ fn new_run(id: &str) -> NewRun {
         display: Some(json!({"name": "Researcher"})),
         display_order: 0,
         event_delivery: EventDelivery::Full,
+        input: json!({"query": "HTTP/3"}),
     }
 }
 
@@ -269,13 +270,16 @@ fn a_cleared_run_id_dispatched_again_keeps_counting() {
     reg.finish("r", &Terminal::Completed { summary: "s".into(), output: None }, 3).unwrap();
     reg.delete(&["r".to_owned()]).unwrap();
     let Inserted::New(again) = reg.insert(&new_run("r"), 4).unwrap() else { panic!("a cleared id is new again") };
-    assert_eq!(again.next_seq, 4, "sequences 1..=3 were used by the cleared run");
-    assert_eq!(reg.append("r", &[stored("{}")], Some(0), 5).unwrap(), Some(vec![4]));
+    assert_eq!(again.started_frame().sequence, 4, "sequences 0..=3 were used by the cleared run");
+    assert_eq!(again.next_seq, 5);
+    assert_eq!(reg.append("r", &[stored("{}")], Some(0), 5).unwrap(), Some(vec![5]));
     reg.delete(&["r".to_owned()]).unwrap();
     let Inserted::New(third) = reg.insert(&new_run("r"), 6).unwrap() else { panic!() };
-    assert_eq!(third.next_seq, 5);
+    assert_eq!((third.started_frame().sequence, third.next_seq), (6, 7));
+    let replayed: Vec<i64> = reg.replay().unwrap().iter().map(|f| f.sequence).collect();
+    assert_eq!(replayed, [6], "the replay starts where the numbering is");
     let Inserted::New(other) = reg.insert(&new_run("other"), 7).unwrap() else { panic!() };
-    assert_eq!(other.next_seq, 1);
+    assert_eq!((other.started_frame().sequence, other.next_seq), (0, 1));
 }
 
 #[test]

@@ -1,125 +1,155 @@
-//! The child role: an agent running agent-tool runs for its parent.
-//!
-//! A child serves its parent over internal routes (the Worker entry never routes here): `start`
-//! begins a run and returns at once while the turn runs on; `tail` streams the stored chunks
-//! after a cursor and then the live ones, with no gap and no duplicate between the two (the log
-//! is read and the subscriber registered in one synchronous step, and every chunk is stored and
-//! fanned out in one synchronous step); `inspect` and `cancel` do what they say. Clients reach
-//! the child's own chat only through the parent's drill-in gate.
+//! The child role on the platform: the internal routes a parent calls (`api`), the running turn
+//! (`turn`), and the driver that carries out what the child engine (`crate::child::engine`)
+//! decides: begin or cancel the agent's turn, write to a tail, send to the child's own chat
+//! clients, set a coalescing timer. Clients reach the child's own chat only through the
+//! parent's drill-in gate.
 
 mod api;
 mod turn;
 
-use futures::channel::mpsc;
+use std::time::Duration;
+
+use futures::future::{select, Either};
+use serde_json::Value;
 
 pub use turn::{Turn, TurnOutput};
 
 use super::{now_ms, random_id, AgentHost};
 use crate::agent::Agent;
 use crate::cancel::CancelToken;
-use crate::child::progress::{Coalescer, Report};
-use crate::child::runs::ChildRun;
+use crate::chat::store::StreamLog;
+use crate::child::engine::ChildAction;
+use crate::child::progress::Report;
 use crate::protocol::chunk;
-use crate::protocol::tail::{ChunkKind, OutcomeStatus, RunOutcome, TailLine};
-
-/// A run whose turn runs in this instance.
-pub(crate) struct LiveRun {
-    pub(crate) subscribers: Vec<mpsc::UnboundedSender<Vec<u8>>>,
-    pub(crate) next_index: i64,
-    pub(crate) cancel: CancelToken,
-    pub(crate) terminal_only: bool,
-    pub(crate) progress: Coalescer,
-}
-
-const LOST_TURN: &str =
-    "the child's turn stopped when its Durable Object restarted; its partial output is kept, not re-run";
+use crate::protocol::tail::{ChunkKind, OutcomeStatus, RunOutcome};
 
 impl<A: Agent> AgentHost<A> {
-    /// Stores a chunk, sends it to the agent's own chat clients, and fans it out to the tails,
-    /// in one synchronous step. Progress is not stored. Chat clients get a run's chunks only
-    /// while its chat stream is open (between its `start` and its final frame): a chat client
-    /// would take a chunk outside that window for a new message.
-    pub(crate) fn emit(&self, run_id: &str, kind: ChunkKind, body: String) -> bool {
-        self.emit_kept(run_id, kind, body, None)
-    }
-
-    /// [`AgentHost::emit`], with what the parent keeps for replay when it differs from `body`.
-    fn emit_kept(&self, run_id: &str, kind: ChunkKind, body: String, kept: Option<String>) -> bool {
-        let inner = &self.0;
-        let mut live = inner.live.borrow_mut();
-        let Some(run) = live.get_mut(run_id) else { return false };
-        let streaming = inner.chat.is_streaming(run_id);
-        let index = match kind {
-            ChunkKind::Progress => {
-                if streaming {
-                    inner.chat.send(&inner.state, run_id, &body);
+    /// Carries out the child engine's actions.
+    pub(crate) fn carry_out_child(&self, actions: Vec<ChildAction>) {
+        for action in actions {
+            match action {
+                ChildAction::BeginTurn { run_id, input, attempt } => self.begin_turn(run_id, input, attempt),
+                ChildAction::CancelTurn { run_id, reason } => {
+                    if let Some(token) = self.0.turns.borrow().get(&run_id) {
+                        token.cancel(reason);
+                    }
                 }
-                None
-            }
-            ChunkKind::Stored | ChunkKind::Milestone => {
-                let index = run.next_index;
-                if !inner.chat.store(run_id, index, kind, &body) {
-                    return false;
+                ChildAction::Send { subscriber, line } => {
+                    let gone = match self.0.subscribers.borrow().get(&subscriber) {
+                        Some(tx) => tx.unbounded_send(line).is_err(),
+                        None => true,
+                    };
+                    if gone {
+                        self.0.subscribers.borrow_mut().remove(&subscriber);
+                        self.0.child.borrow_mut().unsubscribe(subscriber);
+                    }
                 }
-                if streaming && (kind == ChunkKind::Milestone || !run.terminal_only) {
-                    inner.chat.send(&inner.state, run_id, &body);
+                ChildAction::Close { subscriber } => {
+                    self.0.subscribers.borrow_mut().remove(&subscriber);
                 }
-                run.next_index += 1;
-                Some(index)
-            }
-        };
-        let line = TailLine::Chunk { i: index, k: kind, b: body, r: kept }.to_line().into_bytes();
-        run.subscribers.retain(|s| s.unbounded_send(line.clone()).is_ok());
-        true
-    }
-
-    /// Sends a progress report: live with its `data`, kept for replay without it unless
-    /// persisted.
-    pub(crate) fn emit_progress(&self, run_id: &str, report: &Report) {
-        if let Ok(snapshot) = serde_json::to_value(report.kept()) {
-            if let Err(e) = self.runs().record_progress(run_id, &snapshot, now_ms()) {
-                worker::console_error!("agent-tools: progress of {run_id} failed: {e}");
-            }
-        }
-        let id = random_id();
-        let live = chunk::progress(&id, &report.progress);
-        let kept = (!report.persist && report.progress.data.is_some()).then(|| chunk::progress(&id, &report.kept()));
-        self.emit_kept(run_id, ChunkKind::Progress, live, kept);
-    }
-
-    /// Sends the progress report a burst held back, if any.
-    pub(crate) fn flush_progress(&self, run_id: &str) {
-        let held = self.0.live.borrow_mut().get_mut(run_id).and_then(|run| run.progress.flush(now_ms()));
-        if let Some(report) = held {
-            self.emit_progress(run_id, &report);
-        }
-    }
-
-    /// Records the outcome (unless the run already ended), sends the `end` line to every tail
-    /// and closes them. Held progress goes out first: the latest report is never lost.
-    pub(crate) fn seal(&self, run_id: &str, outcome: &RunOutcome) {
-        self.flush_progress(run_id);
-        if let Err(e) = self.runs().finish(run_id, outcome, now_ms()) {
-            worker::console_error!("agent-tools: sealing {run_id} failed: {e}");
-        }
-        let stored = self.runs().get(run_id).ok().flatten().and_then(|r| r.outcome());
-        let line = TailLine::End { outcome: stored.unwrap_or_else(|| outcome.clone()) }.to_line().into_bytes();
-        if let Some(run) = self.0.live.borrow_mut().remove(run_id) {
-            for s in run.subscribers {
-                let _ = s.unbounded_send(line.clone());
+                ChildAction::ChatSend { run_id, body } => self.0.chat.send(&self.0.state, &run_id, &body),
+                ChildAction::FlushAt { run_id, at } => {
+                    let host = self.clone();
+                    self.0.state.wait_until(async move {
+                        Delay::from(Duration::from_millis((at - now_ms()).max(0) as u64)).await;
+                        host.child_flush(&run_id);
+                    });
+                }
+                ChildAction::SupersedeMessages { run_id } => {
+                    if let Err(e) = StreamLog::new(&self.0.sql).mark_superseded(&run_id) {
+                        worker::console_error!("agent-tools: marking the superseded attempt of {run_id} failed: {e}");
+                    }
+                }
+                ChildAction::Observe(kind, payload) => self.observe(kind, payload),
             }
         }
     }
 
-    /// A `starting`/`running` row with no turn in this instance lost its turn in a restart:
-    /// seal it with a clear error rather than leave it running forever.
-    pub(crate) fn reconcile(&self, run: ChildRun) -> ChildRun {
-        if run.status.is_terminal() || self.0.live.borrow().contains_key(&run.run_id) {
-            return run;
+    /// One chunk of a run's turn (see [`crate::child::engine::ChildEngine::emit`]).
+    pub(crate) fn child_emit(&self, run_id: &str, kind: ChunkKind, body: String) -> bool {
+        let streaming = self.0.chat.is_streaming(run_id);
+        let result = self.0.child.borrow_mut().emit(&self.0.sql, run_id, kind, body, None, streaming);
+        match result {
+            Ok((live, actions)) => {
+                self.carry_out_child(actions);
+                live
+            }
+            Err(e) => {
+                worker::console_error!("agent-tools: storing a chunk of {run_id} failed: {e}");
+                false
+            }
         }
-        let outcome =
-            RunOutcome { status: OutcomeStatus::Error, summary: None, output: None, error: Some(LOST_TURN.into()) };
-        self.seal(&run.run_id, &outcome);
-        self.runs().get(&run.run_id).ok().flatten().unwrap_or(run)
+    }
+
+    pub(crate) fn child_progress(&self, run_id: &str, report: Report) {
+        let streaming = self.0.chat.is_streaming(run_id);
+        let result =
+            self.0.child.borrow_mut().report_progress(&self.0.sql, run_id, report, streaming, &random_id, now_ms());
+        self.child_result(run_id, result);
+    }
+
+    fn child_flush(&self, run_id: &str) {
+        let streaming = self.0.chat.is_streaming(run_id);
+        let result = self.0.child.borrow_mut().flush_progress(&self.0.sql, run_id, streaming, &random_id, now_ms());
+        self.child_result(run_id, result);
+    }
+
+    fn child_result(&self, run_id: &str, result: Result<Vec<ChildAction>, crate::store::StoreError>) {
+        match result {
+            Ok(actions) => self.carry_out_child(actions),
+            Err(e) => worker::console_error!("agent-tools: progress of {run_id} failed: {e}"),
+        }
+    }
+
+    /// Runs the agent's turn for a run in the background; a cancel drops it (and cancels the
+    /// child runs it dispatched), and its end is recorded.
+    fn begin_turn(&self, run_id: String, input: Value, attempt: i64) {
+        let cancel = CancelToken::new();
+        self.0.turns.borrow_mut().insert(run_id.clone(), cancel.clone());
+        let host = self.clone();
+        self.0.state.wait_until(async move {
+            let _ = host.runs().mark_running(&run_id);
+            let turn = Turn::new(host.clone(), run_id.clone(), input, attempt, cancel.clone());
+            let finished = {
+                let work = host.0.agent.run(&turn);
+                let stop = cancel.cancelled();
+                futures::pin_mut!(work, stop);
+                match select(work, stop).await {
+                    Either::Left((result, _)) => Some(result),
+                    Either::Right(_) => None,
+                }
+            };
+            let aborted = |error| RunOutcome { status: OutcomeStatus::Aborted, summary: None, output: None, error };
+            let outcome = match finished {
+                _ if cancel.is_cancelled() => {
+                    if finished.is_none() {
+                        turn.emit(chunk::abort(cancel.reason().as_deref()));
+                    }
+                    aborted(cancel.reason())
+                }
+                Some(Ok(out)) => RunOutcome {
+                    status: OutcomeStatus::Completed,
+                    summary: Some(out.summary),
+                    output: out.output,
+                    error: None,
+                },
+                Some(Err(message)) => {
+                    RunOutcome { status: OutcomeStatus::Error, summary: None, output: None, error: Some(message) }
+                }
+                None => aborted(cancel.reason()),
+            };
+            if cancel.is_cancelled() {
+                host.cancel_turn_runs(&run_id, "the run that dispatched it was cancelled").await;
+            } else {
+                host.0.turn_runs.borrow_mut().remove(&run_id);
+            }
+            host.0.turns.borrow_mut().remove(&run_id);
+            let streaming = host.0.chat.is_streaming(&run_id);
+            let result =
+                host.0.child.borrow_mut().turn_ended(&host.0.sql, &run_id, &outcome, streaming, &random_id, now_ms());
+            host.child_result(&run_id, result);
+        });
     }
 }
+
+use worker::Delay;

@@ -10,11 +10,11 @@ use crate::agent::Agent;
 use crate::cancel::{CancelToken, Cancelled};
 use crate::chat::message::text_of;
 use crate::chat::store::Messages;
-use crate::child::progress::{Decision, Report};
+use crate::child::progress::Report;
 use crate::platform::chat::{ChatEnd, TurnSpec};
 use crate::platform::tools::HostTools;
 use crate::platform::{now_ms, AgentHost};
-use crate::protocol::chunk::{self, Progress};
+use crate::protocol::chunk::Progress;
 use crate::protocol::tail::ChunkKind;
 
 /// What a finished run hands back.
@@ -31,12 +31,20 @@ pub struct Turn<A: Agent> {
     host: AgentHost<A>,
     run_id: String,
     input: Value,
+    attempt: i64,
     cancel: CancelToken,
 }
 
 impl<A: Agent> Turn<A> {
-    pub(super) fn new(host: AgentHost<A>, run_id: String, input: Value, cancel: CancelToken) -> Self {
-        Self { host, run_id, input, cancel }
+    pub(super) fn new(host: AgentHost<A>, run_id: String, input: Value, attempt: i64, cancel: CancelToken) -> Self {
+        Self { host, run_id, input, attempt, cancel }
+    }
+
+    /// Which attempt this is: 1, or more when a restart cut an earlier one short and the run is
+    /// being run again ([`crate::RecoveryPolicy::Rerun`]). Tools with side effects can use it
+    /// to stay idempotent.
+    pub fn attempt(&self) -> i64 {
+        self.attempt
     }
 
     /// The agent running the turn.
@@ -72,7 +80,7 @@ impl<A: Agent> Turn<A> {
     /// Streams one `UIMessageChunk` (JSON): stored in the run's log, sent to the child's own
     /// chat clients and to every tail. Returns `false` once the run has ended.
     pub fn emit(&self, body: String) -> bool {
-        self.host.emit(&self.run_id, ChunkKind::Stored, body)
+        self.host.child_emit(&self.run_id, ChunkKind::Stored, body)
     }
 
     /// Reports progress (the TypeScript SDK's `reportProgress`). With a `milestone` it is
@@ -82,37 +90,7 @@ impl<A: Agent> Turn<A> {
     /// latest-wins (`fraction >= 1` always goes at once); a report held back is sent when its
     /// window closes.
     pub fn report_progress(&self, progress: Progress) {
-        let now = now_ms();
-        let report = Report { persist: progress.persist, progress };
-        let decision = match self.host.0.live.borrow_mut().get_mut(&self.run_id) {
-            Some(run) => run.progress.offer(report.clone(), now),
-            None => {
-                worker::console_warn!("agent-tools: report_progress outside a live run of {} is ignored", self.run_id);
-                return;
-            }
-        };
-        if let Some(name) = report.progress.milestone.clone() {
-            match self.host.runs().add_milestone(&self.run_id, &name, report.progress.data.as_ref(), now) {
-                Ok(sequence) => {
-                    let body = chunk::milestone(&name, sequence, now, &report.progress);
-                    self.host.emit(&self.run_id, ChunkKind::Milestone, body);
-                }
-                Err(e) => worker::console_error!("agent-tools: milestone {name} of {} failed: {e}", self.run_id),
-            }
-            return;
-        }
-        match decision {
-            Decision::Emit(report) => self.host.emit_progress(&self.run_id, &report),
-            Decision::Defer { flush_at } => {
-                let (host, run_id) = (self.host.clone(), self.run_id.clone());
-                self.host.0.state.wait_until(async move {
-                    let wait = (flush_at - now_ms()).max(0) as u64;
-                    Delay::from(Duration::from_millis(wait)).await;
-                    host.flush_progress(&run_id);
-                });
-            }
-            Decision::Replaced => {}
-        }
+        self.host.child_progress(&self.run_id, Report { persist: progress.persist, progress });
     }
 
     /// Waits `ms` milliseconds, or less if the run is cancelled meanwhile.
@@ -142,9 +120,11 @@ impl<A: Agent> Turn<A> {
         let emit = |body: String| {
             self.emit(body);
         };
+        let replay_after = self.host.runs().get(&self.run_id).ok().flatten().map_or(-1, |run| run.attempt_start - 1);
         let spec = TurnSpec {
             request_id: self.run_id.clone(),
             fresh_stream: false,
+            replay_after,
             sender: None,
             system: agent.system_prompt(),
             max_steps: agent.max_steps(),

@@ -1,8 +1,5 @@
-//! The parent role: an agent dispatching child agents as tools. Dispatch and following a child
-//! (`dispatch`, `follow`), restart recovery (`recovery`), and detached runs (`detached`), all
-//! as methods of [`crate::AgentHost`].
+//! The parent role on the platform: the public calls (`dispatch`) and the driver that carries
+//! out what the parent engine (`crate::parent::engine`) decides (`driver`).
 
-pub(crate) mod detached;
 pub(crate) mod dispatch;
-pub(crate) mod follow;
-pub(crate) mod recovery;
+pub(crate) mod driver;

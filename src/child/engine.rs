@@ -1,0 +1,614 @@
+//! The child's side of a run as a state machine: it takes what happens (a start request, a
+//! chunk the turn emits, a tail or an inspection the parent asks for, the turn's end, a cancel)
+//! with the time, keeps the run's rows over [`Sql`], and returns [`ChildAction`]s for the
+//! platform to carry out (begin or cancel the user's turn, write to a tail, send to the child's
+//! own chat clients, set a timer). No I/O here, no clock of its own: the platform and the
+//! deterministic simulation drive the same code.
+//!
+//! The invariants it keeps:
+//! - a run's log takes every stored chunk once, with the next index, in the order emitted, and
+//!   the same synchronous step sends it to every tail; a tail reads the log after its cursor
+//!   and subscribes in one step, so it sees every chunk once, stored or live;
+//! - a turn runs at most once per instance and run: a start of a run already live here begins
+//!   nothing;
+//! - a run whose turn is gone (the instance restarted) is healed once per activation, by the
+//!   agent's [`RecoveryPolicy`]: `Rerun` starts a new attempt (a `data-agent-superseded`
+//!   marker, then the turn again from the stored input), `Seal` ends it `interrupted`; either
+//!   way no attempt's output is ever joined to another's.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use super::progress::{Coalescer, Decision, Report};
+use super::runs::{ChildRun, ChildRuns, ChildStatus, Inspection};
+use crate::agent::RecoveryPolicy;
+use crate::chat::store::StreamLog;
+use crate::observability::EventType;
+use crate::protocol::child_api::{StartReply, StartRequest};
+use crate::protocol::chunk;
+use crate::protocol::tail::{ChunkKind, OutcomeStatus, RunOutcome, TailLine};
+use crate::store::{Sql, StoreError};
+
+/// The most attempts a run gets across restarts before `Rerun` gives up and seals it: a turn
+/// that keeps taking its Durable Object down with it must not loop forever.
+pub const MAX_ATTEMPTS: i64 = 3;
+
+/// A tail reader, as the platform knows it.
+pub type SubscriberId = u64;
+
+/// What the platform must do for the child.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChildAction {
+    /// Run the agent's turn for this run (its attempt `attempt`).
+    BeginTurn {
+        /// The run.
+        run_id: String,
+        /// Its stored input.
+        input: Value,
+        /// Which attempt this is (from 1).
+        attempt: i64,
+    },
+    /// Stop the run's turn.
+    CancelTurn {
+        /// The run.
+        run_id: String,
+        /// Why.
+        reason: Option<String>,
+    },
+    /// Write a line to a tail.
+    Send {
+        /// The tail.
+        subscriber: SubscriberId,
+        /// One NDJSON line.
+        line: Vec<u8>,
+    },
+    /// End a tail (after its `end` line).
+    Close {
+        /// The tail.
+        subscriber: SubscriberId,
+    },
+    /// Send a chunk to the child's own chat clients (a drill-in), if its chat stream is open.
+    ChatSend {
+        /// The run (its chat stream's id).
+        run_id: String,
+        /// The `UIMessageChunk` JSON.
+        body: String,
+    },
+    /// Call [`ChildEngine::flush_progress`] for the run at this time.
+    FlushAt {
+        /// The run.
+        run_id: String,
+        /// Epoch ms.
+        at: i64,
+    },
+    /// Mark the messages a restart cut short in the run's chat stream as superseded.
+    SupersedeMessages {
+        /// The run.
+        run_id: String,
+    },
+    /// An observability event.
+    Observe(EventType, Value),
+}
+
+/// A run whose turn runs in this instance.
+#[derive(Debug)]
+struct LiveRun {
+    subscribers: Vec<SubscriberId>,
+    next_index: i64,
+    terminal_only: bool,
+    progress: Coalescer,
+}
+
+/// Why a tail cannot start.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TailError {
+    /// The child has no such run.
+    Unknown,
+    /// The database failed.
+    Store(StoreError),
+}
+
+/// A tail that started: what the log holds after the cursor, then (when the run is live here)
+/// the subscriber that will get the rest.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TailStart {
+    /// Lines to send first, in order (ending with the `end` line when the run is over).
+    pub lines: Vec<Vec<u8>>,
+    /// The live subscription, when the run is still going.
+    pub subscriber: Option<SubscriberId>,
+}
+
+/// The child role's in-memory state: the runs live in this instance. Everything else is in
+/// SQL, so a fresh engine after a restart knows what the old one stored.
+#[derive(Debug)]
+pub struct ChildEngine {
+    policy: RecoveryPolicy,
+    live: HashMap<String, LiveRun>,
+    next_subscriber: SubscriberId,
+}
+
+const LOST_TURN: &str = "the child's turn stopped when its Durable Object restarted; its partial output is kept, \
+     and dispatching the same run again runs it afresh";
+
+impl ChildEngine {
+    /// A fresh engine (a new instance: nothing is live).
+    pub fn new(policy: RecoveryPolicy) -> Self {
+        Self { policy, live: HashMap::new(), next_subscriber: 0 }
+    }
+
+    /// Whether the run's turn runs here.
+    pub fn is_live(&self, run_id: &str) -> bool {
+        self.live.contains_key(run_id)
+    }
+
+    /// A parent's start: creates the run (idempotent by run id) and begins its turn, or starts
+    /// a sealed run afresh, or heals one whose turn a restart took.
+    pub fn start(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        start: &StartRequest,
+        now: i64,
+    ) -> Result<(StartReply, Vec<ChildAction>), StoreError> {
+        let runs = ChildRuns::new(sql);
+        let (run, created) = runs.start(&start.run_id, &start.input, start.terminal_only, now)?;
+        let mut actions = Vec::new();
+        if created {
+            // A drill-in chat turn may have used this id before the run existed.
+            StreamLog::new(sql).delete(&run.run_id)?;
+            self.go_live(&run, 0);
+            actions.push(ChildAction::BeginTurn { run_id: run.run_id.clone(), input: run.input.clone(), attempt: 1 });
+            return Ok((StartReply { created, status: "running".into() }, actions));
+        }
+        let run = match run.status {
+            // Sealed after a restart: a new dispatch runs it afresh.
+            ChildStatus::Interrupted => {
+                actions.extend(self.new_attempt(sql, &run, "redispatched")?);
+                runs.get(&run.run_id)?.unwrap_or(run)
+            }
+            _ => self.reconcile(sql, run, now, &mut actions)?,
+        };
+        Ok((StartReply { created, status: run.status.as_str().into() }, actions))
+    }
+
+    /// A run known here with no turn here lost it to a restart (or never began one): heal it by
+    /// the recovery policy, once. Returns the row as it is now.
+    fn reconcile(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run: ChildRun,
+        now: i64,
+        actions: &mut Vec<ChildAction>,
+    ) -> Result<ChildRun, StoreError> {
+        if run.status.is_terminal() || self.is_live(&run.run_id) {
+            return Ok(run);
+        }
+        let runs = ChildRuns::new(sql);
+        let next_index = StreamLog::new(sql).next_index(&run.run_id)?;
+        if next_index <= run.attempt_start {
+            // Accepted, or begun again, but nothing of the attempt was streamed before the
+            // instance restarted: beginning it now is no rerun.
+            runs.mark_running(&run.run_id)?;
+            self.go_live(&run, next_index);
+            actions.push(ChildAction::BeginTurn {
+                run_id: run.run_id.clone(),
+                input: run.input.clone(),
+                attempt: run.attempt,
+            });
+        } else if self.policy == RecoveryPolicy::Rerun && run.attempt < MAX_ATTEMPTS {
+            actions.extend(self.new_attempt(sql, &run, "restart")?);
+        } else {
+            let error = if self.policy == RecoveryPolicy::Rerun {
+                format!(
+                    "the child's turn was cut short by a restart {MAX_ATTEMPTS} times; it is not run again by itself"
+                )
+            } else {
+                LOST_TURN.to_owned()
+            };
+            let outcome =
+                RunOutcome { status: OutcomeStatus::Interrupted, summary: None, output: None, error: Some(error) };
+            runs.finish(&run.run_id, &outcome, now)?;
+            actions.push(ChildAction::Observe(
+                EventType::ChildSealed,
+                serde_json::json!({ "runId": run.run_id, "attempt": run.attempt }),
+            ));
+        }
+        Ok(runs.get(&run.run_id)?.unwrap_or(run))
+    }
+
+    /// Starts the run's next attempt: the marker chunk first (stored, so every tail and every
+    /// replay has it at the same place), then the turn again from the stored input.
+    fn new_attempt(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run: &ChildRun,
+        reason: &str,
+    ) -> Result<Vec<ChildAction>, StoreError> {
+        let log = StreamLog::new(sql);
+        let marker_index = log.next_index(&run.run_id)?;
+        let attempt = run.attempt + 1;
+        log.append(&run.run_id, marker_index, ChunkKind::Superseded, &chunk::superseded(attempt, reason))?;
+        ChildRuns::new(sql).begin_attempt(&run.run_id, marker_index + 1)?;
+        self.go_live(run, marker_index + 1);
+        Ok(vec![
+            ChildAction::SupersedeMessages { run_id: run.run_id.clone() },
+            ChildAction::Observe(
+                EventType::ChildRerun,
+                serde_json::json!({ "runId": run.run_id, "attempt": attempt, "reason": reason }),
+            ),
+            ChildAction::BeginTurn { run_id: run.run_id.clone(), input: run.input.clone(), attempt },
+        ])
+    }
+
+    fn go_live(&mut self, run: &ChildRun, next_index: i64) {
+        let live = LiveRun {
+            subscribers: Vec::new(),
+            next_index,
+            terminal_only: run.terminal_only,
+            progress: Coalescer::default(),
+        };
+        self.live.insert(run.run_id.clone(), live);
+    }
+
+    /// The turn streams one chunk: stored with the next index (progress is not stored), sent to
+    /// the child's own chat clients when `chat_streaming` (its chat stream is open; ordinary
+    /// chunks not under `terminal` delivery), and to every tail, in one step. `kept` is what
+    /// the parent keeps for replay when it differs from `body`. `false` when the run is not
+    /// live here (it ended).
+    pub fn emit(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        kind: ChunkKind,
+        body: String,
+        kept: Option<String>,
+        chat_streaming: bool,
+    ) -> Result<(bool, Vec<ChildAction>), StoreError> {
+        let Some(run) = self.live.get_mut(run_id) else { return Ok((false, Vec::new())) };
+        let mut actions = Vec::new();
+        let index = if kind.is_stored() {
+            let index = run.next_index;
+            StreamLog::new(sql).append(run_id, index, kind, &body)?;
+            run.next_index += 1;
+            Some(index)
+        } else {
+            None
+        };
+        let to_chat = match kind {
+            ChunkKind::Stored => !run.terminal_only,
+            ChunkKind::Progress | ChunkKind::Milestone => true,
+            ChunkKind::Superseded => false,
+        };
+        if chat_streaming && to_chat {
+            actions.push(ChildAction::ChatSend { run_id: run_id.to_owned(), body: body.clone() });
+        }
+        let line = TailLine::Chunk { i: index, k: kind, b: body, r: kept }.to_line().into_bytes();
+        for &subscriber in &run.subscribers {
+            actions.push(ChildAction::Send { subscriber, line: line.clone() });
+        }
+        Ok((true, actions))
+    }
+
+    /// A progress report of the run's turn: a milestone is stored at once with the next
+    /// sequence; plain progress is coalesced (see [`Coalescer`]) and its latest snapshot kept on
+    /// the row.
+    pub fn report_progress(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        report: Report,
+        chat_streaming: bool,
+        new_id: &dyn Fn() -> String,
+        now: i64,
+    ) -> Result<Vec<ChildAction>, StoreError> {
+        let Some(run) = self.live.get_mut(run_id) else {
+            return Ok(vec![ChildAction::Observe(
+                EventType::ProgressIgnored,
+                serde_json::json!({ "runId": run_id, "why": "report_progress outside a live run" }),
+            )]);
+        };
+        let decision = run.progress.offer(report.clone(), now);
+        if let Some(name) = report.progress.milestone.clone() {
+            let sequence = ChildRuns::new(sql).add_milestone(run_id, &name, report.progress.data.as_ref(), now)?;
+            let body = chunk::milestone(&name, sequence, now, &report.progress);
+            return Ok(self.emit(sql, run_id, ChunkKind::Milestone, body, None, chat_streaming)?.1);
+        }
+        match decision {
+            Decision::Emit(report) => self.send_progress(sql, run_id, &report, chat_streaming, new_id, now),
+            Decision::Defer { flush_at } => Ok(vec![ChildAction::FlushAt { run_id: run_id.to_owned(), at: flush_at }]),
+            Decision::Replaced => Ok(Vec::new()),
+        }
+    }
+
+    /// A coalescing window closed: sends the report it held back, if any.
+    pub fn flush_progress(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        chat_streaming: bool,
+        new_id: &dyn Fn() -> String,
+        now: i64,
+    ) -> Result<Vec<ChildAction>, StoreError> {
+        let held = self.live.get_mut(run_id).and_then(|run| run.progress.flush(now));
+        match held {
+            Some(report) => self.send_progress(sql, run_id, &report, chat_streaming, new_id, now),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn send_progress(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        report: &Report,
+        chat_streaming: bool,
+        new_id: &dyn Fn() -> String,
+        now: i64,
+    ) -> Result<Vec<ChildAction>, StoreError> {
+        let snapshot = serde_json::to_value(report.kept()).unwrap_or(Value::Null);
+        ChildRuns::new(sql).record_progress(run_id, &snapshot, now)?;
+        let id = new_id();
+        let live = chunk::progress(&id, &report.progress);
+        let kept = (!report.persist && report.progress.data.is_some()).then(|| chunk::progress(&id, &report.kept()));
+        Ok(self.emit(sql, run_id, ChunkKind::Progress, live, kept, chat_streaming)?.1)
+    }
+
+    /// The run's turn ended with `outcome`: held progress goes out first, the outcome is
+    /// recorded (unless the run already ended), every tail gets the `end` line and is closed.
+    pub fn turn_ended(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        outcome: &RunOutcome,
+        chat_streaming: bool,
+        new_id: &dyn Fn() -> String,
+        now: i64,
+    ) -> Result<Vec<ChildAction>, StoreError> {
+        let mut actions = self.flush_progress(sql, run_id, chat_streaming, new_id, now)?;
+        actions.extend(self.seal(sql, run_id, outcome, now)?);
+        Ok(actions)
+    }
+
+    fn seal(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        outcome: &RunOutcome,
+        now: i64,
+    ) -> Result<Vec<ChildAction>, StoreError> {
+        let runs = ChildRuns::new(sql);
+        runs.finish(run_id, outcome, now)?;
+        let stored = runs.get(run_id)?.and_then(|r| r.outcome());
+        let line = TailLine::End { outcome: stored.unwrap_or_else(|| outcome.clone()) }.to_line().into_bytes();
+        let mut actions = Vec::new();
+        if let Some(run) = self.live.remove(run_id) {
+            for subscriber in run.subscribers {
+                actions.push(ChildAction::Send { subscriber, line: line.clone() });
+                actions.push(ChildAction::Close { subscriber });
+            }
+        }
+        Ok(actions)
+    }
+
+    /// A parent tails the run after log index `after`: the stored chunks and, for a live run, a
+    /// subscription to the rest, in one step (no gap, no duplicate); for an ended run, the `end`
+    /// line. A run that lost its turn is healed first.
+    pub fn tail(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        after: i64,
+        now: i64,
+    ) -> Result<(TailStart, Vec<ChildAction>), TailError> {
+        let runs = ChildRuns::new(sql);
+        let run = runs.get(run_id).map_err(TailError::Store)?.ok_or(TailError::Unknown)?;
+        let mut actions = Vec::new();
+        let run = self.reconcile(sql, run, now, &mut actions).map_err(TailError::Store)?;
+        let mut lines: Vec<Vec<u8>> = runs
+            .chunks_after(run_id, after)
+            .map_err(TailError::Store)?
+            .into_iter()
+            .map(|c| TailLine::Chunk { i: Some(c.index), k: c.kind, b: c.body, r: None }.to_line().into_bytes())
+            .collect();
+        let subscriber = match self.live.get_mut(run_id) {
+            Some(live) => {
+                self.next_subscriber += 1;
+                live.subscribers.push(self.next_subscriber);
+                Some(self.next_subscriber)
+            }
+            None => {
+                if let Some(outcome) = run.outcome() {
+                    lines.push(TailLine::End { outcome }.to_line().into_bytes());
+                }
+                None
+            }
+        };
+        Ok((TailStart { lines, subscriber }, actions))
+    }
+
+    /// A tail went away (its reader closed): it gets nothing more. The run goes on.
+    pub fn unsubscribe(&mut self, subscriber: SubscriberId) {
+        for run in self.live.values_mut() {
+            run.subscribers.retain(|s| *s != subscriber);
+        }
+    }
+
+    /// A parent asks where the run stands. `None` when the run is unknown here (the parent
+    /// keeps waiting: it is never "failed"). A run that lost its turn is healed first.
+    pub fn inspect(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        now: i64,
+    ) -> Result<(Option<Inspection>, Vec<ChildAction>), StoreError> {
+        let runs = ChildRuns::new(sql);
+        let mut actions = Vec::new();
+        if let Some(run) = runs.get(run_id)? {
+            self.reconcile(sql, run, now, &mut actions)?;
+        }
+        Ok((runs.inspect(run_id)?, actions))
+    }
+
+    /// A parent cancels the run: a live turn is stopped (it ends `aborted` when its future is
+    /// dropped); a run with no turn here is recorded `aborted` at once.
+    pub fn cancel(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        reason: Option<String>,
+        now: i64,
+    ) -> Result<Vec<ChildAction>, StoreError> {
+        if self.is_live(run_id) {
+            return Ok(vec![ChildAction::CancelTurn { run_id: run_id.to_owned(), reason }]);
+        }
+        match ChildRuns::new(sql).get(run_id)? {
+            Some(run) if !run.status.is_terminal() => {
+                let outcome = RunOutcome { status: OutcomeStatus::Aborted, summary: None, output: None, error: reason };
+                self.seal(sql, run_id, &outcome, now)
+            }
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    /// The instance's storage was wiped (a parent cleared the child): nothing is live.
+    pub fn reset(&mut self) {
+        self.live.clear();
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::*;
+    use crate::store::sqlite;
+    use serde_json::json;
+
+    fn db() -> rusqlite::Connection {
+        let db = sqlite::memory();
+        ChildRuns::new(&db).migrate().unwrap();
+        db
+    }
+
+    fn start(run_id: &str) -> StartRequest {
+        StartRequest {
+            run_id: run_id.into(),
+            input: json!({"query": "q"}),
+            parent_class: "P".into(),
+            parent_name: "p".into(),
+            child_name: format!("P/p/{run_id}"),
+            terminal_only: false,
+        }
+    }
+
+    fn id() -> String {
+        "id".into()
+    }
+
+    fn begins(actions: &[ChildAction]) -> Vec<i64> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                ChildAction::BeginTurn { attempt, .. } => Some(*attempt),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_start_begins_one_turn_and_a_second_start_none() {
+        let db = db();
+        let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+        let (reply, actions) = engine.start(&db, &start("r"), 1).unwrap();
+        assert!(reply.created);
+        assert_eq!(begins(&actions), [1]);
+        let (reply, actions) = engine.start(&db, &start("r"), 2).unwrap();
+        assert!(!reply.created);
+        assert_eq!(reply.status, "starting");
+        assert!(begins(&actions).is_empty(), "a second start never begins a second turn");
+    }
+
+    #[test]
+    fn a_tail_gets_the_log_then_live_chunks_then_the_end() {
+        let db = db();
+        let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+        engine.start(&db, &start("r"), 1).unwrap();
+        engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":0}".into(), None, false).unwrap();
+        let (tail, _) = engine.tail(&db, "r", -1, 2).unwrap();
+        assert_eq!(tail.lines.len(), 1);
+        let sub = tail.subscriber.unwrap();
+        let (_, actions) = engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":1}".into(), None, false).unwrap();
+        assert!(matches!(&actions[..], [ChildAction::Send { subscriber, .. }] if *subscriber == sub));
+        let done =
+            RunOutcome { status: OutcomeStatus::Completed, summary: Some("s".into()), output: None, error: None };
+        let actions = engine.turn_ended(&db, "r", &done, false, &id, 3).unwrap();
+        assert!(matches!(&actions[..], [ChildAction::Send { .. }, ChildAction::Close { .. }]));
+        let (tail, _) = engine.tail(&db, "r", 0, 4).unwrap();
+        assert_eq!(tail.lines.len(), 2, "the rest of the log and the end line");
+        assert!(tail.subscriber.is_none());
+    }
+
+    #[test]
+    fn a_lost_turn_reruns_once_per_activation_behind_a_marker() {
+        let db = db();
+        let mut before = ChildEngine::new(RecoveryPolicy::Rerun);
+        before.start(&db, &start("r"), 1).unwrap();
+        before.emit(&db, "r", ChunkKind::Stored, "{\"partial\":1}".into(), None, false).unwrap();
+        // The instance restarts: a new engine over the same storage.
+        let mut after = ChildEngine::new(RecoveryPolicy::Rerun);
+        let (inspection, actions) = after.inspect(&db, "r", 5).unwrap();
+        assert_eq!(begins(&actions), [2]);
+        let inspection = inspection.unwrap();
+        assert_eq!((inspection.run.status, inspection.run.attempt), (ChildStatus::Running, 2));
+        let (_, again) = after.inspect(&db, "r", 6).unwrap();
+        assert!(begins(&again).is_empty(), "never re-run twice for one restart");
+        let (tail, _) = after.tail(&db, "r", -1, 7).unwrap();
+        assert_eq!(tail.lines.len(), 2, "the partial chunk and the marker");
+        assert!(String::from_utf8_lossy(&tail.lines[1]).contains("\"k\":\"superseded\""));
+    }
+
+    #[test]
+    fn sealing_keeps_the_partial_and_a_new_start_runs_afresh() {
+        let db = db();
+        let mut before = ChildEngine::new(RecoveryPolicy::Seal);
+        before.start(&db, &start("r"), 1).unwrap();
+        before.emit(&db, "r", ChunkKind::Stored, "{\"partial\":1}".into(), None, false).unwrap();
+        let mut after = ChildEngine::new(RecoveryPolicy::Seal);
+        let (inspection, actions) = after.inspect(&db, "r", 5).unwrap();
+        assert!(begins(&actions).is_empty());
+        assert_eq!(inspection.unwrap().run.status, ChildStatus::Interrupted);
+        let (reply, actions) = after.start(&db, &start("r"), 6).unwrap();
+        assert_eq!((reply.created, reply.status.as_str()), (false, "running"));
+        assert_eq!(begins(&actions), [2], "a new dispatch runs it afresh");
+    }
+
+    #[test]
+    fn reruns_are_bounded() {
+        let db = db();
+        let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+        engine.start(&db, &start("r"), 1).unwrap();
+        engine.emit(&db, "r", ChunkKind::Stored, "{\"partial\":1}".into(), None, false).unwrap();
+        for attempt in 2..=MAX_ATTEMPTS {
+            engine = ChildEngine::new(RecoveryPolicy::Rerun);
+            assert_eq!(begins(&engine.inspect(&db, "r", 5).unwrap().1), [attempt]);
+            engine.emit(&db, "r", ChunkKind::Stored, "{\"partial\":1}".into(), None, false).unwrap();
+        }
+        engine = ChildEngine::new(RecoveryPolicy::Rerun);
+        let (inspection, actions) = engine.inspect(&db, "r", 9).unwrap();
+        assert!(begins(&actions).is_empty());
+        assert_eq!(inspection.unwrap().run.status, ChildStatus::Interrupted);
+    }
+
+    #[test]
+    fn a_turn_cut_short_before_it_said_anything_begins_again_as_the_same_attempt() {
+        let db = db();
+        let mut before = ChildEngine::new(RecoveryPolicy::Seal);
+        before.start(&db, &start("r"), 1).unwrap();
+        ChildRuns::new(&db).mark_running("r").unwrap();
+        // Even under `seal`: nothing was streamed, so nothing is lost or repeated.
+        let mut after = ChildEngine::new(RecoveryPolicy::Seal);
+        let (inspection, actions) = after.inspect(&db, "r", 5).unwrap();
+        assert_eq!(begins(&actions), [1]);
+        assert_eq!(inspection.unwrap().run.status, ChildStatus::Running);
+        let (tail, _) = after.tail(&db, "r", -1, 6).unwrap();
+        assert!(tail.lines.is_empty(), "no marker: there is no earlier attempt to set apart");
+    }
+}

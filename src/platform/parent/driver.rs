@@ -1,0 +1,342 @@
+//! Carries out what the parent engine decides: talks to children over their stubs, reads their
+//! tails, sets timers and the alarm, sends frames to clients, resolves waiting callers, calls
+//! hooks and delivers detached outcomes; and feeds what happened back to the engine. No
+//! decision about a run is made here.
+
+use std::time::Duration;
+
+use futures::future::{select, Either};
+use futures::StreamExt;
+use serde::Serialize;
+use serde_json::json;
+use wasm_bindgen::JsValue;
+use worker::{Delay, Method, Request, RequestInit, Response, Stub};
+
+use crate::agent::Agent;
+use crate::cancel::CancelToken;
+use crate::observability::{EventType, ObservabilityEvent};
+use crate::parent::engine::{
+    ChildAddress, Delivery, HookCall, ParentAction, ParentEvent, TailOpenError, INSPECT_TIMEOUT_MS,
+};
+use crate::platform::{now_ms, AgentHost};
+use crate::protocol::child_api::{self, CancelRequest, InspectionReply};
+use crate::protocol::tail::LineSplitter;
+use crate::protocol::InterruptedReason;
+
+impl<A: Agent> AgentHost<A> {
+    /// Feeds what happened to the parent engine and carries out what it says.
+    pub(crate) fn feed(&self, event: ParentEvent) {
+        let actions = self.0.parent.borrow_mut().handle(&self.0.sql, event, now_ms());
+        self.carry_out(actions);
+    }
+
+    /// Carries out the engine's actions: the immediate ones (frames to clients, exchanges with
+    /// children, timers) at once and in order, so frames leave in the order the engine numbered
+    /// them; the ones that run the agent's code (hooks, deliveries, notices) and the callers'
+    /// results after them, in order, in a background task, so a caller gets a run's result only
+    /// once its finish hook has run.
+    pub(crate) fn carry_out(&self, actions: Vec<ParentAction>) {
+        let mut deferred = Vec::new();
+        let mut frames = Vec::new();
+        for action in actions {
+            if let ParentAction::Broadcast(text) = action {
+                // Consecutive frames go out together: the sockets are looked up once.
+                frames.push(text);
+                continue;
+            }
+            if !frames.is_empty() {
+                self.broadcast_all(std::mem::take(&mut frames).into_iter());
+            }
+            match action {
+                ParentAction::Broadcast(_) => {}
+                ParentAction::StartChild { run_id, gen, to, request } => {
+                    let host = self.clone();
+                    self.0.state.wait_until(async move {
+                        let result = match host.child_call(&to, Method::Post, "start", &request).await {
+                            Ok(resp) if resp.status_code() == 200 => Ok(()),
+                            Ok(mut resp) => {
+                                let body = resp.text().await.unwrap_or_default();
+                                Err(format!("{} refused to start the run ({}): {body}", to.binding, resp.status_code()))
+                            }
+                            Err(e) => Err(format!("could not reach {}: {e}", to.binding)),
+                        };
+                        host.feed(ParentEvent::StartReplied { run_id, gen, result });
+                    });
+                }
+                ParentAction::OpenTail { run_id, gen, to, after } => self.open_tail(run_id, gen, to, after),
+                ParentAction::CloseTail { run_id } => {
+                    if let Some(token) = self.0.tails.borrow_mut().remove(&run_id) {
+                        token.cancel(None);
+                    }
+                }
+                ParentAction::InspectChild { run_id, gen, to } => {
+                    let host = self.clone();
+                    self.0.state.wait_until(async move {
+                        let result = host.inspect_child(&to, &run_id).await;
+                        host.feed(ParentEvent::Inspected { run_id, gen, result });
+                    });
+                }
+                ParentAction::CancelChild { run_id, to, reason } => {
+                    let host = self.clone();
+                    self.0.state.wait_until(async move {
+                        let request = CancelRequest { run_id: run_id.clone(), reason };
+                        if let Err(e) = host.child_call(&to, Method::Post, "cancel", &request).await {
+                            worker::console_error!("agent-tools: cancelling {run_id} at the child failed: {e}");
+                        }
+                    });
+                }
+                ParentAction::ClearChild { run_id, to } => {
+                    let host = self.clone();
+                    self.0.state.wait_until(async move {
+                        let request = CancelRequest { run_id: run_id.clone(), reason: None };
+                        if let Err(e) = host.child_call(&to, Method::Post, "clear", &request).await {
+                            worker::console_error!("agent-tools: clearing {run_id} at the child failed: {e}");
+                        }
+                    });
+                }
+                ParentAction::SetTimer { run_id, gen, timer, at } => {
+                    let host = self.clone();
+                    self.0.state.wait_until(async move {
+                        Delay::from(Duration::from_millis((at - now_ms()).max(1) as u64)).await;
+                        host.feed(ParentEvent::Timer { run_id, gen, timer });
+                    });
+                }
+                ParentAction::ArmAlarm { at } => {
+                    let host = self.clone();
+                    self.0.state.wait_until(async move { host.arm_alarm_at(at).await });
+                }
+                ParentAction::SlotFreed => {
+                    for waiter in self.0.slot_waiters.borrow_mut().drain(..) {
+                        let _ = waiter.send(());
+                    }
+                }
+                ParentAction::Observe(kind, payload) => self.observe(kind, payload),
+                other => deferred.push(other),
+            }
+        }
+        if !frames.is_empty() {
+            self.broadcast_all(frames.into_iter());
+        }
+        if !deferred.is_empty() {
+            let host = self.clone();
+            self.0.state.wait_until(async move {
+                for action in deferred {
+                    host.run_deferred(action).await;
+                }
+            });
+        }
+    }
+
+    async fn run_deferred(&self, action: ParentAction) {
+        match action {
+            ParentAction::Resolve { run_id, result } => {
+                for waiter in self.0.waiters.borrow_mut().remove(&run_id).unwrap_or_default() {
+                    let _ = waiter.send(result.clone());
+                }
+            }
+            ParentAction::Hook(HookCall::Start(run)) => self.0.agent.on_agent_tool_start(self, &run).await,
+            ParentAction::Hook(HookCall::Finish(run, result)) => {
+                self.0.agent.on_agent_tool_finish(self, &run, &result).await
+            }
+            ParentAction::Hook(HookCall::Progress(run, progress)) => {
+                self.0.agent.on_progress(self, &run, &progress).await
+            }
+            ParentAction::Deliver { run, result, slot, attempt, delivery } => {
+                let outcome = match delivery {
+                    Delivery::Handler(handler) => self.0.agent.on_detached_finish(self, &handler, &run, &result).await,
+                    Delivery::Notify { source } => self.notify_finish(&run, &result, &source).await,
+                    Delivery::Nothing => Ok(()),
+                };
+                self.feed(ParentEvent::DeliveryDone { run_id: run.run_id.clone(), slot, attempt, result: outcome });
+            }
+            ParentAction::MilestoneNotice { run, milestone, mode, source } => {
+                self.notify_milestone(&run, &milestone, mode, &source)
+            }
+            // Carried out at once by `carry_out`.
+            _ => {}
+        }
+    }
+
+    /// Emits an observability event: a JSON log line and the agent's hook.
+    pub(crate) fn observe(&self, kind: EventType, payload: serde_json::Value) {
+        let event = ObservabilityEvent {
+            kind,
+            agent: A::CLASS.to_owned(),
+            name: self.name().unwrap_or_default(),
+            payload,
+            timestamp: now_ms(),
+        };
+        worker::console_log!("{}", event.to_line());
+        self.0.agent.on_observability(&event);
+    }
+
+    fn stub(&self, to: &ChildAddress) -> worker::Result<Stub> {
+        self.0.env.durable_object(&to.binding)?.id_from_name(&to.name)?.get_stub()
+    }
+
+    async fn child_call<T: Serialize>(
+        &self,
+        to: &ChildAddress,
+        method: Method,
+        route: &str,
+        body: &T,
+    ) -> worker::Result<Response> {
+        send_json(&self.stub(to)?, method, &format!("{}/{route}", child_api::BASE), body).await
+    }
+
+    /// Inspects the child within [`INSPECT_TIMEOUT_MS`]: `Ok(None)` when it does not know the
+    /// run (yet).
+    async fn inspect_child(
+        &self,
+        to: &ChildAddress,
+        run_id: &str,
+    ) -> Result<Option<InspectionReply>, InterruptedReason> {
+        let stub = self.stub(to).map_err(|_| InterruptedReason::InspectFailed)?;
+        let url = child_api::inspect_url(run_id);
+        let request = send_json(&stub, Method::Get, &url, &());
+        let timeout = Delay::from(Duration::from_millis(INSPECT_TIMEOUT_MS as u64));
+        futures::pin_mut!(request, timeout);
+        let mut resp = match select(request, timeout).await {
+            Either::Left((Ok(resp), _)) if resp.status_code() == 200 => resp,
+            Either::Left(_) => return Err(InterruptedReason::InspectFailed),
+            Either::Right(_) => return Err(InterruptedReason::InspectTimeout),
+        };
+        resp.json::<Option<InspectionReply>>().await.map_err(|_| InterruptedReason::InspectFailed)
+    }
+
+    /// Reads a child's tail until it ends or the engine closes it, feeding every read's lines.
+    fn open_tail(&self, run_id: String, gen: u64, to: ChildAddress, after: i64) {
+        let stop = CancelToken::new();
+        if let Some(old) = self.0.tails.borrow_mut().insert(run_id.clone(), stop.clone()) {
+            old.cancel(None);
+        }
+        let host = self.clone();
+        self.0.state.wait_until(async move {
+            let url = child_api::tail_url(&run_id, after);
+            let opened = match host.stub(&to) {
+                Ok(stub) => send_json(&stub, Method::Get, &url, &()).await,
+                Err(e) => Err(e),
+            };
+            let mut resp = match opened {
+                Ok(resp) if resp.status_code() == 200 => resp,
+                Ok(resp) => {
+                    let result = Err(TailOpenError::Status(resp.status_code()));
+                    return host.feed(ParentEvent::TailOpened { run_id, gen, result });
+                }
+                Err(e) => {
+                    let result = Err(TailOpenError::Unreachable(e.to_string()));
+                    return host.feed(ParentEvent::TailOpened { run_id, gen, result });
+                }
+            };
+            let Ok(mut body) = resp.stream() else {
+                let result = Err(TailOpenError::Unreachable("the tail has no body".into()));
+                return host.feed(ParentEvent::TailOpened { run_id, gen, result });
+            };
+            host.feed(ParentEvent::TailOpened { run_id: run_id.clone(), gen, result: Ok(()) });
+            let mut splitter = LineSplitter::default();
+            loop {
+                let next = body.next();
+                let stopped = stop.cancelled();
+                futures::pin_mut!(next, stopped);
+                let bytes = match select(next, stopped).await {
+                    Either::Left((Some(Ok(bytes)), _)) => bytes,
+                    Either::Left(_) => break,
+                    Either::Right(_) => return,
+                };
+                let mut lines = Vec::new();
+                for line in splitter.push(&bytes) {
+                    match line {
+                        Ok(line) => lines.push(line),
+                        Err(e) => worker::console_error!("agent-tools: garbled tail line from {run_id}: {e}"),
+                    }
+                }
+                if !lines.is_empty() {
+                    host.feed(ParentEvent::TailBatch { run_id: run_id.clone(), gen, lines });
+                }
+                if stop.is_cancelled() {
+                    return;
+                }
+            }
+            if !stop.is_cancelled() {
+                host.feed(ParentEvent::TailEnded { run_id, gen });
+            }
+        });
+    }
+
+    /// The chat message a `notify` run injects when it finishes, and the model's turn on it.
+    async fn notify_finish(
+        &self,
+        run: &crate::run::RunInfo,
+        result: &crate::run::RunResult,
+        source: &str,
+    ) -> Result<(), String> {
+        let text = self.0.agent.format_detached_completion(run, result);
+        if text.is_empty() {
+            return Ok(());
+        }
+        let id = format!("detached-finish:{}:{}", run.run_id, result.status.as_str());
+        let metadata =
+            json!({ "source": source, "runId": run.run_id, "agentType": run.agent_type, "status": result.status });
+        if self.inject(&id, "user", &text, metadata)? {
+            self.run_chat_turn(id, None).await;
+        }
+        Ok(())
+    }
+
+    /// A milestone of a detached run that asked for it, in the chat: a synthetic assistant line
+    /// (`narrate`), or a user message and a model turn in the background (`react`: a run's tail
+    /// is never held up by a model turn).
+    fn notify_milestone(
+        &self,
+        run: &crate::run::RunInfo,
+        milestone: &serde_json::Value,
+        mode: crate::run::MilestoneMode,
+        source: &str,
+    ) {
+        let Ok(typed) = serde_json::from_value::<crate::run::Milestone>(milestone.clone()) else { return };
+        let text = self.0.agent.format_detached_milestone(run, &typed);
+        if text.is_empty() {
+            return;
+        }
+        let id = format!("detached-ms:{}:{}", run.run_id, typed.name);
+        let metadata =
+            json!({ "source": source, "runId": run.run_id, "agentType": run.agent_type, "milestone": typed.name });
+        let react = mode == crate::run::MilestoneMode::React;
+        match self.inject(&id, if react { "user" } else { "assistant" }, &text, metadata) {
+            Ok(true) if react => {
+                let host = self.clone();
+                self.0.state.wait_until(async move { host.run_chat_turn(id, None).await });
+            }
+            Ok(_) => {}
+            Err(e) => worker::console_error!("agent-tools: milestone notification for {} failed: {e}", run.run_id),
+        }
+    }
+
+    /// Adds a synthetic message to the chat once (by id). `false` when it was already there.
+    fn inject(&self, id: &str, role: &str, text: &str, metadata: serde_json::Value) -> Result<bool, String> {
+        if self.messages().iter().any(|m| m.get("id").and_then(serde_json::Value::as_str) == Some(id)) {
+            return Ok(false);
+        }
+        let message =
+            json!({ "id": id, "role": role, "parts": [{ "type": "text", "text": text }], "metadata": metadata });
+        crate::chat::store::Messages::new(&self.0.sql).upsert(&message, now_ms()).map_err(|e| e.to_string())?;
+        let transcript = json!({ "type": "cf_agent_chat_messages", "messages": self.messages() });
+        self.broadcast(&transcript.to_string());
+        Ok(true)
+    }
+}
+
+/// A JSON request to a child's internal route.
+pub(crate) async fn send_json<T: Serialize>(
+    stub: &Stub,
+    method: Method,
+    url: &str,
+    body: &T,
+) -> worker::Result<Response> {
+    let mut init = RequestInit::new();
+    init.with_method(method.clone());
+    if method != Method::Get {
+        init.with_body(Some(JsValue::from_str(&serde_json::to_string(body)?)));
+    }
+    stub.fetch_with_request(Request::new_with_init(url, &init)?).await
+}
