@@ -40,10 +40,33 @@ async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) ->
     }
 }
 
+/// Waits until the agent's alarm has run with nothing owed (`agent_tool:alarm` with
+/// `outstanding: 0`, logged after everything in the log now): the backbone looked again and had
+/// nothing left to deliver, so whatever a test counts next is final. A positive event, where a
+/// fixed sleep would only hope the backbone had ticked.
+async fn backbone_settled(worker: &Worker, name: &str) {
+    let seen = worker.log_text().lines().count();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let settled = worker.log_text().lines().skip(seen).any(|line| {
+            let Some(v) = line.find('{').and_then(|i| serde_json::from_str::<Value>(&line[i..]).ok()) else {
+                return false;
+            };
+            v["type"] == "agent_tool:alarm" && v["name"] == name && v["payload"]["outstanding"] == 0
+        });
+        if settled {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the backbone never settled:\n{}", worker.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_detached_run_returns_at_once_and_its_handler_runs_once() {
     let worker = Worker::start_with(None, FAST_BACKBONE).await;
-    let mut client = worker.client(&unique("detached")).await;
+    let name = unique("detached");
+    let mut client = worker.client(&name).await;
     let handle = client.call("dispatch", detached("bg-1", 20, 40, json!({"onFinish": "record"}))).await.unwrap();
     assert_eq!(handle, json!({"runId": "bg-1", "agentType": "Researcher", "status": "running"}));
     assert!(
@@ -56,7 +79,7 @@ async fn a_detached_run_returns_at_once_and_its_handler_runs_once() {
         h.iter().any(|(hook, _)| hook == "detached").then_some(h)
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(1200)).await; // several backbone ticks
+    backbone_settled(&worker, &name).await;
     let after = hooks(&mut client, "bg-1").await;
     assert_eq!(after, log, "nothing delivered twice");
     assert_eq!(
@@ -102,7 +125,7 @@ async fn notify_injects_one_message_and_a_model_turn() {
     assert_eq!(messages[1]["role"], "assistant");
     let answer = text_of(&messages[1]);
     assert!(answer.starts_with("Noted: Background task \"Researcher\" (run note-1) finished:"), "{answer}");
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    backbone_settled(&worker, &name).await;
     assert_eq!(transcript(&worker, &name).await.len(), 2, "injected once, answered once");
 }
 
@@ -167,11 +190,12 @@ async fn a_budget_give_up_is_delivered_once_and_its_teardown_never() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_handler_that_always_fails_is_dead_lettered() {
     let worker = Worker::start_with(None, &[("AGENT_TOOL_BACKBONE_MS", "200"), ("AGENT_TOOL_ALARM_MS", "1000")]).await;
-    let mut client = worker.client(&unique("dead")).await;
+    let name = unique("dead");
+    let mut client = worker.client(&name).await;
     client.call("dispatch", detached("fail-1", 3, 0, json!({"onFinish": "failing"}))).await.unwrap();
     let attempts = |log: &[(String, Option<String>)]| log.iter().filter(|(h, _)| h == "detached-attempt").count();
     eventually("five attempts", async || (attempts(&hooks(&mut client, "fail-1").await) == 5).then_some(())).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    backbone_settled(&worker, &name).await;
     assert_eq!(attempts(&hooks(&mut client, "fail-1").await), 5, "not retried forever");
     let failures: Vec<Value> = worker
         .log_text()
