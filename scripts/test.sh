@@ -15,4 +15,9 @@ cargo clippy --target wasm32-unknown-unknown -p agent-tools --lib --no-default-f
 cargo clippy --target wasm32-unknown-unknown -p hello-agents -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p agent-tools --no-default-features --target wasm32-unknown-unknown
 cargo test -p agent-tools --doc
+rm -f "$ROOT/test-artifacts/scale.txt"
 cargo test -p agent-tools --lib --tests -- --test-threads="${TEST_THREADS:-2}" "$@"
+if [ -f "$ROOT/test-artifacts/scale.txt" ]; then
+  echo "== figures measured by tests/e2e/scale.rs (not assertions) =="
+  cat "$ROOT/test-artifacts/scale.txt"
+fi

@@ -77,6 +77,33 @@ pub struct AgentToolOptions {
     pub detached_no_progress_budget_ms: u64,
     /// How this agent, as a child, heals a turn a restart cut short.
     pub recovery: RecoveryPolicy,
+    /// How long finished runs are kept (for replay, drill-in and inspection) before they are
+    /// cleared as [`AgentHost::clear_agent_tool_runs`] clears them.
+    pub retention: Retention,
+}
+
+/// Which finished runs a parent keeps. Live runs are never removed; a run past either limit is
+/// cleared (its row, its frames, its child's storage) by the agent's alarm and on the next
+/// dispatch. [`Retention::forever`] is the TypeScript SDK's "retained until cleared".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// The most finished runs kept; the oldest go first. Default 500.
+    pub max_runs: Option<usize>,
+    /// The longest a finished run is kept after it ended, in ms. Default 7 days.
+    pub max_age_ms: Option<u64>,
+}
+
+impl Retention {
+    /// Keep every run until it is cleared explicitly.
+    pub const fn forever() -> Self {
+        Self { max_runs: None, max_age_ms: None }
+    }
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self { max_runs: Some(500), max_age_ms: Some(7 * 24 * 60 * 60 * 1000) }
+    }
 }
 
 impl Default for AgentToolOptions {
@@ -91,6 +118,7 @@ impl Default for AgentToolOptions {
             detached_max_budget_ms: detached::DEFAULT_MAX_BUDGET_MS,
             detached_no_progress_budget_ms: detached::DEFAULT_NO_PROGRESS_BUDGET_MS,
             recovery: RecoveryPolicy::Rerun,
+            retention: Retention::default(),
         }
     }
 }
@@ -134,8 +162,43 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
         AgentToolOptions::default()
     }
 
-    /// Serves an RPC call (`agent.call(method, args)` of the stock client). The default knows
-    /// no methods. Return `Err(message)` to reject the call with that message.
+    /// Decides who may reach this agent: it sees every HTTP request and WebSocket upgrade that
+    /// reaches the agent from outside (its chat socket, `GET /get-messages`, drill-in
+    /// `/sub/<child>/<name>/…` to its children and their sockets, and the requests
+    /// [`Agent::on_request`] would serve) before anything else runs, so a refused one leaves no
+    /// row, no child and no replay. The TypeScript SDK's `onBeforeConnect` / `onBeforeRequest`,
+    /// per agent. The default lets everyone in.
+    ///
+    /// A refused request gets `{"error": message}` with the refusal's status; a refused
+    /// WebSocket is accepted and closed at once with code `4000 + status` (4401, 4403), which
+    /// the stock client takes as final: it does not reconnect. A WebSocket that got in stays in
+    /// (its RPC calls reach [`Agent::call`], which serves only the methods it matches).
+    ///
+    /// ```
+    /// # use agent_tools::{Agent, AgentHost, Refusal};
+    /// # #[derive(Default)] struct Planner;
+    /// # impl agent_tools::AgentClass for Planner { const CLASS: &'static str = "Planner"; const BINDING: &'static str = "Planner"; }
+    /// impl Agent for Planner {
+    ///     async fn authorize(&self, host: &AgentHost<Self>, request: &worker::Request) -> Result<(), Refusal> {
+    ///         let expected = host.env().secret("ACCESS_TOKEN").map(|s| s.to_string()).ok();
+    ///         let given = request.url().ok().and_then(|u| {
+    ///             u.query_pairs().find(|(k, _)| k == "token").map(|(_, v)| v.into_owned())
+    ///         });
+    ///         match expected {
+    ///             Some(token) if given.as_deref() != Some(token.as_str()) => Err(Refusal::unauthorized("a valid token is required")),
+    ///             _ => Ok(()),
+    ///         }
+    ///     }
+    /// }
+    /// ```
+    async fn authorize(&self, host: &AgentHost<Self>, request: &Request) -> Result<(), Refusal> {
+        let _ = (host, request);
+        Ok(())
+    }
+
+    /// Serves an RPC call (`agent.call(method, args)` of the stock client): the agent's
+    /// declared methods are the ones it matches. The default knows none. Return
+    /// `Err(message)` to reject the call with that message.
     async fn call(&self, host: &AgentHost<Self>, method: &str, args: Vec<Value>) -> Result<Value, String> {
         let _ = (host, args);
         Err(format!("Method {method} does not exist"))
@@ -277,6 +340,34 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
     /// [`Turn::emit`]. An `Err` ends the run as `error`; a cancel drops this future.
     async fn run(&self, turn: &Turn<Self>) -> Result<TurnOutput, String> {
         turn.chat().await
+    }
+}
+
+/// Why [`Agent::authorize`] turned a request away: an HTTP status (401, 403, …) and a message
+/// for the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// The HTTP status; a WebSocket is closed with `4000 + status`.
+    pub status: u16,
+    /// What the client is told.
+    pub message: String,
+}
+
+impl Refusal {
+    /// A refusal with any 4xx status (anything else counts as 403).
+    pub fn new(status: u16, message: impl Into<String>) -> Self {
+        let status = if (400..500).contains(&status) { status } else { 403 };
+        Self { status, message: message.into() }
+    }
+
+    /// 401: the client did not say who it is.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(401, message)
+    }
+
+    /// 403: the client may not do this.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(403, message)
     }
 }
 

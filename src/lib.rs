@@ -160,7 +160,7 @@ mod public_api_tests {
 #[cfg(feature = "demo")]
 pub mod demo;
 
-pub use agent::{Admission, Agent, AgentClass, AgentToolOptions, RecoveryPolicy, SubAgent};
+pub use agent::{Admission, Agent, AgentClass, AgentToolOptions, RecoveryPolicy, Refusal, Retention, SubAgent};
 pub use cancel::{CancelToken, Cancelled};
 pub use parent::detached::DEFAULT_NOTIFY_SOURCE;
 pub use platform::route::{route, Routes, MAX_BODY_BYTES};
@@ -171,6 +171,17 @@ pub use run::{
     RunStatus, ScheduledTask,
 };
 pub use tools::{AgentTool, Tool, ToolContext, Tools};
+
+/// The fixed limits (see the README's "Security and limits"); the adjustable ones are
+/// [`AgentToolOptions`] fields.
+pub mod limits {
+    pub use crate::model::sse::MAX_SSE_LINE_BYTES;
+    pub use crate::parent::engine::{MAX_DISPLAY_BYTES, MAX_INPUT_BYTES, RETENTION_BATCH};
+    pub use crate::parent::registry::{MAX_TOMBSTONES, REPLAY_PAGE_FRAMES, REPLAY_PAGE_RUNS};
+    pub use crate::platform::chat::{MAX_QUEUED_TURNS, MAX_WAITING_TURNS};
+    pub use crate::platform::route::MAX_BODY_BYTES;
+    pub use crate::protocol::tail::MAX_TAIL_LINE_BYTES;
+}
 
 /// What an agent author needs: `use agent_tools::prelude::*;`.
 pub mod prelude {

@@ -59,6 +59,10 @@ pub enum EventType {
     /// again until new work arms it).
     #[serde(rename = "agent_tool:alarm")]
     Alarm,
+    /// Finished runs past the retention policy were cleared; payload `{cleared, maxRuns,
+    /// maxAgeMs}`.
+    #[serde(rename = "agent_tool:retention")]
+    Retention,
     /// `report_progress` was called outside a live run and ignored; payload `{runId, why}`.
     #[serde(rename = "agent_tool:progress:ignored")]
     ProgressIgnored,

@@ -10,6 +10,9 @@ import { useAgentChat } from "@cloudflare/ai-chat/react";
 
 const params = new URLSearchParams(location.search);
 const NAME = params.get("name") || "demo";
+// With ACCESS_TOKEN set on the Worker, open the page with ?token=… : the stock useAgent passes
+// `query` on every connection (the chat socket and drill-in).
+const QUERY = params.get("token") ? { token: params.get("token") } : undefined;
 const TERMINAL = ["completed", "error", "aborted", "interrupted"];
 
 // A child whose turn a restart cut short runs it again (its default recovery policy): the
@@ -146,6 +149,7 @@ function DrillIn({ target, onClose }) {
     agent: "Assistant",
     name: NAME,
     sub: [{ agent: target.agent, name: target.name }],
+    query: QUERY,
     onConnectionError: () => setNotFound(true)
   });
   const { messages, status } = useAgentChat({ agent: child });
@@ -174,6 +178,7 @@ function App() {
   const agent = useAgent({
     agent: "Assistant",
     name: NAME,
+    query: QUERY,
     onOpen: () => setConnection("open"),
     onClose: () => setConnection("closed")
   });

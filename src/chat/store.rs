@@ -191,6 +191,26 @@ impl<'a, S: Sql + ?Sized> StreamLog<'a, S> {
         self.sql.exec("DELETE FROM chat_stream_chunks WHERE stream_id = ?", &[V::from(stream)])?;
         Ok(())
     }
+
+    /// Deletes the chunks of every finished stream but `keep` and those `kept` claims (a
+    /// child's run stream, which its parent reads and a drill-in resumes): a finished chat
+    /// turn's message is in the transcript, and no resume asks for its chunks once a later
+    /// turn has finished. Streams still open stay. Returns how many streams went.
+    pub fn prune(&self, keep: &str, kept: impl Fn(&str) -> bool) -> Result<usize, StoreError> {
+        let rows = self.sql.exec(
+            "SELECT DISTINCT stream_id FROM chat_stream_chunks \
+             WHERE stream_id <> ? AND stream_id NOT IN (SELECT stream_id FROM chat_open_streams)",
+            &[V::from(keep)],
+        )?;
+        let mut pruned = 0;
+        for id in rows.iter().filter_map(|r| r.text(0)) {
+            if !kept(&id) {
+                self.delete(&id)?;
+                pruned += 1;
+            }
+        }
+        Ok(pruned)
+    }
 }
 
 /// Turns being written, kept in SQL so a restart can tell which streams it cut short.
@@ -385,5 +405,22 @@ mod recovery_tests {
         let saved = Messages::new(&db).list().unwrap();
         assert_eq!(saved.len(), 1);
         assert_eq!(crate::chat::message::text_of(&saved[0]), "second", "never both attempts in one message");
+    }
+
+    #[test]
+    fn finished_chat_streams_are_pruned_and_run_streams_kept() {
+        let db = sqlite::memory();
+        db.batch(SCHEMA).unwrap();
+        let log = StreamLog::new(&db);
+        for stream in ["old-turn", "older-turn", "run-1", "open-turn", "current"] {
+            log.append(stream, 0, ChunkKind::Stored, "{}").unwrap();
+        }
+        OpenStreams::new(&db).open("open-turn", "open-turn", "m", 1).unwrap();
+        assert_eq!(log.prune("current", |id| id == "run-1").unwrap(), 2);
+        for (stream, kept) in
+            [("old-turn", false), ("older-turn", false), ("run-1", true), ("open-turn", true), ("current", true)]
+        {
+            assert_eq!(!log.after(stream, -1).unwrap().is_empty(), kept, "{stream}");
+        }
     }
 }

@@ -229,7 +229,7 @@ mod tests {
     impl Model for Failing {
         async fn step(&self, _: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError> {
             on_event(ModelEvent::TextDelta("partial".into()));
-            Err(ModelError::Http { status: 500, body: "boom".into() })
+            Err(ModelError::Http { status: 500, id: "e1".into() })
         }
     }
 
@@ -342,7 +342,12 @@ mod tests {
     #[test]
     fn a_model_failure_ends_the_turn_with_an_error_part() {
         let (outcome, chunks, message) = run(&Failing, &NoTools, "hi", 5);
-        assert_eq!(outcome, TurnOutcome::Failed("model provider answered HTTP 500: boom".into()));
+        assert_eq!(
+            outcome,
+            TurnOutcome::Failed(
+                "model provider answered HTTP 500 (error e1; the details are in the Worker's log)".into()
+            )
+        );
         let types: Vec<&str> = chunks.iter().map(|c| c["type"].as_str().unwrap()).collect();
         assert_eq!(types, vec!["start", "start-step", "text-start", "text-delta", "text-end", "error"]);
         assert_eq!(crate::chat::message::text_of(&message), "partial");

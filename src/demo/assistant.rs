@@ -4,7 +4,8 @@
 
 use agent_tools::prelude::*;
 use agent_tools::{
-    Admission, CancelToken, ClearFilter, EventDelivery, MilestoneMode, OnMilestones, RunInfo, RunStatus, ScheduledTask,
+    Admission, CancelToken, ClearFilter, EventDelivery, MilestoneMode, OnMilestones, Refusal, RunInfo, RunStatus,
+    ScheduledTask,
 };
 use futures::future::join_all;
 use schemars::JsonSchema;
@@ -14,13 +15,49 @@ use worker::{Env, SqlStorageValue};
 use super::children::{Researcher, Summarizer};
 use super::setting;
 
-/// The input of the `research` tool.
+/// The input of the `research` tool. Besides the topic, optional fields whose schema uses what
+/// a validator must really check (`pattern`, `format`, `uniqueItems`, `if`/`then`): an input
+/// that breaks any of them is refused before a child starts.
 #[derive(JsonSchema, serde::Deserialize)]
 #[allow(dead_code)] // read by the child's model, not by Rust
+#[schemars(extend("if" = {"properties": {"depth": {"const": "deep"}}, "required": ["depth"]},
+                  "then" = {"required": ["sources"]}))]
 pub struct ResearchInput {
     /// The topic to research, e.g. "HTTP/3".
     #[schemars(length(min = 3))]
     query: String,
+    /// A ticket code for the research, e.g. "NET-42".
+    #[schemars(regex(pattern = r"^[A-Z]{2,5}-[0-9]+$"))]
+    #[serde(default)]
+    ticket: Option<String>,
+    /// Who to tell about it.
+    #[schemars(email)]
+    #[serde(default)]
+    notify: Option<String>,
+    /// Sources to start from, each once.
+    #[serde(default)]
+    sources: Option<std::collections::BTreeSet<String>>,
+    /// "quick" or "deep" (a deep one needs sources).
+    #[serde(default)]
+    depth: Option<Depth>,
+}
+
+/// How deep a research goes.
+#[derive(JsonSchema, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Depth {
+    /// A quick look.
+    Quick,
+    /// A thorough one, from given sources.
+    Deep,
+}
+
+/// The demo's default cap on live runs per parent (`MAX_CONCURRENT_AGENT_TOOLS`).
+const DEMO_LIVE_RUNS: usize = 64;
+
+/// Compares two secrets without stopping at the first difference.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The parent: a chat agent whose model researches topics with `Researcher` children.
@@ -67,14 +104,20 @@ impl Agent for Assistant {
         )
     }
 
-    /// `MAX_CONCURRENT_AGENT_TOOLS` (unset: unlimited), `AGENT_TOOL_ADMISSION` (`reject` or
-    /// `queue`), `AGENT_TOOL_ALARM_MS` (the recovery alarm's interval, default 10 000) and
-    /// `AGENT_TOOL_BACKBONE_MS` (a comma-separated backbone cadence).
+    /// `MAX_CONCURRENT_AGENT_TOOLS` (default 64; `0` for unlimited), `AGENT_TOOL_ADMISSION`
+    /// (`reject` or `queue`), `AGENT_TOOL_ALARM_MS` (the recovery alarm's interval, default
+    /// 10 000), `AGENT_TOOL_BACKBONE_MS` (a comma-separated backbone cadence),
+    /// `AGENT_TOOL_RETAIN_RUNS` and `AGENT_TOOL_RETAIN_MS` (the retention policy; `0` for no
+    /// limit).
     fn agent_tool_options(&self, env: &Env) -> AgentToolOptions {
-        let mut options = AgentToolOptions {
-            max_concurrent: setting(env, "MAX_CONCURRENT_AGENT_TOOLS").and_then(|v| v.parse().ok()),
-            ..AgentToolOptions::default()
-        };
+        let cap = setting(env, "MAX_CONCURRENT_AGENT_TOOLS").and_then(|v| v.parse().ok()).unwrap_or(DEMO_LIVE_RUNS);
+        let mut options = AgentToolOptions { max_concurrent: (cap > 0).then_some(cap), ..AgentToolOptions::default() };
+        if let Some(n) = setting(env, "AGENT_TOOL_RETAIN_RUNS").and_then(|v| v.parse::<usize>().ok()) {
+            options.retention.max_runs = (n > 0).then_some(n);
+        }
+        if let Some(ms) = setting(env, "AGENT_TOOL_RETAIN_MS").and_then(|v| v.parse::<u64>().ok()) {
+            options.retention.max_age_ms = (ms > 0).then_some(ms);
+        }
         if setting(env, "AGENT_TOOL_ADMISSION").as_deref() == Some("queue") {
             options.admission = Admission::Queue;
         }
@@ -91,6 +134,26 @@ impl Agent for Assistant {
             options.reattach_max_window_ms = Some(ms);
         }
         options
+    }
+
+    /// With `ACCESS_TOKEN` set (a var or a secret), every request and socket must carry it:
+    /// `?token=…` (the page passes its own `?token=` on through `useAgent({ query })`) or
+    /// `Authorization: Bearer …`. Unset (the default), everyone gets in.
+    async fn authorize(&self, host: &AgentHost<Self>, request: &worker::Request) -> Result<(), Refusal> {
+        let Some(expected) = setting(host.env(), "ACCESS_TOKEN") else { return Ok(()) };
+        let from_query =
+            request.url().ok().and_then(|u| u.query_pairs().find(|(k, _)| k == "token").map(|(_, v)| v.into_owned()));
+        let from_header = request
+            .headers()
+            .get("authorization")
+            .ok()
+            .flatten()
+            .and_then(|h| h.strip_prefix("Bearer ").map(str::to_owned));
+        match from_query.or(from_header) {
+            Some(given) if constant_time_eq(given.as_bytes(), expected.as_bytes()) => Ok(()),
+            Some(_) => Err(Refusal::forbidden("the access token is wrong")),
+            None => Err(Refusal::unauthorized("an access token is required (?token=…)")),
+        }
     }
 
     async fn on_agent_tool_start(&self, host: &AgentHost<Self>, run: &RunInfo) {
@@ -364,4 +427,21 @@ fn detached_options(arg: &Value) -> Result<DetachedOptions, String> {
         no_progress_budget_ms: arg.get("noProgressBudgetMs").and_then(Value::as_u64),
         on_milestones,
     })
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::*;
+    use agent_tools::Agent;
+
+    /// The tool's schema uses the keywords it is meant to show, and the library accepts it.
+    #[test]
+    fn the_research_schema_uses_keywords_a_validator_must_check() {
+        let tools = Assistant.tools();
+        tools.check().expect("a schema the library validates fully");
+        let spec = serde_json::to_string(&tools.specs()).unwrap();
+        for keyword in ["\"pattern\"", "\"format\":\"email\"", "\"uniqueItems\":true", "\"if\"", "\"then\""] {
+            assert!(spec.contains(keyword), "{keyword} in {spec}");
+        }
+    }
 }

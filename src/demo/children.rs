@@ -18,6 +18,9 @@ struct Paced {
     provider: ModelProvider,
     stall_after: Option<u64>,
     stall_ms: u64,
+    /// A single text delta of this many bytes after the first word (`hugeChunkBytes`): what no
+    /// model should send, for the tests of the parent's limits.
+    huge_chunk: Option<usize>,
 }
 
 fn paced_model(env: &Env, input: Option<&Value>) -> Result<Paced, ModelError> {
@@ -35,6 +38,7 @@ fn paced_model(env: &Env, input: Option<&Value>) -> Result<Paced, ModelError> {
         provider,
         stall_after: number("stallAfterWords"),
         stall_ms: number("stallMs").unwrap_or(0).min(600_000),
+        huge_chunk: number("hugeChunkBytes").map(|n| n.min(4 << 20) as usize),
     })
 }
 
@@ -53,6 +57,11 @@ impl Model for Paced {
             on_event(event);
             if delta {
                 words += 1;
+                if words == 1 {
+                    if let Some(bytes) = self.huge_chunk {
+                        on_event(ModelEvent::TextDelta("x".repeat(bytes)));
+                    }
+                }
                 if self.stall_after == Some(words) {
                     Delay::from(Duration::from_millis(self.stall_ms)).await;
                 }

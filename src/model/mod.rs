@@ -152,12 +152,14 @@ pub struct InvalidToolCall {
 /// Why a model call failed. Each ends the turn with an error part.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ModelError {
-    /// The provider answered with an HTTP error.
+    /// The provider answered with an HTTP error. Its body can hold what clients must not see
+    /// (an OpenAI 401 quotes the masked key): it goes to the Worker's log under `id`, and the
+    /// error clients get names the status and the id only.
     Http {
         /// Status code.
         status: u16,
-        /// The start of its body.
-        body: String,
+        /// The id the log line carries.
+        id: String,
     },
     /// The stream did not follow the protocol.
     Protocol(String),
@@ -175,7 +177,9 @@ pub enum ModelError {
 impl std::fmt::Display for ModelError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Http { status, body } => write!(f, "model provider answered HTTP {status}: {body}"),
+            Self::Http { status, id } => {
+                write!(f, "model provider answered HTTP {status} (error {id}; the details are in the Worker's log)")
+            }
             Self::Protocol(e) => write!(f, "model provider sent a malformed stream: {e}"),
             Self::Stalled { after_ms } => write!(f, "model provider sent nothing for {after_ms} ms"),
             Self::Network(e) => write!(f, "model provider unreachable: {e}"),

@@ -1,5 +1,8 @@
 //! Server-sent events: bytes in, `data` payloads out, across arbitrary read boundaries.
 
+/// The longest server-sent event line (and event) accepted from a provider.
+pub const MAX_SSE_LINE_BYTES: usize = 1 << 20;
+
 /// Decodes an SSE byte stream into the `data` of each event.
 #[derive(Debug, Default)]
 pub struct SseDecoder {
@@ -28,6 +31,11 @@ impl SseDecoder {
             }
         }
         self.pending.drain(..start);
+        if self.pending.len() > MAX_SSE_LINE_BYTES
+            || self.data.iter().map(String::len).sum::<usize>() > MAX_SSE_LINE_BYTES
+        {
+            return Err(format!("the provider sent a stream line or event longer than {MAX_SSE_LINE_BYTES} bytes"));
+        }
         Ok(events)
     }
 
@@ -61,5 +69,13 @@ mod tests {
         let mut d = SseDecoder::default();
         assert!(d.push(b"data: tail").unwrap().is_empty());
         assert_eq!(d.finish().unwrap().as_deref(), Some("tail"));
+    }
+
+    #[test]
+    fn a_line_past_the_limit_is_an_error_before_it_ends() {
+        let mut d = SseDecoder::default();
+        let chunk = vec![b'x'; MAX_SSE_LINE_BYTES / 2 + 1];
+        assert!(d.push(&chunk).is_ok());
+        assert!(d.push(&chunk).unwrap_err().contains("longer than"));
     }
 }

@@ -37,6 +37,28 @@ pub const RETAIL_PAUSE_MS: i64 = 250;
 pub const INSPECT_TIMEOUT_MS: i64 = 2_000;
 /// A recovery pass's whole inspection budget.
 pub const RECOVERY_DEADLINE_MS: i64 = 5_000;
+/// The largest run input accepted (its JSON), in bytes.
+pub const MAX_INPUT_BYTES: usize = 256 * 1024;
+/// The largest `display` accepted (its JSON), in bytes.
+pub const MAX_DISPLAY_BYTES: usize = 4 * 1024;
+
+/// Why a dispatch is too big to take, if it is.
+fn oversized(new: &NewRun, input: &Value) -> Option<String> {
+    let input_bytes = input.to_string().len();
+    if input_bytes > MAX_INPUT_BYTES {
+        return Some(format!("the run's input is {input_bytes} bytes of JSON; at most {MAX_INPUT_BYTES} are accepted"));
+    }
+    let display_bytes = new.display.as_ref().map_or(0, |d| d.to_string().len());
+    if display_bytes > MAX_DISPLAY_BYTES {
+        return Some(format!(
+            "the run's display is {display_bytes} bytes of JSON; at most {MAX_DISPLAY_BYTES} are accepted"
+        ));
+    }
+    None
+}
+
+/// The most runs one retention pass clears (each deletes its child's storage too).
+pub const RETENTION_BATCH: usize = 200;
 /// Tails that fail to open in a row, while the child says the run is live, before the run is
 /// sealed `not-tailable`.
 pub const NOT_TAILABLE_AFTER: u32 = 3;
@@ -101,6 +123,15 @@ pub enum ParentEvent {
         gen: u64,
         /// The lines, parsed.
         lines: Vec<TailLine>,
+    },
+    /// A tail sent what no child sends (a line past the limit): the run ends `error`.
+    TailRefused {
+        /// The run.
+        run_id: String,
+        /// The exchange.
+        gen: u64,
+        /// Why.
+        error: String,
     },
     /// A tail ended without an `end` line (the child went away, or the stream broke).
     TailEnded {
@@ -412,6 +443,9 @@ impl ParentEngine {
     ) -> (Admitted, Vec<ParentAction>) {
         let registry = Registry::new(sql);
         let new = dispatch.new;
+        if let Some(problem) = oversized(&new, &input) {
+            return (Admitted::Refused(problem), Vec::new());
+        }
         let existing = match registry.get(&new.run_id) {
             Ok(existing) => existing,
             Err(e) => return (Admitted::Refused(e.to_string()), Vec::new()),
@@ -469,6 +503,7 @@ impl ParentEngine {
             actions.push(ParentAction::ArmAlarm { at: now + self.options.recovery_alarm_ms as i64 });
         }
         let record = registry.get(&record.run_id).ok().flatten().unwrap_or(record);
+        actions.extend(self.retain(sql, now));
         actions.insert(0, ParentAction::Broadcast(record.started_frame().to_json()));
         actions.push(ParentAction::Hook(HookCall::Start(RunInfo::from_record(&record))));
         actions.extend(self.drive(sql, &record, input, detached, false, now));
@@ -530,6 +565,19 @@ impl ParentEngine {
                 }
             },
             ParentEvent::TailBatch { run_id, gen, lines } => self.on_tail_batch(sql, &run_id, gen, lines, now),
+            ParentEvent::TailRefused { run_id, gen, error } => {
+                if self.current(&run_id, gen).is_none() {
+                    return Vec::new();
+                }
+                let Ok(Some(record)) = Registry::new(sql).get(&run_id) else { return self.forget(sql, &run_id) };
+                let mut actions = vec![ParentAction::CancelChild {
+                    run_id: run_id.clone(),
+                    to: self.address(sql, &record),
+                    reason: Some(error.clone()),
+                }];
+                actions.extend(self.conclude(sql, &record, Terminal::Error { message: error }, now));
+                actions
+            }
             ParentEvent::TailEnded { run_id, gen } => {
                 // A drain ends with the outcome's line; without it, it is a failed read.
                 if let Some(d) = self.current(&run_id, gen).filter(|d| d.draining.is_some()) {
@@ -997,6 +1045,44 @@ impl ParentEngine {
         actions
     }
 
+    /// Clears finished runs past the retention policy (at most [`RETENTION_BATCH`] at a time;
+    /// the alarm comes back soon for the rest). Runs with a delivery still owed stay.
+    pub fn retain(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Vec<ParentAction> {
+        let policy = self.options.retention;
+        if policy.max_runs.is_none() && policy.max_age_ms.is_none() {
+            return Vec::new();
+        }
+        let registry = Registry::new(sql);
+        let ended_before = policy.max_age_ms.map(|ms| now.saturating_sub(ms as i64));
+        let Ok(candidates) = registry.beyond_retention(policy.max_runs, ended_before, RETENTION_BATCH) else {
+            return Vec::new();
+        };
+        if candidates.is_empty() {
+            return Vec::new();
+        }
+        let owed = Ledger::new(sql).outstanding().unwrap_or_default();
+        let doomed: Vec<String> = candidates.into_iter().filter(|id| !owed.contains(id)).collect();
+        let mut actions = Vec::new();
+        for run_id in &doomed {
+            let Ok(Some(record)) = registry.get(run_id) else { continue };
+            actions.push(ParentAction::ClearChild { run_id: run_id.clone(), to: self.address(sql, &record) });
+            self.watching.remove(run_id);
+        }
+        if registry.delete(&doomed).is_err() {
+            return Vec::new();
+        }
+        if doomed.len() == RETENTION_BATCH {
+            actions.push(ParentAction::ArmAlarm { at: now + RETAIL_PAUSE_MS });
+        }
+        if !doomed.is_empty() {
+            actions.push(ParentAction::Observe(
+                EventType::Retention,
+                json!({ "cleared": doomed.len(), "maxRuns": policy.max_runs, "maxAgeMs": policy.max_age_ms }),
+            ));
+        }
+        actions
+    }
+
     /// Removes the runs `filter` matches: the live ones are cancelled, each child's storage is
     /// deleted and the rows and frames too (each run id keeps its sequence high-water mark).
     /// Returns the cleared run ids.
@@ -1040,12 +1126,17 @@ impl ParentEngine {
         let changed = self.backbone_tick(sql, now, &mut actions);
         self.quiet_ticks = if changed { 0 } else { self.quiet_ticks + 1 };
         actions.extend(self.watch_tick(sql, now));
+        actions.extend(self.retain(sql, now));
         let registry = Registry::new(sql);
         let mut next: Option<i64> = None;
         let mut sooner = |at: i64| next = Some(next.map_or(at, |n: i64| n.min(at)));
         let live = registry.live_count().unwrap_or(0);
         if live > 0 {
             sooner(now + self.options.recovery_alarm_ms as i64);
+        }
+        if let (Some(max_age), Ok(Some(oldest))) = (self.options.retention.max_age_ms, registry.oldest_finished_at()) {
+            // The oldest finished run comes of age then (never sooner than a second from now).
+            sooner((oldest + max_age as i64).max(now + 1000));
         }
         let watched = registry.watched(now, WATCH_MS).map(|w| w.len()).unwrap_or(0);
         let outstanding = Ledger::new(sql).outstanding().map(|o| o.len()).unwrap_or(0);
@@ -1461,4 +1552,79 @@ pub fn cap_message(limit: usize) -> String {
 /// Whether a dispatch over the cap waits for a slot.
 pub fn queues(options: &AgentToolOptions) -> bool {
     options.admission == Admission::Queue
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::*;
+    use crate::agent::Retention;
+    use crate::store::sqlite;
+
+    fn new_run(id: &str, input: &Value, display: Option<Value>) -> NewRun {
+        NewRun {
+            run_id: id.into(),
+            parent_tool_call_id: None,
+            agent_type: "Child".into(),
+            binding: "Child".into(),
+            input_preview: None,
+            display,
+            display_order: 0,
+            event_delivery: EventDelivery::Full,
+            input: input.clone(),
+        }
+    }
+
+    fn dispatch(engine: &mut ParentEngine, db: &rusqlite::Connection, id: &str, input: Value) -> Admitted {
+        let new = new_run(id, &input, None);
+        engine.dispatch(db, Dispatch { new, detached: None }, input, 10).0
+    }
+
+    #[test]
+    fn oversized_input_or_display_is_refused_before_anything_is_written() {
+        let db = sqlite::memory();
+        migrate(&db).unwrap();
+        let mut engine = ParentEngine::new("Parent", AgentToolOptions::default());
+        let big = Value::String("x".repeat(MAX_INPUT_BYTES));
+        let Admitted::Refused(why) = dispatch(&mut engine, &db, "big", big) else { panic!("refused") };
+        assert!(why.contains("at most 262144"), "{why}");
+        let display = Some(json!({ "name": "y".repeat(MAX_DISPLAY_BYTES) }));
+        let new = new_run("wide", &json!("ok"), display);
+        let (admitted, actions) = engine.dispatch(&db, Dispatch { new, detached: None }, json!("ok"), 10);
+        assert!(matches!(admitted, Admitted::Refused(ref why) if why.contains("display")));
+        assert!(actions.is_empty());
+        assert!(Registry::new(&db).all().unwrap().is_empty(), "no row");
+        assert!(matches!(dispatch(&mut engine, &db, "fine", json!("ok")), Admitted::Driving(_)));
+    }
+
+    #[test]
+    fn retention_clears_the_oldest_finished_runs_and_their_children() {
+        let db = sqlite::memory();
+        migrate(&db).unwrap();
+        let options = AgentToolOptions {
+            retention: Retention { max_runs: Some(2), max_age_ms: None },
+            ..AgentToolOptions::default()
+        };
+        let mut engine = ParentEngine::new("Parent", options);
+        let registry = Registry::new(&db);
+        for i in 0..4 {
+            let id = format!("r{i}");
+            registry.insert(&new_run(&id, &json!(i), None), i).unwrap();
+            registry.finish(&id, &Terminal::Completed { summary: "s".into(), output: None }, 100 + i).unwrap();
+        }
+        let actions = engine.alarm(&db, 200);
+        let cleared: Vec<&str> = actions
+            .iter()
+            .filter_map(|a| match a {
+                ParentAction::ClearChild { run_id, .. } => Some(run_id.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(cleared, ["r0", "r1"]);
+        let left: Vec<String> = registry.all().unwrap().into_iter().map(|r| r.run_id).collect();
+        assert_eq!(left, ["r2", "r3"]);
+        assert!(actions.iter().any(|a| matches!(a, ParentAction::Observe(EventType::Retention, _))));
+        // A new dispatch trims too: the live run is never counted against the policy.
+        assert!(matches!(dispatch(&mut engine, &db, "r4", json!(4)), Admitted::Driving(_)));
+        assert_eq!(registry.all().unwrap().len(), 3);
+    }
 }

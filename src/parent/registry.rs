@@ -12,6 +12,8 @@
 
 mod record;
 
+use std::collections::HashMap;
+
 use serde_json::Value;
 
 pub use record::{EventDelivery, NewRun, RunRecord, RunStatus, Terminal};
@@ -89,6 +91,55 @@ const ADDED_COLUMNS: &[(&str, &str)] = &[
     ("reruns", "INTEGER NOT NULL DEFAULT 0"),
     ("started_seq", "INTEGER NOT NULL DEFAULT 0"),
 ];
+
+/// How many deleted run ids keep their sequence high-water mark (a cleared id dispatched
+/// again continues its numbering); older ones start again at 0, which only a client that kept
+/// that old run in memory all along could notice.
+pub const MAX_TOMBSTONES: usize = 10_000;
+
+/// Runs read per page of a replay.
+pub const REPLAY_PAGE_RUNS: usize = 64;
+/// Frames read per page of one run's replay.
+pub const REPLAY_PAGE_FRAMES: usize = 512;
+
+/// Where a replay stands, so it can be sent a page at a time with the socket draining in
+/// between (see [`Registry::replay_page`] and [`Registry::replay_rest`]). Its memory is one
+/// page of rows and the ids of the runs that may still grow.
+#[derive(Debug, Default)]
+pub struct ReplayCursor {
+    /// The last run taken, in display order.
+    after_run: Option<(i64, i64, String)>,
+    /// Runs read and not yet taken.
+    queued: Vec<RunRecord>,
+    /// The run being sent.
+    current: Option<Current>,
+    /// The highest sequence sent per run, for the runs that may still grow.
+    sent: HashMap<String, i64>,
+    /// Runs passed while not hard-terminal.
+    open: Vec<String>,
+    /// `send` asked to stop.
+    stopped: bool,
+}
+
+#[derive(Debug)]
+struct Current {
+    run: RunRecord,
+    after: i64,
+    progress: Option<(i64, String)>,
+}
+
+impl ReplayCursor {
+    fn emit(&mut self, send: &mut impl FnMut(EventFrame) -> bool, frame: EventFrame, run_id: &str) -> bool {
+        let seq = frame.sequence;
+        if !send(frame.replayed()) {
+            self.stopped = true;
+            return false;
+        }
+        let high = self.sent.entry(run_id.to_owned()).or_insert(seq);
+        *high = (*high).max(seq);
+        true
+    }
+}
 
 /// Registry failures.
 #[derive(Debug, Clone, PartialEq)]
@@ -452,7 +503,36 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
             .collect())
     }
 
-    /// Deletes runs and their frames, keeping each run id's sequence high-water mark.
+    /// Finished runs past the retention policy, oldest first, at most `limit`: those that
+    /// ended before `ended_before`, and those beyond the newest `keep` finished runs.
+    pub fn beyond_retention(
+        &self,
+        keep: Option<usize>,
+        ended_before: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let keep = keep.map_or(i64::MAX, |k| k as i64);
+        let rows = self.sql.exec(
+            "SELECT run_id FROM agent_tool_runs WHERE status NOT IN ('starting', 'running') \
+             AND (completed_at < ? OR run_id IN (SELECT run_id FROM agent_tool_runs \
+               WHERE status NOT IN ('starting', 'running') \
+               ORDER BY completed_at DESC, run_id DESC LIMIT -1 OFFSET ?)) \
+             ORDER BY completed_at, run_id LIMIT ?",
+            &[V::Int(ended_before.unwrap_or(i64::MIN)), V::Int(keep), V::Int(limit as i64)],
+        )?;
+        Ok(rows.iter().filter_map(|r| r.text(0)).collect())
+    }
+
+    /// When the oldest finished run ended, if any.
+    pub fn oldest_finished_at(&self) -> Result<Option<i64>, StoreError> {
+        let row = self
+            .sql
+            .one("SELECT MIN(completed_at) FROM agent_tool_runs WHERE status NOT IN ('starting', 'running')", &[])?;
+        Ok(row.and_then(|r| r.int(0)))
+    }
+
+    /// Deletes runs and their frames, keeping each run id's sequence high-water mark (for the
+    /// newest [`MAX_TOMBSTONES`] deleted ids).
     pub fn delete(&self, run_ids: &[String]) -> Result<(), StoreError> {
         for id in run_ids {
             self.sql.exec(
@@ -463,6 +543,13 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
             )?;
             self.sql.exec("DELETE FROM agent_tool_frames WHERE run_id = ?", &[V::from(id)])?;
             self.sql.exec("DELETE FROM agent_tool_runs WHERE run_id = ?", &[V::from(id)])?;
+        }
+        if !run_ids.is_empty() {
+            self.sql.exec(
+                "DELETE FROM agent_tool_tombstones WHERE rowid IN \
+                 (SELECT rowid FROM agent_tool_tombstones ORDER BY rowid DESC LIMIT -1 OFFSET ?)",
+                &[V::Int(MAX_TOMBSTONES as i64)],
+            )?;
         }
         Ok(())
     }
@@ -487,42 +574,171 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
         Ok(rows.iter().filter_map(|r| Some((r.int(0)?, r.text(1)?))).collect())
     }
 
-    /// Every frame a newly connected client needs, marked `replay`: for each retained run in
-    /// display order, `started`, its stored chunks and milestones and the latest progress (by
-    /// sequence), then its terminal frame. Two queries, whatever the number of runs.
+    /// Every retained run's frames, as [`Registry::replay_each`] sends them.
+    #[cfg(test)]
     pub fn replay(&self) -> Result<Vec<EventFrame>, StoreError> {
-        let runs = self.all()?;
-        let frames =
-            self.sql.exec("SELECT run_id, seq, body, event FROM agent_tool_frames ORDER BY run_id, seq", &[])?;
-        let mut by_run: std::collections::HashMap<String, Vec<(i64, String, bool)>> = Default::default();
-        for f in &frames {
-            if let (Some(id), Some(seq), Some(body)) = (f.text(0), f.int(1), f.text(2)) {
-                by_run.entry(id).or_default().push((seq, body, f.int(3) == Some(1)));
-            }
-        }
         let mut out = Vec::new();
-        for run in runs {
-            out.push(run.started_frame().replayed());
-            let mut chunks = by_run.remove(&run.run_id).unwrap_or_default();
-            if let Some((seq, body)) = run.progress.clone() {
-                let at = chunks.partition_point(|(s, _, _)| *s < seq);
-                chunks.insert(at, (seq, body, false));
-            }
-            for (seq, body, event) in chunks {
-                if event {
-                    // An earlier terminal a re-attach repaired, as it was sent.
-                    if let Ok(event) = serde_json::from_str(&body) {
-                        out.push(EventFrame::new(run.parent_tool_call_id.clone(), seq, event).replayed());
-                    }
-                    continue;
+        self.replay_each(|frame| {
+            out.push(frame);
+            true
+        })?;
+        Ok(out)
+    }
+
+    /// Replays every retained run to `send` in one go (see [`ReplayCursor`]). `send` returns
+    /// `false` to stop.
+    #[cfg(test)]
+    pub fn replay_each(&self, mut send: impl FnMut(EventFrame) -> bool) -> Result<(), StoreError> {
+        let mut cursor = ReplayCursor::default();
+        while self.replay_page(&mut cursor, usize::MAX, &mut send)? {}
+        Ok(())
+    }
+
+    /// Sends the next page of a replay (at most `budget` frames, read [`REPLAY_PAGE_FRAMES`]
+    /// at a time), in display order: each run's `started` frame, its frames with their
+    /// original sequences (the latest progress at its own), its terminal frame, each marked
+    /// `"replay": true`. Returns whether there is more; `false` also when `send` said stop
+    /// (see [`ReplayCursor::stopped`]).
+    pub fn replay_page(
+        &self,
+        cursor: &mut ReplayCursor,
+        budget: usize,
+        send: &mut impl FnMut(EventFrame) -> bool,
+    ) -> Result<bool, StoreError> {
+        let mut left = budget;
+        while left > 0 {
+            if cursor.current.is_none() {
+                let Some(run) = self.next_run(cursor)? else { return Ok(false) };
+                if !cursor.emit(send, run.started_frame(), &run.run_id) {
+                    return Ok(false);
                 }
-                out.push(run.chunk_frame(seq, body).replayed());
+                left -= 1;
+                cursor.current = Some(Current { after: -1, progress: run.progress.clone(), run });
             }
-            if let Some(t) = run.terminal_frame() {
-                out.push(t.replayed());
+            let current = cursor.current.as_mut().expect("set above");
+            let want = left.min(REPLAY_PAGE_FRAMES);
+            let rows = self.sql.exec(
+                "SELECT seq, body, event FROM agent_tool_frames WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+                &[V::from(current.run.run_id.as_str()), V::Int(current.after), V::Int(want as i64)],
+            )?;
+            let mut frames = Vec::with_capacity(rows.len() + 1);
+            for r in &rows {
+                let (Some(seq), Some(body)) = (r.int(0), r.text(1)) else { continue };
+                current.after = seq;
+                if let Some((p_seq, p_body)) = current.progress.take_if(|(p, _)| *p < seq) {
+                    frames.push(current.run.chunk_frame(p_seq, p_body));
+                }
+                if r.int(2) == Some(1) {
+                    // An earlier terminal a later result replaced, as it was sent.
+                    if let Ok(event) = serde_json::from_str(&body) {
+                        frames.push(EventFrame::new(current.run.parent_tool_call_id.clone(), seq, event));
+                    }
+                } else {
+                    frames.push(current.run.chunk_frame(seq, body));
+                }
+            }
+            let run_done = rows.len() < want;
+            let run = current.run.clone();
+            if run_done {
+                if let Some((p_seq, p_body)) = current.progress.take() {
+                    frames.push(run.chunk_frame(p_seq, p_body));
+                }
+                frames.extend(run.terminal_frame());
+                cursor.current = None;
+                if !run.status.is_hard_terminal() {
+                    // It may still grow: the catch-up looks at it again.
+                    cursor.open.push(run.run_id.clone());
+                }
+            }
+            for frame in frames {
+                if !cursor.emit(send, frame, &run.run_id) {
+                    return Ok(false);
+                }
+                left = left.saturating_sub(1);
             }
         }
-        Ok(out)
+        Ok(true)
+    }
+
+    /// Ends a replay in one synchronous step: the runs it did not reach, then every frame
+    /// stored for the runs it had passed since it passed them (`send` has seen the rest). A
+    /// socket that joins the live broadcast right after gets each frame once.
+    pub fn replay_rest(
+        &self,
+        cursor: &mut ReplayCursor,
+        send: &mut impl FnMut(EventFrame) -> bool,
+    ) -> Result<(), StoreError> {
+        while self.replay_page(cursor, usize::MAX, send)? {}
+        if cursor.stopped {
+            return Ok(());
+        }
+        for run_id in std::mem::take(&mut cursor.open) {
+            let Some(run) = self.get(&run_id)? else { continue };
+            let sent = cursor.sent.get(&run_id).copied().unwrap_or(-1);
+            if run.next_seq <= sent + 1 {
+                continue;
+            }
+            let mut frames: Vec<EventFrame> = self
+                .frames(&run_id, sent)?
+                .into_iter()
+                .map(|(seq, body)| run.chunk_frame(seq, body))
+                .chain(self.event_frames(&run, sent)?)
+                .collect();
+            if let Some((p_seq, p_body)) = run.progress.clone().filter(|(p, _)| *p > sent) {
+                frames.push(run.chunk_frame(p_seq, p_body));
+            }
+            frames.extend(run.terminal_frame().filter(|t| t.sequence > sent));
+            frames.sort_by_key(|f| f.sequence);
+            for frame in frames {
+                if !cursor.emit(send, frame, &run_id) {
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The kept terminal frames of a run after sequence `after`.
+    fn event_frames(&self, run: &RunRecord, after: i64) -> Result<Vec<EventFrame>, StoreError> {
+        let rows = self.sql.exec(
+            "SELECT seq, body FROM agent_tool_frames WHERE run_id = ? AND seq > ? AND event = 1 ORDER BY seq",
+            &[V::from(run.run_id.as_str()), V::Int(after)],
+        )?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                let event = serde_json::from_str(&r.text(1)?).ok()?;
+                Some(EventFrame::new(run.parent_tool_call_id.clone(), r.int(0)?, event))
+            })
+            .collect())
+    }
+
+    /// The next run of a replay in display order, read [`REPLAY_PAGE_RUNS`] at a time.
+    fn next_run(&self, cursor: &mut ReplayCursor) -> Result<Option<RunRecord>, StoreError> {
+        if cursor.queued.is_empty() {
+            let rows = match &cursor.after_run {
+                None => self.sql.exec(
+                    &format!(
+                        "SELECT {COLUMNS} FROM agent_tool_runs ORDER BY started_at, display_order, run_id LIMIT ?"
+                    ),
+                    &[V::Int(REPLAY_PAGE_RUNS as i64)],
+                )?,
+                Some((started, order, id)) => self.sql.exec(
+                    &format!(
+                        "SELECT {COLUMNS} FROM agent_tool_runs WHERE (started_at, display_order, run_id) > (?, ?, ?) \
+                         ORDER BY started_at, display_order, run_id LIMIT ?"
+                    ),
+                    &[V::Int(*started), V::Int(*order), V::from(id.as_str()), V::Int(REPLAY_PAGE_RUNS as i64)],
+                )?,
+            };
+            cursor.queued = rows.iter().map(RunRecord::from_row).collect();
+        }
+        if cursor.queued.is_empty() {
+            return Ok(None);
+        }
+        let run = cursor.queued.remove(0);
+        cursor.after_run = Some((run.started_at, run.display_order, run.run_id.clone()));
+        Ok(Some(run))
     }
 }
 

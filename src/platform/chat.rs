@@ -3,7 +3,7 @@
 //! running a turn (one at a time) that streams to every connected client and is persisted.
 
 use std::cell::RefCell;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use futures::future::{select, Either};
 use futures::lock::Mutex;
@@ -98,14 +98,22 @@ pub struct TurnSpec<'a> {
     pub cancel: CancelToken,
 }
 
+/// The most chat turns one connection may have waiting behind the running turn; more are
+/// refused with an error response (nothing is stored) and the socket stays open.
+pub const MAX_QUEUED_TURNS: usize = 4;
+
+/// The most chat turns an agent holds waiting, from all its connections together (it runs
+/// one at a time); more are refused the same way.
+pub const MAX_WAITING_TURNS: usize = 32;
+
 /// The chat state of one agent.
 pub struct Chat {
     sql: DoSql,
     active: RefCell<Option<ActiveStream>>,
     pending: RefCell<HashSet<String>>,
     last_stream: RefCell<Option<(String, i64)>>,
-    /// Requests waiting for the turn before them.
-    waiting: RefCell<HashSet<String>>,
+    /// Requests waiting for the turn before them, with the connection that sent each.
+    waiting: RefCell<HashMap<String, Option<String>>>,
     /// Those of `waiting` cancelled meanwhile.
     cancelled: RefCell<HashSet<String>>,
     turns: Mutex<()>,
@@ -143,7 +151,7 @@ impl Chat {
             active: RefCell::new(None),
             pending: RefCell::new(HashSet::new()),
             last_stream: RefCell::new(None),
-            waiting: RefCell::new(HashSet::new()),
+            waiting: RefCell::new(HashMap::new()),
             cancelled: RefCell::new(HashSet::new()),
             turns: Mutex::new(()),
             reserved: None,
@@ -166,7 +174,7 @@ impl Chat {
                 Some(active)
             }
             None => {
-                if self.waiting.borrow().contains(request_id) {
+                if self.waiting.borrow().contains_key(request_id) {
                     self.cancelled.borrow_mut().insert(request_id.to_owned());
                 }
                 None
@@ -380,6 +388,18 @@ impl Chat {
         if self.reserved.is_some_and(|reserved| reserved(&self.sql, request_id)) {
             return fail(format!("request id {request_id:?} names an agent-tool run of this agent"));
         }
+        let queued = self.waiting.borrow().values().filter(|c| c.as_deref() == Some(connection)).count();
+        if queued >= MAX_QUEUED_TURNS {
+            return fail(format!(
+                "this connection already has {queued} chat turns waiting (at most {MAX_QUEUED_TURNS}); send again once one has run"
+            ));
+        }
+        let waiting = self.waiting.borrow().len();
+        if waiting >= MAX_WAITING_TURNS {
+            return fail(format!(
+                "this agent already has {waiting} chat turns waiting (at most {MAX_WAITING_TURNS}); send again once one has run"
+            ));
+        }
         let init = frame.get("init").and_then(Value::as_object);
         if init.and_then(|i| i.get("method")).and_then(Value::as_str) != Some("POST") {
             return fail("cf_agent_use_chat_request needs init.method \"POST\"".into());
@@ -466,7 +486,7 @@ impl Chat {
         model: &M,
         tools: &T,
     ) -> (Value, ChatEnd) {
-        self.waiting.borrow_mut().insert(spec.request_id.clone());
+        self.waiting.borrow_mut().insert(spec.request_id.clone(), spec.sender.clone());
         let _turn = self.turns.lock().await;
         self.waiting.borrow_mut().remove(&spec.request_id);
         if self.cancelled.borrow_mut().remove(&spec.request_id) {
@@ -522,6 +542,15 @@ impl Chat {
         }
         *self.active.borrow_mut() = None;
         *self.last_stream.borrow_mut() = Some((spec.request_id.clone(), spec.replay_after));
+        if spec.fresh_stream {
+            // Only the last turn's chunks can still be asked for (a resume right after it
+            // ended); a child's run stream is its parent's to read.
+            let reserved = self.reserved;
+            let sql = &self.sql;
+            if let Err(e) = StreamLog::new(sql).prune(&spec.request_id, |id| reserved.is_some_and(|r| r(sql, id))) {
+                worker::console_error!("agent-tools: pruning finished chat streams failed: {e}");
+            }
+        }
         self.pending.borrow_mut().clear();
         let transcript = json!({ "type": "cf_agent_chat_messages", "messages": self.messages() });
         self.broadcast(state, &transcript.to_string(), spec.sender.as_deref());

@@ -8,12 +8,15 @@
 //! if it was stored before, live if after.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
+use std::time::Duration;
 
 use futures::channel::oneshot;
 use serde_json::{json, Value};
-use worker::{Env, Method, Request, RequestInit, Response, State, WebSocket, WebSocketIncomingMessage, WebSocketPair};
+use worker::{
+    Delay, Env, Method, Request, RequestInit, Response, State, WebSocket, WebSocketIncomingMessage, WebSocketPair,
+};
 
 use super::chat::{self, Chat, ChatAction};
 use super::{json_error, DoSql};
@@ -22,7 +25,7 @@ use crate::cancel::CancelToken;
 use crate::child::engine::{ChildEngine, SubscriberId};
 use crate::child::runs::ChildRuns;
 use crate::parent::engine::ParentEngine;
-use crate::parent::registry::Registry;
+use crate::parent::registry::{Registry, ReplayCursor};
 use crate::protocol::rpc::RpcResponse;
 use crate::routing::{kebab_case, parse_agent_path, AgentPath};
 use crate::run::{RunResult, ScheduledTask};
@@ -53,13 +56,17 @@ pub(crate) struct Inner<A: Agent> {
     pub(crate) slot_waiters: RefCell<Vec<oneshot::Sender<()>>>,
     /// When the pending alarm fires, as far as this instance knows.
     pub(crate) alarm_at: Cell<Option<i64>>,
+    /// Client sockets whose replay is still going out (not in the live broadcast yet).
+    pub(crate) catching_up: RefCell<HashSet<String>>,
+    /// Serializes [`AgentHost::arm_alarm_at`].
+    pub(crate) alarm_lock: futures::lock::Mutex<()>,
     // ----- the child role
     /// The decisions about the runs this agent executes for its parent.
     pub(crate) child: RefCell<ChildEngine>,
     /// The turns running here, by run id (cancel one to stop it).
     pub(crate) turns: RefCell<HashMap<String, CancelToken>>,
     /// The parents' tails of this agent's runs, by subscriber.
-    pub(crate) subscribers: RefCell<HashMap<SubscriberId, futures::channel::mpsc::UnboundedSender<Vec<u8>>>>,
+    pub(crate) subscribers: RefCell<HashMap<SubscriberId, futures::channel::mpsc::Sender<Vec<u8>>>>,
 }
 
 /// One agent bound to its Durable Object: what hooks receive, and what dispatches, cancels,
@@ -88,6 +95,9 @@ CREATE INDEX IF NOT EXISTS agent_tool_schedule_by_at ON agent_tool_schedule (at)
 
 /// How long a claimed scheduled task is held before another alarm may run it again.
 const TASK_LEASE_MS: i64 = 60_000;
+
+/// Frames a replay sends before it lets the socket drain.
+const REPLAY_PAGE: usize = 1024;
 
 impl<A: Agent> AgentHost<A> {
     /// Creates the host and its tables. Called by the Durable Object's constructor.
@@ -130,6 +140,8 @@ impl<A: Agent> AgentHost<A> {
             turn_runs: RefCell::new(HashMap::new()),
             slot_waiters: RefCell::new(Vec::new()),
             alarm_at: Cell::new(None),
+            alarm_lock: futures::lock::Mutex::new(()),
+            catching_up: RefCell::new(HashSet::new()),
             turns: RefCell::new(HashMap::new()),
             subscribers: RefCell::new(HashMap::new()),
         }))
@@ -183,7 +195,12 @@ impl<A: Agent> AgentHost<A> {
             return;
         }
         let texts: Vec<String> = texts.collect();
+        let catching_up = self.0.catching_up.borrow();
         for ws in sockets {
+            // A socket still being replayed to gets these from its catch-up instead.
+            if !catching_up.is_empty() && catching_up.contains(&chat::connection_id(&ws)) {
+                continue;
+            }
             for text in &texts {
                 let _ = ws.send_with_str(text);
             }
@@ -227,6 +244,14 @@ impl<A: Agent> AgentHost<A> {
         let Some(path) = parse_agent_path(url.path()) else {
             return json_error(404, format!("{} serves /agents/{}/<name>", A::CLASS, kebab_case(A::CLASS)));
         };
+        if let Err(refusal) = self.0.agent.authorize(self, &req).await {
+            let is_socket = req.headers().get("upgrade")?.is_some_and(|u| u.eq_ignore_ascii_case("websocket"));
+            return if is_socket {
+                reject_socket_with(refusal.status, &refusal.message)
+            } else {
+                json_error(refusal.status, refusal.message)
+            };
+        }
         if self.name().is_none() {
             meta::set(&self.0.sql, "name", &path.name).map_err(|e| worker::Error::RustError(e.to_string()))?;
         }
@@ -294,15 +319,36 @@ impl<A: Agent> AgentHost<A> {
         let mcp = json!({ "type": "cf_agent_mcp_servers",
                           "mcp": { "servers": {}, "tools": [], "prompts": [], "resources": [] } });
         pair.server.send_with_str(mcp.to_string())?;
-        match self.registry().replay() {
-            Ok(frames) => {
-                for frame in frames {
-                    pair.server.send_with_str(frame.to_json())?;
+        // The replay goes out after the handshake, a page at a time with the socket draining
+        // in between; the socket joins the live broadcast when it has caught up.
+        self.0.catching_up.borrow_mut().insert(connection.clone());
+        let host = self.clone();
+        let ws = pair.server.clone();
+        self.0.state.wait_until(async move { host.replay_to(ws, connection).await });
+        Response::from_websocket(pair.client)
+    }
+
+    /// Sends a new client every retained run, [`REPLAY_PAGE`] frames at a time, yielding
+    /// between pages so the socket drains (memory stays at a page, however much is retained);
+    /// then, in one synchronous step, what was stored meanwhile for the runs already sent, and
+    /// the socket joins the live broadcast: each frame reaches it once.
+    async fn replay_to(&self, ws: WebSocket, connection: String) {
+        let mut cursor = ReplayCursor::default();
+        let mut send = |frame: crate::protocol::EventFrame| ws.send_with_str(frame.to_json()).is_ok();
+        loop {
+            match self.registry().replay_page(&mut cursor, REPLAY_PAGE, &mut send) {
+                Ok(true) => Delay::from(Duration::from_millis(0)).await,
+                Ok(false) => break,
+                Err(e) => {
+                    worker::console_error!("agent-tools: replay failed: {e}");
+                    break;
                 }
             }
-            Err(e) => worker::console_error!("agent-tools: replay failed: {e}"),
         }
-        Response::from_websocket(pair.client)
+        if let Err(e) = self.registry().replay_rest(&mut cursor, &mut send) {
+            worker::console_error!("agent-tools: replay failed: {e}");
+        }
+        self.0.catching_up.borrow_mut().remove(&connection);
     }
 
     /// Handles one client frame: RPC calls and chat frames. Anything malformed gets an error
@@ -440,6 +486,12 @@ impl<A: Agent> AgentHost<A> {
         if self.0.alarm_at.get().is_some_and(|pending| pending <= at) {
             return;
         }
+        // One at a time: two arms that both read "no alarm" would race, and the later time
+        // could overwrite the earlier.
+        let _one = self.0.alarm_lock.lock().await;
+        if self.0.alarm_at.get().is_some_and(|pending| pending <= at) {
+            return;
+        }
         let storage = self.0.state.storage();
         let pending = storage.get_alarm().await.ok().flatten();
         if pending.is_some_and(|p| p <= at) {
@@ -491,9 +543,18 @@ pub(crate) fn missing_binding(parent: &str, class: &str, binding: &str) -> Strin
 /// Refuses a WebSocket the way the TypeScript SDK does: accept it, then close it at once with
 /// `4000 + status` for a 4xx status (which the stock client treats as final), else 1011.
 pub(crate) fn reject_socket(status: u16) -> worker::Result<Response> {
+    reject_socket_with(status, &format!("Sub-agent connection rejected ({status})"))
+}
+
+/// [`reject_socket`] with a reason of the caller's (cut to the 123 bytes a close frame holds).
+pub(crate) fn reject_socket_with(status: u16, reason: &str) -> worker::Result<Response> {
     let pair = WebSocketPair::new()?;
     pair.server.accept()?;
     let code = if (400..500).contains(&status) { 4000 + status } else { 1011 };
-    pair.server.close(Some(code), Some(format!("Sub-agent connection rejected ({status})")))?;
+    let mut end = reason.len().min(123);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    pair.server.close(Some(code), Some(&reason[..end]))?;
     Response::from_websocket(pair.client)
 }

@@ -210,8 +210,11 @@ async fn openai_step(
         Either::Right(_) => return Err(ModelError::Stalled { after_ms: config.stall_timeout_ms }),
     };
     if resp.status_code() != 200 {
-        let text = resp.text().await.unwrap_or_default();
-        return Err(ModelError::Http { status: resp.status_code(), body: text.chars().take(300).collect() });
+        let status = resp.status_code();
+        let body: String = resp.text().await.unwrap_or_default().chars().take(2000).collect();
+        let id = crate::platform::random_id();
+        worker::console_error!("agent-tools: model provider error {id}: HTTP {status}: {body}");
+        return Err(ModelError::Http { status, id });
     }
     let stream = resp.stream().map_err(net)?;
     read_sse(stream, config.stall_timeout_ms, StreamDecoder::default(), on_event).await

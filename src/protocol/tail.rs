@@ -104,6 +104,19 @@ impl TailLine {
     }
 }
 
+/// The longest tail line a parent accepts (one chunk, JSON-escaped in its line).
+pub const MAX_TAIL_LINE_BYTES: usize = 1 << 20;
+
+/// A tail line past [`MAX_TAIL_LINE_BYTES`]: the stream is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LineTooLong;
+
+impl std::fmt::Display for LineTooLong {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the child sent a tail line longer than {} bytes", MAX_TAIL_LINE_BYTES)
+    }
+}
+
 /// Splits a byte stream into lines, across read boundaries.
 #[derive(Debug, Default)]
 pub struct LineSplitter {
@@ -112,20 +125,27 @@ pub struct LineSplitter {
 
 impl LineSplitter {
     /// Feeds bytes; returns the complete lines they finish, parsed. A line that is not a valid
-    /// [`TailLine`] is returned as an error string.
-    pub fn push(&mut self, bytes: &[u8]) -> Vec<Result<TailLine, String>> {
+    /// [`TailLine`] is returned as an error string; a line longer than
+    /// [`MAX_TAIL_LINE_BYTES`] (complete or not) fails the whole stream.
+    pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<Result<TailLine, String>>, LineTooLong> {
         self.pending.extend_from_slice(bytes);
         let mut out = Vec::new();
         let mut start = 0;
         while let Some(pos) = self.pending[start..].iter().position(|&b| b == b'\n') {
             let line = &self.pending[start..start + pos];
+            if line.len() > MAX_TAIL_LINE_BYTES {
+                return Err(LineTooLong);
+            }
             if !line.is_empty() {
                 out.push(serde_json::from_slice(line).map_err(|e| e.to_string()));
             }
             start += pos + 1;
         }
         self.pending.drain(..start);
-        out
+        if self.pending.len() > MAX_TAIL_LINE_BYTES {
+            return Err(LineTooLong);
+        }
+        Ok(out)
     }
 
     /// Whether bytes are left that did not end in a newline.
@@ -161,8 +181,8 @@ mod tests {
         let bytes: String = lines.iter().map(TailLine::to_line).collect();
         for split in 0..bytes.len() {
             let mut s = LineSplitter::default();
-            let mut got = s.push(&bytes.as_bytes()[..split]);
-            got.extend(s.push(&bytes.as_bytes()[split..]));
+            let mut got = s.push(&bytes.as_bytes()[..split]).unwrap();
+            got.extend(s.push(&bytes.as_bytes()[split..]).unwrap());
             let got: Vec<TailLine> = got.into_iter().map(Result::unwrap).collect();
             assert_eq!(got, lines);
             assert!(!s.has_partial());
@@ -172,7 +192,19 @@ mod tests {
     #[test]
     fn a_garbled_line_is_an_error_not_a_panic() {
         let mut s = LineSplitter::default();
-        let got = s.push(b"{\"t\":\"chunk\"}\n");
+        let got = s.push(b"{\"t\":\"chunk\"}\n").unwrap();
         assert!(got[0].is_err());
+    }
+
+    #[test]
+    fn a_line_past_the_limit_fails_the_stream_before_it_ends() {
+        let mut s = LineSplitter::default();
+        let half = vec![b'x'; MAX_TAIL_LINE_BYTES / 2 + 1];
+        assert!(s.push(&half).unwrap().is_empty());
+        assert_eq!(s.push(&half), Err(LineTooLong), "no newline needed: memory stays bounded");
+        let mut s = LineSplitter::default();
+        let mut whole = vec![b'x'; MAX_TAIL_LINE_BYTES + 1];
+        whole.push(b'\n');
+        assert_eq!(s.push(&whole), Err(LineTooLong));
     }
 }

@@ -999,7 +999,8 @@ impl World {
         if !c.open || c.parent_epoch != self.parent_epoch {
             return;
         }
-        let lines: Vec<_> = LineSplitter::default().push(&line).into_iter().filter_map(Result::ok).collect();
+        let lines: Vec<_> =
+            LineSplitter::default().push(&line).unwrap_or_default().into_iter().filter_map(Result::ok).collect();
         let (run_id, gen) = (c.run_id.clone(), c.gen);
         if lines.is_empty() {
             return;
@@ -1143,6 +1144,7 @@ fn describe(event: &ParentEvent) -> String {
         ParentEvent::TailOpened { run_id, gen, result } => format!("tail opened {run_id}#{gen} {result:?}"),
         ParentEvent::TailBatch { run_id, gen, lines } => format!("tail {run_id}#{gen}: {} lines", lines.len()),
         ParentEvent::TailEnded { run_id, gen } => format!("tail ended {run_id}#{gen}"),
+        ParentEvent::TailRefused { run_id, gen, error } => format!("tail refused {run_id}#{gen}: {error}"),
         ParentEvent::Inspected { run_id, gen, result } => {
             format!("inspected {run_id}#{gen}: {:?}", result.as_ref().map(|r| r.as_ref().map(|i| i.status.clone())))
         }

@@ -1,6 +1,8 @@
 //! Chat agents: the parent's model calls children as tools, on the offline model and on a real
 //! OpenAI-compatible HTTP server scripted by the test.
 
+use std::time::Duration;
+
 use serde_json::{json, Value};
 
 use crate::harness::text_of;
@@ -166,6 +168,49 @@ async fn an_openai_compatible_server_drives_parent_and_children() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn every_schema_keyword_is_checked_before_a_child_starts() {
+    // `pattern`, `format`, `uniqueItems` and `if`/`then` of the demo's tool schema, each broken
+    // once, and one valid call beside them.
+    let calls = [
+        json!({"query": "QUIC", "ticket": "net-42"}),
+        json!({"query": "QUIC", "notify": "not an address"}),
+        json!({"query": "QUIC", "sources": ["rfc9000", "rfc9000"]}),
+        json!({"query": "QUIC", "depth": "deep"}),
+        json!({"query": "QUIC", "ticket": "NET-42", "notify": "a@example.com", "depth": "deep", "sources": ["rfc9000"]}),
+    ];
+    let mock = MockModel::start(move |body| {
+        if !is_parent(body) {
+            answer("Notes.", 0)
+        } else if last_role(body) == "tool" {
+            answer("Done.", 0)
+        } else {
+            tool_calls("research", &calls)
+        }
+    })
+    .await;
+    let worker = Worker::start_with_vars(&mock.vars()).await;
+    let mut client = worker.client(&unique("schema")).await;
+    let request = client.chat("Research QUIC").await;
+    client.chat_done(&request).await;
+    let chunks = client.chat_chunks(&request);
+    let errors: Vec<&str> =
+        of_type(&chunks, "tool-output-error").iter().map(|e| e["errorText"].as_str().unwrap()).collect();
+    let expected = [
+        "/ticket: must match the pattern",
+        "/notify: must be a valid email",
+        "/sources: items 0 and 1 are equal",
+        "/sources: is required",
+    ];
+    assert_eq!(errors.len(), expected.len(), "{errors:#?}");
+    for (error, needle) in errors.iter().zip(expected) {
+        assert!(error.starts_with("Invalid input for tool research: ") && error.contains(needle), "{error} ~ {needle}");
+    }
+    let rows = runs(&mut client).await;
+    assert_eq!(rows.len(), 1, "only the valid call started a child: {rows:#?}");
+    assert_eq!(rows[0]["status"], "completed");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn invalid_tool_input_is_a_tool_error_and_starts_no_child() {
     let mock = MockModel::start(|body| {
         if last_role(body) == "tool" {
@@ -191,11 +236,17 @@ async fn invalid_tool_input_is_a_tool_error_and_starts_no_child() {
     assert_eq!(text_of_chunks(&chunks), "Sorry, that topic is too short.");
 }
 
+/// A masked key, as OpenAI quotes it in a 401.
+const LEAKY_KEY: &str = "sk-proj-ab**********************wxyz";
+
 #[tokio::test(flavor = "multi_thread")]
 async fn provider_failures_end_turns_and_runs_with_errors() {
     let mock = MockModel::start(|body| {
         let text = last_user_text(body);
-        if text.contains("http500") {
+        if text.contains("http401") {
+            // What OpenAI says to a wrong key: it quotes the key, masked.
+            Reply::Status(401, format!("{{\"error\":{{\"message\":\"Incorrect API key provided: {LEAKY_KEY}\"}}}}"))
+        } else if text.contains("http500") {
             Reply::Status(500, "{\"error\":{\"message\":\"upstream exploded\"}}".into())
         } else if text.contains("malformed") {
             Reply::Raw(b"data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\ndata: {not json}\n\n".to_vec())
@@ -207,10 +258,12 @@ async fn provider_failures_end_turns_and_runs_with_errors() {
     })
     .await;
     let worker = Worker::start_with_vars(&mock.vars()).await;
-    let mut client = worker.client(&unique("failures")).await;
+    let name = unique("failures");
+    let mut client = worker.client(&name).await;
 
     // The parent's own model fails: an error frame, then the final frame with outcome "error".
-    let request = client.chat("http500 please").await;
+    // The provider's body (a key, masked) goes to the log under an id; clients get the id.
+    let request = client.chat("http401 please").await;
     let done = client.chat_done(&request).await;
     assert_eq!(done["outcome"], "error");
     let error = client
@@ -218,10 +271,20 @@ async fn provider_failures_end_turns_and_runs_with_errors() {
             f["type"] == "cf_agent_use_chat_response" && f["id"] == request.as_str() && f["error"] == true
         })
         .await;
-    assert!(error["body"].as_str().unwrap().contains("HTTP 500"), "{error}");
-    assert!(error["body"].as_str().unwrap().contains("upstream exploded"), "{error}");
+    let body = error["body"].as_str().unwrap();
+    assert!(body.contains("HTTP 401"), "{error}");
+    let id = body.split("(error ").nth(1).and_then(|rest| rest.split(';').next()).expect("an error id");
     let chunks = client.chat_chunks(&request);
     assert_eq!(of_type(&chunks, "error").len(), 1, "the stream carries an error part");
+    client.drain(Duration::from_millis(300)).await;
+    let mut late = worker.client(&name).await;
+    late.drain(Duration::from_millis(500)).await;
+    for frame in client.frames.iter().chain(late.frames.iter()) {
+        assert!(!frame.to_string().contains("sk-"), "a client saw the key: {frame}");
+    }
+    let log = worker.log_text();
+    let line = log.lines().find(|l| l.contains(id)).expect("the log names the id");
+    assert!(line.contains(LEAKY_KEY) && line.contains("HTTP 401"), "the details are in the log: {line}");
 
     // Children whose model fails end `error`, each with the provider's problem.
     let results = client.call("research", json!([["http500", "malformed", "stall"]])).await.unwrap();

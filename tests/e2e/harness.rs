@@ -294,6 +294,23 @@ impl Worker {
         }
     }
 
+    /// The peak and current resident memory (KiB) of the workerd process that runs the
+    /// Worker: of wrangler's workerd processes, the one with the highest peak.
+    #[allow(dead_code)]
+    pub fn workerd_memory_kib(&self) -> Option<(u64, u64)> {
+        let group = self.child.as_ref()?.id();
+        let out = Command::new("pgrep").args(["-g", &group.to_string(), "workerd"]).output().ok()?;
+        let field = |status: &str, name: &str| -> Option<u64> {
+            let line = status.lines().find(|l| l.starts_with(name))?;
+            line.split_whitespace().nth(1)?.parse().ok()
+        };
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|pid| std::fs::read_to_string(format!("/proc/{}/status", pid.trim())).ok())
+            .filter_map(|status| Some((field(&status, "VmHWM:")?, field(&status, "VmRSS:")?)))
+            .max()
+    }
+
     /// Keeps the temp dir (and so the persisted state) alive beyond this worker.
     pub fn take_temp(&mut self) -> Option<tempfile::TempDir> {
         self._temp.take()

@@ -10,6 +10,8 @@ mod harness;
 mod hostile;
 mod library;
 mod lifecycle;
+mod limits;
 mod mock_model;
 mod recovery;
 mod reducer_check;
+mod scale;

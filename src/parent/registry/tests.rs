@@ -340,3 +340,164 @@ fn a_batch_larger_than_one_insert_keeps_every_frame_in_order() {
         .collect();
     assert_eq!(replayed, bodies);
 }
+
+#[test]
+fn retention_picks_the_oldest_finished_runs_and_never_a_live_one() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    for i in 0..10 {
+        let id = format!("r{i}");
+        reg.insert(&new_run(&id), i).unwrap();
+        reg.finish(&id, &Terminal::Completed { summary: "s".into(), output: None }, 100 + i).unwrap();
+    }
+    reg.insert(&new_run("live"), 0).unwrap();
+    let ids = |v: Vec<String>| v.join(",");
+    assert_eq!(ids(reg.beyond_retention(Some(3), None, 100).unwrap()), "r0,r1,r2,r3,r4,r5,r6");
+    assert_eq!(ids(reg.beyond_retention(Some(3), None, 2).unwrap()), "r0,r1", "a batch at a time");
+    assert_eq!(ids(reg.beyond_retention(None, Some(103), 100).unwrap()), "r0,r1,r2", "ended before 103");
+    assert_eq!(ids(reg.beyond_retention(Some(8), Some(101), 100).unwrap()), "r0,r1", "either limit");
+    assert!(reg.beyond_retention(None, None, 100).unwrap().is_empty(), "no policy, nothing");
+    assert_eq!(reg.oldest_finished_at().unwrap(), Some(100));
+    reg.delete(&["r0".to_owned()]).unwrap();
+    assert_eq!(reg.oldest_finished_at().unwrap(), Some(101));
+}
+
+#[test]
+fn deleted_ids_keep_their_numbering_up_to_a_bound() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    for i in 0..(MAX_TOMBSTONES + 5) {
+        let id = format!("t{i}");
+        db.exec(
+            "INSERT INTO agent_tool_tombstones (run_id, next_seq) VALUES (?, 7)",
+            &[crate::store::Value::from(id.as_str())],
+        )
+        .unwrap();
+    }
+    reg.insert(&new_run("x"), 1).unwrap();
+    reg.delete(&["x".to_owned()]).unwrap();
+    let n = db.one("SELECT COUNT(*) FROM agent_tool_tombstones", &[]).unwrap().and_then(|r| r.int(0)).unwrap();
+    assert_eq!(n as usize, MAX_TOMBSTONES);
+    let Inserted::New(again) = reg.insert(&new_run("x"), 2).unwrap() else { panic!() };
+    assert_eq!(again.started_frame().sequence, 1, "the newest deleted id kept its mark");
+}
+
+#[test]
+fn replay_reads_in_pages_and_keeps_every_frame_in_order() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    let runs = REPLAY_PAGE_RUNS * 2 + 3;
+    for i in 0..runs {
+        let id = format!("r{i:03}");
+        reg.insert(&new_run(&id), 10).unwrap(); // the same start time: ordered by id
+        reg.append(&id, &[stored("{\"n\":1}")], Some(0), 11).unwrap();
+        reg.finish(&id, &Terminal::Completed { summary: "s".into(), output: None }, 12).unwrap();
+    }
+    // One long run, with its latest progress in the middle of its frames.
+    let long = "zz-long";
+    reg.insert(&new_run(long), 20).unwrap();
+    let bodies: Vec<String> = (0..REPLAY_PAGE_FRAMES * 2 + 7).map(|n| format!("{{\"n\":{n}}}")).collect();
+    let (first, second) = bodies.split_at(REPLAY_PAGE_FRAMES + 3);
+    fn batch(b: &[String]) -> Vec<Forward<'_>> {
+        b.iter().map(|b| stored(b)).collect()
+    }
+    reg.append(long, &batch(first), Some(0), 21).unwrap();
+    let progress = Forward { kind: ChunkKind::Progress, body: "{\"type\":\"data-agent-progress\"}", replay: None };
+    reg.append(long, &[progress], Some(1), 22).unwrap();
+    reg.append(long, &batch(second), Some(2), 23).unwrap();
+
+    let mut frames = Vec::new();
+    reg.replay_each(|f| {
+        frames.push(f);
+        true
+    })
+    .unwrap();
+    assert_eq!(frames.len(), runs * 3 + 1 + bodies.len() + 1, "every run whole, every frame once");
+    assert!(frames.iter().all(|f| f.to_json().contains("\"replay\":true")));
+    let long_frames: Vec<&EventFrame> =
+        frames.iter().filter(|f| f.to_json().contains(&format!("\"runId\":\"{long}\""))).collect();
+    let seqs: Vec<i64> = long_frames.iter().map(|f| f.sequence).collect();
+    assert_eq!(seqs, (0..=(bodies.len() as i64 + 1)).collect::<Vec<_>>(), "the progress at its own sequence");
+    assert!(long_frames[first.len() + 1].to_json().contains("data-agent-progress"));
+    let order: Vec<String> = frames
+        .iter()
+        .filter(|f| f.to_json().contains("\"kind\":\"started\""))
+        .map(|f| {
+            serde_json::from_str::<serde_json::Value>(&f.to_json()).unwrap()["event"]["runId"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    let mut sorted = order.clone();
+    sorted.sort();
+    assert_eq!(order, sorted, "display order across pages");
+    // A sender that stops is not sent more.
+    let mut n = 0;
+    reg.replay_each(|_| {
+        n += 1;
+        n < 5
+    })
+    .unwrap();
+    assert_eq!(n, 5);
+}
+
+#[test]
+fn a_replay_in_pages_with_writes_in_between_sends_every_frame_once() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    for id in ["a", "b", "c"] {
+        reg.insert(&new_run(id), 1).unwrap();
+        reg.append(id, &[stored("{\"n\":1}"), stored("{\"n\":2}")], Some(1), 2).unwrap();
+    }
+    reg.finish("a", &Terminal::Completed { summary: "s".into(), output: None }, 3).unwrap();
+    let mut cursor = ReplayCursor::default();
+    let mut got: Vec<(String, i64)> = Vec::new();
+    let mut send = |f: EventFrame| {
+        let v: serde_json::Value = serde_json::from_str(&f.to_json()).unwrap();
+        got.push((v["event"]["runId"].as_str().unwrap().to_owned(), f.sequence));
+        true
+    };
+    let mut step = 0;
+    while reg.replay_page(&mut cursor, 2, &mut send).unwrap() {
+        // Between pages the runs go on: `b` (already passed, or not yet) streams and ends, `c`
+        // streams, a new run starts.
+        step += 1;
+        match step {
+            2 => {
+                reg.append("b", &[stored("{\"n\":3}")], Some(2), 4).unwrap();
+            }
+            3 => {
+                reg.finish("b", &Terminal::Completed { summary: "s".into(), output: None }, 5).unwrap();
+                reg.append("c", &[stored("{\"n\":3}")], Some(2), 5).unwrap();
+            }
+            4 => {
+                reg.insert(&new_run("d"), 6).unwrap();
+            }
+            _ => {}
+        }
+    }
+    // More while the socket is about to go live.
+    reg.append("c", &[stored("{\"n\":4}")], Some(3), 7).unwrap();
+    reg.replay_rest(&mut cursor, &mut send).unwrap();
+    let late: Vec<(String, i64)> = reg
+        .replay()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            let v: serde_json::Value = serde_json::from_str(&f.to_json()).unwrap();
+            (v["event"]["runId"].as_str().unwrap().to_owned(), f.sequence)
+        })
+        .collect();
+    let mut sorted = got.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), got.len(), "nothing twice: {got:?}");
+    let mut expected = late.clone();
+    expected.sort();
+    assert_eq!(sorted, expected, "everything a late client gets, no more");
+    for run in ["a", "b", "c", "d"] {
+        let seqs: Vec<i64> = got.iter().filter(|(r, _)| r == run).map(|(_, s)| *s).collect();
+        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{run}: {seqs:?} in order");
+    }
+}

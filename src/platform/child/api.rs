@@ -4,6 +4,9 @@ use std::collections::HashMap;
 use std::pin::Pin;
 
 use futures::channel::mpsc;
+
+/// Live lines a child holds for one tail before it cuts a reader that does not keep up.
+pub(crate) const TAIL_QUEUE: usize = 4096;
 use futures::{Stream, StreamExt};
 use serde_json::json;
 use worker::{Method, Request, Response};
@@ -95,13 +98,15 @@ impl<A: Agent> AgentHost<A> {
         };
         let body: BodyStream = match start.subscriber {
             Some(subscriber) => {
-                let (tx, rx) = mpsc::unbounded();
-                for line in start.lines {
-                    let _ = tx.unbounded_send(line);
-                }
+                // The stored lines first, then the live ones through a bounded queue: a reader
+                // that falls [`TAIL_QUEUE`] lines behind is cut off and tails again from its
+                // cursor (the lines are in the log), so a slow parent never grows this memory.
+                let (tx, rx) = mpsc::channel(TAIL_QUEUE);
                 self.0.subscribers.borrow_mut().insert(subscriber, tx);
+                let backlog = start.lines.concat();
+                let backlog = futures::stream::iter((!backlog.is_empty()).then_some(Ok(backlog)));
                 // Lines queued while the reader was busy go out as one write.
-                Box::pin(rx.ready_chunks(256).map(|lines| Ok(lines.concat())))
+                Box::pin(backlog.chain(rx.ready_chunks(256).map(|lines| Ok(lines.concat()))))
             }
             None => {
                 let all = start.lines.concat();

@@ -35,8 +35,10 @@ impl<A: Agent> AgentHost<A> {
                     }
                 }
                 ChildAction::Send { subscriber, line } => {
-                    let gone = match self.0.subscribers.borrow().get(&subscriber) {
-                        Some(tx) => tx.unbounded_send(line).is_err(),
+                    // Full (a reader too slow) or closed: either way it goes, and a parent
+                    // tails again from its cursor.
+                    let gone = match self.0.subscribers.borrow_mut().get_mut(&subscriber) {
+                        Some(tx) => tx.try_send(line).is_err(),
                         None => true,
                     };
                     if gone {

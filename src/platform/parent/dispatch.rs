@@ -84,10 +84,10 @@ impl<A: Agent> AgentHost<A> {
             parent_tool_call_id: options.parent_tool_call_id.clone(),
             agent_type: child.class.to_owned(),
             binding: child.binding.to_owned(),
-            input_preview: options
-                .input_preview
-                .clone()
-                .or_else(|| crate::parent::registry::input_preview(&options.input)),
+            // Cut to 500 characters, given or made from the input.
+            input_preview: crate::parent::registry::input_preview(
+                &options.input_preview.clone().map_or_else(|| options.input.clone(), Value::String),
+            ),
             display: options.display.clone(),
             display_order: options.display_order.unwrap_or(0),
             event_delivery: options.event_delivery,

@@ -38,7 +38,13 @@ impl<A: Agent> AgentHost<A> {
     pub(crate) fn carry_out(&self, actions: Vec<ParentAction>) {
         let mut deferred = Vec::new();
         let mut frames = Vec::new();
+        // One arm per batch, for the earliest time asked.
+        let mut arm: Option<i64> = None;
         for action in actions {
+            if let ParentAction::ArmAlarm { at } = action {
+                arm = Some(arm.map_or(at, |a| a.min(at)));
+                continue;
+            }
             if let ParentAction::Broadcast(text) = action {
                 // Consecutive frames go out together: the sockets are looked up once.
                 frames.push(text);
@@ -101,10 +107,7 @@ impl<A: Agent> AgentHost<A> {
                         host.feed(ParentEvent::Timer { run_id, gen, timer });
                     });
                 }
-                ParentAction::ArmAlarm { at } => {
-                    let host = self.clone();
-                    self.0.state.wait_until(async move { host.arm_alarm_at(at).await });
-                }
+                ParentAction::ArmAlarm { .. } => {}
                 ParentAction::SlotFreed => {
                     for waiter in self.0.slot_waiters.borrow_mut().drain(..) {
                         let _ = waiter.send(());
@@ -116,6 +119,10 @@ impl<A: Agent> AgentHost<A> {
         }
         if !frames.is_empty() {
             self.broadcast_all(frames.into_iter());
+        }
+        if let Some(at) = arm {
+            let host = self.clone();
+            self.0.state.wait_until(async move { host.arm_alarm_at(at).await });
         }
         if !deferred.is_empty() {
             let host = self.clone();
@@ -243,8 +250,15 @@ impl<A: Agent> AgentHost<A> {
                     Either::Left(_) => break,
                     Either::Right(_) => return,
                 };
+                let pushed = match splitter.push(&bytes) {
+                    Ok(pushed) => pushed,
+                    Err(too_long) => {
+                        let error = too_long.to_string();
+                        return host.feed(ParentEvent::TailRefused { run_id, gen, error });
+                    }
+                };
                 let mut lines = Vec::new();
-                for line in splitter.push(&bytes) {
+                for line in pushed {
                     match line {
                         Ok(line) => lines.push(line),
                         Err(e) => worker::console_error!("agent-tools: garbled tail line from {run_id}: {e}"),
