@@ -236,7 +236,9 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
         let _ = (host, run, result);
     }
 
-    /// Best-effort: a child's progress or milestone passed through this agent. Not durable.
+    /// Best-effort: a child's progress or milestone passed through this agent. Not durable. The
+    /// snapshot's `at` is the child's time for a milestone and the time this agent forwarded
+    /// it for plain progress.
     async fn on_progress(&self, host: &AgentHost<Self>, run: &RunInfo, progress: &ProgressSnapshot) {
         let _ = (host, run, progress);
     }

@@ -40,7 +40,9 @@ pub struct RunOptions {
     /// Chunk delivery mode (awaited runs only).
     pub event_delivery: EventDelivery,
     /// Cancels the awaited run when cancelled, as [`crate::AgentHost::cancel_agent_tool`] does
-    /// (the TypeScript SDK's `signal`). A detached run ignores it.
+    /// (the TypeScript SDK's `signal`). A token cancelled before the run is admitted (already,
+    /// or while the dispatch waits for a slot under [`crate::Admission::Queue`]) ends the call
+    /// `aborted` with nothing written. A detached run ignores it.
     pub signal: Option<CancelToken>,
 }
 

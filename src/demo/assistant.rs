@@ -4,8 +4,8 @@
 
 use agent_tools::prelude::*;
 use agent_tools::{
-    Admission, CancelToken, ClearFilter, EventDelivery, MilestoneMode, OnMilestones, Refusal, RunInfo, RunStatus,
-    ScheduledTask,
+    Admission, CancelToken, ClearFilter, EventDelivery, MilestoneMode, OnMilestones, ProgressSnapshot, Refusal,
+    RunInfo, RunStatus, ScheduledTask,
 };
 use futures::future::join_all;
 use schemars::JsonSchema;
@@ -77,13 +77,25 @@ pub enum DemoHandler {
 const HOOK_LOG: &str = "CREATE TABLE IF NOT EXISTS demo_hook_log (n INTEGER PRIMARY KEY AUTOINCREMENT, \
     run_id TEXT NOT NULL, hook TEXT NOT NULL, status TEXT)";
 
+/// Hook calls `demo_hook_log` keeps (the newest).
+const HOOK_LOG_ROWS: i64 = 10_000;
+
+/// Records a hook call in `demo_hook_log` (the newest [`HOOK_LOG_ROWS`]) and logs it (unless
+/// `QUIET_HOOKS=1`: under `wrangler dev` every log line is relayed to wrangler's Node process,
+/// which the benchmark does not want to measure).
 fn log_hook(host: &AgentHost<Assistant>, run_id: &str, hook: &str, status: Option<RunStatus>) {
-    let status = status.map(RunStatus::as_str);
-    worker::console_log!("{}", json!({ "type": "demo:hook", "runId": run_id, "hook": hook, "status": status }));
+    log_row(host, run_id, hook, status.map(RunStatus::as_str));
+}
+
+fn log_row(host: &AgentHost<Assistant>, run_id: &str, hook: &str, status: Option<&str>) {
+    if setting(host.env(), "QUIET_HOOKS").as_deref() != Some("1") {
+        worker::console_log!("{}", json!({ "type": "demo:hook", "runId": run_id, "hook": hook, "status": status }));
+    }
     let sql = host.sql();
     let _ = sql.exec(HOOK_LOG, None);
     let bindings = vec![run_id.into(), hook.into(), status.map_or(SqlStorageValue::Null, Into::into)];
     let _ = sql.exec("INSERT INTO demo_hook_log (run_id, hook, status) VALUES (?, ?, ?)", Some(bindings));
+    let _ = sql.exec("DELETE FROM demo_hook_log WHERE n <= last_insert_rowid() - ?", Some(vec![HOOK_LOG_ROWS.into()]));
 }
 
 impl Agent for Assistant {
@@ -162,6 +174,13 @@ impl Agent for Assistant {
 
     async fn on_agent_tool_finish(&self, host: &AgentHost<Self>, run: &RunInfo, result: &RunResult) {
         log_hook(host, &run.run_id, "finish", Some(result.status));
+    }
+
+    /// Milestones are logged (as `milestone`, with their name); plain progress is not.
+    async fn on_progress(&self, host: &AgentHost<Self>, run: &RunInfo, progress: &ProgressSnapshot) {
+        if let Some(name) = &progress.milestone {
+            log_row(host, &run.run_id, "milestone", Some(name));
+        }
     }
 
     async fn on_detached_finish(
@@ -311,7 +330,7 @@ async fn run_awaited(host: &AgentHost<Assistant>, child: &Child, options: RunOpt
 /// `research(topics)` or `research({topics, runIds?, parentToolCallId?, words?, delayMs?, agent?,
 /// cancelAfterMs?})`: one run per topic (of `Researcher`, or the `agent` given), all at once;
 /// resolves with their results in order. `cancelAfterMs` cancels them all through their
-/// `signal` after that long.
+/// `signal` after that long (`0`: before they are dispatched).
 async fn research(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, String> {
     let (topics, options) = match arg {
         Value::Array(topics) => (topics, Value::Null),
@@ -326,6 +345,9 @@ async fn research(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, Stri
     let signal = options.get("cancelAfterMs").and_then(Value::as_u64).map(|ms| {
         let signal = CancelToken::new();
         let deadline = signal.clone();
+        if ms == 0 {
+            signal.cancel(Some("cancelled before the dispatch".into()));
+        }
         host.state().wait_until(async move {
             worker::Delay::from(std::time::Duration::from_millis(ms)).await;
             deadline.cancel(Some(format!("no result within {ms} ms")));

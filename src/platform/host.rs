@@ -100,6 +100,7 @@ const TASK_LEASE_MS: i64 = 60_000;
 const REPLAY_PAGE: usize = 1024;
 
 impl<A: Agent> AgentHost<A> {
+    #[doc(hidden)] // called by the class `durable_object!` generates
     /// Creates the host and its tables. Called by the Durable Object's constructor.
     pub fn new(state: State, env: Env) -> Self {
         let sql = DoSql(state.storage().sql());
@@ -157,13 +158,17 @@ impl<A: Agent> AgentHost<A> {
         &self.0.env
     }
 
-    /// The Durable Object state (storage, sockets, `wait_until`).
+    /// The Durable Object state (storage, sockets, `wait_until`). The alarm belongs to the
+    /// engine: schedule work with [`AgentHost::schedule`], never `set_alarm`/`delete_alarm`
+    /// (they would cut the backbone and recovery short).
     pub fn state(&self) -> &State {
         &self.0.state
     }
 
-    /// This agent's SQLite storage, for the app's own tables (prefix them: the engine's tables
-    /// start with `agent_tool_` and `chat_`).
+    /// This agent's SQLite storage, for the app's own tables (the TypeScript SDK's `this.sql`).
+    /// The engine's tables start with `agent_tool_` and `chat_`: read runs through
+    /// [`AgentHost::agent_tool_runs`] and its siblings, and never write those tables (a write
+    /// there bypasses the run state machine).
     pub fn sql(&self) -> &worker::SqlStorage {
         &self.0.sql.0
     }
@@ -180,7 +185,8 @@ impl<A: Agent> AgentHost<A> {
         meta::get(&self.0.sql, "name").ok().flatten()
     }
 
-    /// Sends a text frame to every connected client.
+    /// Sends a text frame to every connected client (the TypeScript SDK's `broadcast`). The
+    /// engine numbers `agent-tool-event` frames itself: send your own frame types.
     pub fn broadcast(&self, text: &str) {
         for ws in self.0.state.get_websockets_with_tag(chat::CLIENT_TAG) {
             let _ = ws.send_with_str(text);
@@ -231,6 +237,7 @@ impl<A: Agent> AgentHost<A> {
 
     // ----- platform events --------------------------------------------------------------
 
+    #[doc(hidden)] // called by the class `durable_object!` generates
     /// Serves a request: the parent's internal child routes, drill-in (`/sub/…`), WebSocket
     /// upgrades, `GET /get-messages`, and anything else through [`Agent::on_request`].
     pub async fn fetch(&self, req: Request) -> worker::Result<Response> {
@@ -351,6 +358,7 @@ impl<A: Agent> AgentHost<A> {
         self.0.catching_up.borrow_mut().remove(&connection);
     }
 
+    #[doc(hidden)] // called by the class `durable_object!` generates
     /// Handles one client frame: RPC calls and chat frames. Anything malformed gets an error
     /// frame and the socket stays open.
     pub async fn websocket_message(&self, ws: WebSocket, message: WebSocketIncomingMessage) -> worker::Result<()> {
@@ -373,18 +381,21 @@ impl<A: Agent> AgentHost<A> {
         Ok(())
     }
 
+    #[doc(hidden)] // called by the class `durable_object!` generates
     /// Handles a client going away.
     pub async fn websocket_close(&self, ws: WebSocket, code: usize, reason: String) -> worker::Result<()> {
         self.0.chat.closed(&ws, code, reason);
         Ok(())
     }
 
+    #[doc(hidden)] // called by the class `durable_object!` generates
     /// Handles a socket error: the client is gone.
     pub async fn websocket_error(&self, ws: WebSocket) -> worker::Result<()> {
         self.0.chat.closed(&ws, 1011, "socket error".into());
         Ok(())
     }
 
+    #[doc(hidden)] // called by the class `durable_object!` generates
     /// Handles the alarm: recovers undriven runs, runs the detached backbone, runs due
     /// scheduled tasks, and keeps the alarm armed for whatever comes next.
     pub async fn alarm(&self) -> worker::Result<Response> {

@@ -131,3 +131,25 @@ mod tests {
         assert_eq!(v["data"]["sequence"], 0);
     }
 }
+
+/// Whether a chunk body is one of the engine's own types, which an agent may not emit itself.
+pub(crate) fn is_reserved(body: &str) -> bool {
+    // Cheap on the hot path: only a body that mentions the prefix is parsed.
+    body.contains("\"data-agent-")
+        && serde_json::from_str::<Value>(body).ok().is_some_and(|v| {
+            v.get("type")
+                .and_then(Value::as_str)
+                .is_some_and(|t| [PROGRESS_PART, MILESTONE_PART, SUPERSEDED_PART].contains(&t))
+        })
+}
+
+#[cfg(test)]
+mod reserved_tests {
+    #[test]
+    fn only_the_engines_own_types_are_reserved() {
+        assert!(super::is_reserved(r#"{"type":"data-agent-progress","data":{}}"#));
+        assert!(super::is_reserved(&super::superseded(1, "restart")));
+        assert!(!super::is_reserved(r#"{"type":"data-agent-custom","data":{}}"#));
+        assert!(!super::is_reserved(r#"{"type":"text-delta","id":"t","delta":"\"data-agent-progress"}"#));
+    }
+}

@@ -80,8 +80,12 @@ async fn a_detached_run_returns_at_once_and_its_handler_runs_once() {
     })
     .await;
     backbone_settled(&worker, &name).await;
-    let after = hooks(&mut client, "bg-1").await;
+    let mut after = hooks(&mut client, "bg-1").await;
     assert_eq!(after, log, "nothing delivered twice");
+    // `on_progress` saw the child's milestone once (the demo logs milestones only).
+    let milestones: Vec<_> = after.iter().filter(|(hook, _)| hook == "milestone").cloned().collect();
+    assert_eq!(milestones, vec![("milestone".to_owned(), Some("sources-gathered".to_owned()))]);
+    after.retain(|(hook, _)| hook != "milestone");
     assert_eq!(
         after,
         vec![
@@ -93,7 +97,7 @@ async fn a_detached_run_returns_at_once_and_its_handler_runs_once() {
     // The same run id again: its state, no second child.
     let again = client.call("dispatch", detached("bg-1", 20, 40, json!({"onFinish": "record"}))).await.unwrap();
     assert_eq!(again["status"], "completed");
-    assert_eq!(hooks(&mut client, "bg-1").await, after, "no second start, no second delivery");
+    assert_eq!(hooks(&mut client, "bg-1").await.len(), after.len() + 1, "no second start, no second delivery");
     client.drain(Duration::from_millis(300)).await;
     let starts = client.run_events("bg-1").iter().filter(|e| e["event"]["kind"] == "started").count();
     assert_eq!(starts, 1, "no second child");
@@ -245,4 +249,19 @@ async fn detached_runs_recover_after_the_runtime_is_killed() {
     assert_eq!(row["reruns"], 1, "{row}");
     assert_eq!(row["summary"], agent_tools::model::OfflineModel::research_answer("survivor", 60).as_str(), "{row}");
     drop(state);
+}
+
+/// The notification ids and source a client may depend on are the stock SDK's: read from the
+/// installed `@cloudflare/ai-chat@0.12.2` (no wrangler needed).
+#[test]
+fn notification_ids_and_source_match_the_stock_sdk() {
+    let stock = std::fs::read_to_string(crate::harness::root().join("node_modules/@cloudflare/ai-chat/dist/index.js"))
+        .expect("npm packages installed (scripts/setup.sh)");
+    for expected in [
+        "`detached-finish:${run.runId}:${result.status}`",
+        "`detached-ms:${run.runId}:${milestone.name}`",
+        &format!("run.notifySource ?? \"{}\"", agent_tools::DEFAULT_NOTIFY_SOURCE),
+    ] {
+        assert!(stock.contains(expected), "the stock ai-chat no longer has {expected}");
+    }
 }

@@ -103,3 +103,45 @@ async fn a_post_route_starts_a_background_run() {
     client.drain(std::time::Duration::from_millis(300)).await;
     assert_eq!(started(&client.frames).len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tool_inputs_are_validated_and_tool_failures_reach_the_model_as_the_envelope() {
+    let worker = Worker::start_example().await;
+    let mut client = Client::connect(&worker.ws(&format!("/agents/planner/{}", unique("failing")))).await;
+    let error_of = |chunks: &[Value], id: &str| {
+        chunks
+            .iter()
+            .find(|c| c["type"] == "tool-output-error" && c["toolCallId"] == id)
+            .map(|c| c["errorText"].clone())
+    };
+    let output_of = |chunks: &[Value], id: &str| {
+        chunks
+            .iter()
+            .find(|c| c["type"] == "tool-output-available" && c["toolCallId"] == id)
+            .map(|c| c["output"].clone())
+    };
+
+    // "42": too short for `research` (minLength 3), and no words for `word_count`.
+    let request = client.chat("42").await;
+    client.chat_done(&request).await;
+    let chunks = client.chat_chunks(&request);
+    let refused = error_of(&chunks, "call_0_0").expect("research refused");
+    assert!(refused.as_str().unwrap().starts_with("Invalid input for tool research"), "{refused}");
+    let envelope = output_of(&chunks, "call_0_1").expect("word_count answered");
+    assert_eq!(
+        envelope,
+        json!({"ok": false, "status": "error", "error": "no words in \"42\"", "retryable": false}),
+        "an ordinary tool's Err is the agent tools' failure envelope"
+    );
+    assert!(started(&client.frames).is_empty(), "an invalid input starts no child");
+
+    // Over `word_count`'s maxLength 64: refused by its schema before `execute`.
+    let long = "a very long message that goes on and on well past the sixty-four characters";
+    let mut client = Client::connect(&worker.ws(&format!("/agents/planner/{}", unique("long")))).await;
+    let request = client.chat(long).await;
+    client.chat_done(&request).await;
+    let chunks = client.chat_chunks(&request);
+    let refused = error_of(&chunks, "call_0_1").expect("word_count refused");
+    assert!(refused.as_str().unwrap().starts_with("Invalid input for tool word_count"), "{refused}");
+    assert!(output_of(&chunks, "call_0_0").is_some(), "the agent tool beside it still ran");
+}

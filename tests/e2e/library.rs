@@ -30,6 +30,37 @@ async fn a_callers_signal_cancels_its_awaited_runs() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_signal_cancelled_before_admission_writes_nothing() {
+    let vars = [("MAX_CONCURRENT_AGENT_TOOLS", "1"), ("AGENT_TOOL_ADMISSION", "queue")];
+    let worker = Worker::start_with(None, &vars).await;
+    let mut client = worker.client(&unique("presignal")).await;
+    // Already cancelled: refused at once, no row, no frame.
+    let results = client.call("research", json!([{"topics": ["never"], "runIds": ["pre"], "cancelAfterMs": 0}])).await;
+    let result = &results.unwrap()[0];
+    assert_eq!(result["status"], "aborted", "{result}");
+    assert_eq!(result["error"], "cancelled before the dispatch");
+    // Queued behind a long run: the caller gives up while waiting for the one slot.
+    let busy = client
+        .send_call("research", json!([{"topics": ["hold the slot"], "runIds": ["busy"], "words": 40, "delayMs": 100}]))
+        .await;
+    client.wait_for(WAIT, |f| f["event"]["runId"] == "busy" && f["event"]["kind"] == "started").await;
+    let started = Instant::now();
+    let queued = client
+        .call("research", json!([{"topics": ["waiting"], "runIds": ["queued"], "cancelAfterMs": 500}]))
+        .await
+        .unwrap();
+    assert_eq!(queued[0]["status"], "aborted", "{queued}");
+    assert_eq!(queued[0]["error"], "no result within 500 ms");
+    assert!(started.elapsed() < Duration::from_secs(3), "it did not wait for the slot");
+    let runs = client.call("runs", json!([])).await.unwrap();
+    let ids: Vec<&str> = runs.as_array().unwrap().iter().filter_map(|r| r["runId"].as_str()).collect();
+    assert_eq!(ids, ["busy"], "neither cancelled dispatch wrote a row");
+    assert!(client.run_events("pre").is_empty() && client.run_events("queued").is_empty());
+    let busy = client.reply(&busy).await.unwrap();
+    assert_eq!(busy[0]["status"], "completed", "the run holding the slot is untouched: {busy}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn scheduled_work_shares_the_alarm_and_survives_a_restart() {
     let mut worker = Worker::start().await;
     let state = worker.take_temp().unwrap();

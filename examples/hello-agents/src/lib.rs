@@ -55,6 +55,7 @@ struct Topic {
 
 #[derive(serde::Deserialize, schemars::JsonSchema)]
 struct Text {
+    #[schemars(length(max = 64))]
     text: String,
 }
 
@@ -71,7 +72,11 @@ impl Tool<Planner> for WordCount {
         "Counts the words of a text."
     }
     async fn execute(&self, _ctx: &ToolContext<'_, Planner>, input: Text) -> Result<usize, String> {
-        Ok(input.text.split_whitespace().count())
+        let words = input.text.split_whitespace().filter(|w| w.chars().any(char::is_alphabetic)).count();
+        if words == 0 {
+            return Err(format!("no words in {:?}", input.text)); // the model gets the failure envelope
+        }
+        Ok(words)
     }
 }
 

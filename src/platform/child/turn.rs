@@ -78,8 +78,14 @@ impl<A: Agent> Turn<A> {
     }
 
     /// Streams one `UIMessageChunk` (JSON): stored in the run's log, sent to the child's own
-    /// chat clients and to every tail. Returns `false` once the run has ended.
+    /// chat clients and to every tail. Returns `false` once the run has ended, or when the
+    /// chunk is one of the engine's own (`data-agent-progress`, `data-agent-milestone`,
+    /// `data-agent-superseded`: use [`Turn::report_progress`]), which is refused with a log line.
     pub fn emit(&self, body: String) -> bool {
+        if crate::protocol::chunk::is_reserved(&body) {
+            worker::console_error!("agent-tools: {} emitted a reserved chunk type; use report_progress", self.run_id);
+            return false;
+        }
         self.host.child_emit(&self.run_id, ChunkKind::Stored, body)
     }
 

@@ -36,7 +36,16 @@ impl<A: Agent> AgentHost<A> {
             Err((run_id, problem)) => return RunResult::refused(run_id, child.class, problem),
         };
         let run_id = new.run_id.clone();
+        let signal = options.signal.clone().unwrap_or_default();
+        let cancelled = |signal: &crate::cancel::CancelToken| {
+            let reason = signal.reason().unwrap_or_else(|| "cancelled by the caller".into());
+            RunResult { status: RunStatus::Aborted, ..RunResult::refused(run_id.clone(), child.class, reason) }
+        };
         loop {
+            // A caller that gave up before the run was admitted writes nothing.
+            if signal.is_cancelled() && !self.has_run_row(&run_id) {
+                return cancelled(&signal);
+            }
             let dispatch = Dispatch { new: new.clone(), detached: None };
             let (admitted, actions) =
                 self.0.parent.borrow_mut().dispatch(&self.0.sql, dispatch, options.input.clone(), now_ms());
@@ -44,7 +53,13 @@ impl<A: Agent> AgentHost<A> {
                 Admitted::Refused(problem) => return RunResult::refused(run_id, child.class, problem),
                 Admitted::Finished(result) => return result,
                 Admitted::Full(_) if queues(&self.0.options) => {
-                    self.slot_freed().await;
+                    // Queued: wait for a slot, or for the caller to give up (nothing written).
+                    let freed = self.slot_freed();
+                    let stop = signal.cancelled();
+                    futures::pin_mut!(freed, stop);
+                    if let Either::Right(_) = select(freed, stop).await {
+                        return cancelled(&signal);
+                    }
                     continue;
                 }
                 Admitted::Full(limit) => return RunResult::refused(run_id, child.class, cap_message(limit)),
@@ -52,7 +67,6 @@ impl<A: Agent> AgentHost<A> {
                     let (tx, rx) = oneshot::channel();
                     self.0.waiters.borrow_mut().entry(run_id.clone()).or_default().push(tx);
                     self.carry_out(actions);
-                    let signal = options.signal.clone().unwrap_or_default();
                     let stop = signal.cancelled();
                     futures::pin_mut!(rx, stop);
                     let rx = match select(rx, stop).await {
@@ -93,6 +107,10 @@ impl<A: Agent> AgentHost<A> {
             event_delivery: options.event_delivery,
             input: options.input.clone(),
         })
+    }
+
+    fn has_run_row(&self, run_id: &str) -> bool {
+        matches!(self.registry().get(run_id), Ok(Some(_)))
     }
 
     /// Resolves when a run concludes (a slot may be free).
