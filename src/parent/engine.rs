@@ -94,17 +94,27 @@ pub enum TailOpenError {
     Unreachable(String),
 }
 
+/// Why a start did not take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartError {
+    /// The child answered and refused it (a real failure: the run ends `error`).
+    Refused(String),
+    /// The child could not be reached (a deploy, an eviction, the network): the run ends
+    /// `interrupted`, retryable, and dispatching its id again starts it afresh.
+    Unreachable(String),
+}
+
 /// What happened, reported by the platform (or the simulation).
 #[derive(Debug, Clone, PartialEq)]
 pub enum ParentEvent {
-    /// The child answered a start: `Err` is why it refused or could not be reached.
+    /// The child answered a start, refused it, or could not be reached.
     StartReplied {
         /// The run.
         run_id: String,
         /// The exchange.
         gen: u64,
         /// The answer.
-        result: Result<(), String>,
+        result: Result<(), StartError>,
     },
     /// A tail opened, or failed to.
     TailOpened {
@@ -603,7 +613,7 @@ impl ParentEngine {
         sql: &(impl Sql + ?Sized),
         run_id: &str,
         gen: u64,
-        result: Result<(), String>,
+        result: Result<(), StartError>,
         now: i64,
     ) -> Vec<ParentAction> {
         if self.current(run_id, gen).is_none() {
@@ -611,8 +621,17 @@ impl ParentEngine {
         }
         let registry = Registry::new(sql);
         let Ok(Some(record)) = registry.get(run_id) else { return self.forget(sql, run_id) };
-        if let Err(message) = result {
-            return self.conclude(sql, &record, Terminal::Error { message }, now);
+        match result {
+            Ok(()) => {}
+            Err(StartError::Refused(message)) => return self.conclude(sql, &record, Terminal::Error { message }, now),
+            Err(StartError::Unreachable(message)) => {
+                let terminal = Terminal::Interrupted {
+                    error: format!("the child could not be reached to start the run ({message}); dispatch it again"),
+                    reason: Some(InterruptedReason::InspectFailed),
+                    child_still_running: Some(false),
+                };
+                return self.conclude(sql, &record, terminal, now);
+            }
         }
         if record.status.is_hard_terminal() {
             // A cancel landed while the child was being started: make sure the child stops.
@@ -673,8 +692,8 @@ impl ParentEngine {
             match line {
                 TailLine::Chunk { i, k, b, r } => {
                     cursor = i.or(cursor);
-                    let hidden = record.event_delivery == EventDelivery::Terminal
-                        && matches!(k, ChunkKind::Stored | ChunkKind::Superseded);
+                    // A re-run's marker is lifecycle: it goes out (and is counted) either way.
+                    let hidden = record.event_delivery == EventDelivery::Terminal && k == ChunkKind::Stored;
                     if !hidden {
                         forwards.push((k, b, r));
                     }

@@ -16,7 +16,8 @@ use crate::child::engine::{ChildAction, ChildEngine, SubscriberId, TailError};
 use crate::child::progress::Report;
 use crate::child::runs::ChildRuns;
 use crate::parent::engine::{
-    Admitted, Delivery, Dispatch, HookCall, ParentAction, ParentEngine, ParentEvent, TailOpenError, INSPECT_TIMEOUT_MS,
+    Admitted, Delivery, Dispatch, HookCall, ParentAction, ParentEngine, ParentEvent, StartError, TailOpenError,
+    INSPECT_TIMEOUT_MS,
 };
 use crate::parent::registry::{NewRun, Registry};
 use crate::protocol::child_api::{InspectionReply, StartRequest};
@@ -358,6 +359,15 @@ impl World {
         self.schedule(at, Ev::CrashChild(run_id.to_owned()));
     }
 
+    /// Schedules a crash of the whole runtime at `at` (a deploy, a SIGKILL): the parent and
+    /// every child at the same instant.
+    pub fn crash_all_at(&mut self, at: i64) {
+        self.schedule(at, Ev::CrashParent);
+        for run_id in self.planned.iter().map(|p| p.run_id.clone()).collect::<Vec<_>>() {
+            self.schedule(at, Ev::CrashChild(run_id));
+        }
+    }
+
     /// Schedules a broken tail of run `run_id` at `at`.
     pub fn break_tail_at(&mut self, at: i64, run_id: &str) {
         self.schedule(at, Ev::BreakTail(run_id.to_owned()));
@@ -694,7 +704,11 @@ impl World {
                 }
                 ParentAction::StartChild { run_id, gen, request, .. } => {
                     if self.dropped() {
-                        let event = ParentEvent::StartReplied { run_id, gen, result: Err("unreachable".into()) };
+                        let event = ParentEvent::StartReplied {
+                            run_id,
+                            gen,
+                            result: Err(StartError::Unreachable("dropped".into())),
+                        };
                         let at = self.now + 50;
                         self.schedule(at, Ev::Parent { epoch, event });
                     } else {
@@ -838,7 +852,11 @@ impl World {
                 };
                 self.trace(|| format!("child {run_id} <- start: {reply:?}"));
                 self.child_actions(run_id, actions);
-                let event = ParentEvent::StartReplied { run_id: run_id.to_owned(), gen, result: reply.map(|_| ()) };
+                let event = ParentEvent::StartReplied {
+                    run_id: run_id.to_owned(),
+                    gen,
+                    result: reply.map(|_| ()).map_err(StartError::Refused),
+                };
                 let at = self.now + self.hop();
                 self.schedule(at, Ev::Parent { epoch: parent_epoch, event });
             }

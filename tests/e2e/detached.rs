@@ -168,7 +168,8 @@ async fn milestones_reach_the_chat_live_and_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_budget_give_up_is_delivered_once_and_its_teardown_never() {
     let worker = Worker::start_with(None, FAST_BACKBONE).await;
-    let mut client = worker.client(&unique("budget")).await;
+    let name = unique("budget");
+    let mut client = worker.client(&name).await;
     let options = json!({"onFinish": "record", "maxBudgetMs": 1200});
     client.call("dispatch", detached("long-1", 80, 80, options)).await.unwrap();
     let interrupted =
@@ -176,7 +177,15 @@ async fn a_budget_give_up_is_delivered_once_and_its_teardown_never() {
     assert_eq!(interrupted["event"]["reason"], "budget-exceeded");
     assert_eq!(interrupted["event"]["childStillRunning"], false);
     let seq = interrupted["sequence"].as_i64().unwrap();
-    tokio::time::sleep(Duration::from_millis(2000)).await;
+    // Long enough to have seen a second delivery or a late frame: the teardown reached the
+    // child (its cut-short turn is saved) and the backbone has nothing left to deliver.
+    let child = worker.http(&format!("/agents/assistant/{name}/sub/researcher/long-1/get-messages"));
+    eventually("the torn-down child's turn saved", async || {
+        let messages: Vec<Value> = reqwest::get(&child).await.ok()?.json().await.ok()?;
+        messages.iter().any(|m| m["role"] == "assistant").then_some(())
+    })
+    .await;
+    backbone_settled(&worker, &name).await;
     client.drain(Duration::from_millis(200)).await;
     let later: Vec<&Value> = client
         .frames
@@ -214,13 +223,23 @@ async fn a_handler_that_always_fails_is_dead_lettered() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn detached_runs_recover_after_the_runtime_is_killed() {
-    let vars = [("AGENT_TOOL_BACKBONE_MS", "500"), ("AGENT_TOOL_ALARM_MS", "1000")];
+    // An awaited run would be given up after 1.5 s of silence once re-attached; a detached one
+    // keeps its own budgets (1 h of no progress) after the restart too, so the rerun's 3 s stall
+    // does not end it.
+    let vars = [
+        ("AGENT_TOOL_BACKBONE_MS", "500"),
+        ("AGENT_TOOL_ALARM_MS", "1000"),
+        ("AGENT_TOOL_REATTACH_NO_PROGRESS_MS", "1500"),
+    ];
     let mut worker = Worker::start_with(None, &vars).await;
     let state = worker.take_temp().unwrap();
     let persist = worker.persist.clone();
     let name = unique("detached-kill");
     let mut client = worker.client(&name).await;
-    client.call("dispatch", detached("survivor", 60, 80, json!({"onFinish": "record"}))).await.unwrap();
+    let mut args = detached("survivor", 60, 80, json!({"onFinish": "record"}));
+    args[0]["input"]["stallAfterWords"] = json!(20);
+    args[0]["input"]["stallMs"] = json!(3000);
+    client.call("dispatch", args).await.unwrap();
     client.wait_deltas("survivor", 3).await;
     worker.kill();
     let worker = Worker::start_with(Some(&persist), &vars).await;

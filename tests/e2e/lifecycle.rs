@@ -85,7 +85,10 @@ async fn cancelling_a_run_stops_the_child_promptly_once() {
     // The child's own transcript stops growing: its model stream was dropped.
     let url = worker.http(&format!("/agents/assistant/{name}/sub/researcher/slow-run/get-messages"));
     let before: Value = reqwest::get(&url).await.unwrap().json().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // A run at the same pace streams six words meanwhile: time enough for the cancelled one to
+    // have grown, had its model gone on.
+    let paced = b.call("dispatch", dispatch_args("Researcher", "pace-run", "pace", 6, 100)).await.unwrap();
+    assert_eq!(paced["status"], "completed");
     let after: Value = reqwest::get(&url).await.unwrap().json().await.unwrap();
     assert_eq!(before, after);
     assert_eq!(before.as_array().unwrap().len(), 2, "the input and the partial answer are kept");

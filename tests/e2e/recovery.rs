@@ -70,10 +70,10 @@ impl StockClients {
         self.send(json!({"cmd": "connect", "who": who, "host": format!("127.0.0.1:{}", worker.port)})).await;
     }
 
-    /// Both states once no frame came for a while, with the times the client stamps itself
-    /// (`progress.at`) left out.
-    async fn states(mut self) -> (Value, Value) {
-        let states = self.send(json!({"cmd": "dump"})).await;
+    /// Both states once each holds `runs` runs, all `completed`, with the times the client
+    /// stamps itself (`progress.at`) left out.
+    async fn states(mut self, runs: usize) -> (Value, Value) {
+        let states = self.send(json!({"cmd": "dump", "runs": runs, "status": "completed"})).await;
         let _ = self.child.wait().await;
         (strip_at(states["steady"].clone()), strip_at(states["late"].clone()))
     }
@@ -155,19 +155,16 @@ async fn a_killed_runtime_heals_every_run_by_running_the_lost_turn_again() {
     assert_eq!(rerun_ids, expected, "each child ran its turn again, once");
     assert!(reruns.iter().all(|e| e["payload"]["attempt"] == 2));
 
-    // Wait for every run to finish, still with no client, then look.
+    // Wait for every run to finish, still with no client (the finish hooks in the log), then look.
     let deadline = Instant::now() + Duration::from_secs(40);
-    let runs = loop {
-        let mut probe = worker.client(&name).await;
-        let runs = probe.call("runs", json!([])).await.unwrap();
-        if runs.as_array().unwrap().iter().all(|r| r["status"] == "completed") {
-            break runs;
-        }
-        assert!(Instant::now() < deadline, "runs did not finish: {runs:#}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    while log_events(&worker, "demo:hook").iter().filter(|e| e["hook"] == "finish").count() < 4 {
+        assert!(Instant::now() < deadline, "runs did not finish:\n{}", worker.log_text());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let mut fresh = Client::connect(&worker.ws(&format!("/agents/assistant/{name}"))).await;
     fresh.drain(Duration::from_millis(800)).await;
+    let runs = fresh.call("runs", json!([])).await.unwrap();
+    assert!(runs.as_array().unwrap().iter().all(|r| r["status"] == "completed"), "{runs:#}");
     for row in runs.as_array().unwrap() {
         let run_id = row["runId"].as_str().unwrap();
         assert_eq!(row["reruns"], 1, "{row}");
@@ -200,9 +197,31 @@ async fn a_killed_runtime_heals_every_run_by_running_the_lost_turn_again() {
     // The client that stayed (reconnected to the new runtime) and a late one agree.
     stock.connect("steady", &worker).await;
     stock.connect("late", &worker).await;
-    let (steady, late) = stock.states().await;
+    let (steady, late) = stock.states(4).await;
     assert_eq!(steady["runsById"].as_object().map(|o| o.len()), Some(4));
     assert_eq!(steady, late, "a reconnected client and a late client end in the same state");
+    // What the stock reducer made of a healed run: the cut-short text, the marker, the new text
+    // (a part is never removed, so the superseded one stays, marked); the result the new answer.
+    for row in runs.as_array().unwrap() {
+        let run = &steady["runsById"][row["runId"].as_str().unwrap()];
+        assert_eq!(run["status"], "completed");
+        assert_eq!(run["summary"], row["summary"], "the stock client's result is the new answer alone");
+        let shown: Vec<&Value> = run["parts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["type"] == "text" || p["type"] == "data-agent-superseded")
+            .collect();
+        assert_eq!(shown.len(), 3, "{shown:#?}");
+        assert_eq!(
+            (shown[0]["type"].as_str(), shown[1]["type"].as_str()),
+            (Some("text"), Some("data-agent-superseded"))
+        );
+        assert_eq!(shown[1]["data"]["attempt"], 2);
+        assert_eq!(shown[2]["text"], row["summary"]);
+        let partial = shown[0]["text"].as_str().unwrap();
+        assert!(row["summary"].as_str().unwrap().starts_with(partial) && !partial.is_empty());
+    }
     drop(state);
 }
 
@@ -252,7 +271,7 @@ async fn under_the_seal_policy_a_killed_run_is_interrupted_and_a_new_dispatch_ru
 
     stock.connect("steady", &worker).await;
     stock.connect("late", &worker).await;
-    let (steady, late) = stock.states().await;
+    let (steady, late) = stock.states(1).await;
     assert_eq!(steady["runsById"]["sealed-1"]["status"], "completed");
     assert_eq!(steady, late, "a reconnected client and a late client end in the same state");
     drop(state);
@@ -374,7 +393,16 @@ async fn a_run_past_its_reattach_window_is_torn_down() {
         assert!(Instant::now() < deadline, "the child's answer: {messages:#?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    tokio::time::sleep(Duration::from_millis(2500)).await; // two backbone ticks
+    // The alarm that came after says nothing is live or watched any more: no inspection is
+    // coming that could repair the run.
+    let deadline = Instant::now() + WAIT;
+    while !log_events(worker, "agent_tool:alarm")
+        .iter()
+        .any(|e| e["name"] == name.as_str() && e["payload"]["live"] == 0 && e["payload"]["watched"] == 0)
+    {
+        assert!(Instant::now() < deadline, "no quiet alarm:\n{}", worker.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let row = run_row(worker, &name, "long-1", |_| true).await;
     assert_eq!(row["status"], "interrupted");
 }

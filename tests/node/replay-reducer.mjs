@@ -96,8 +96,8 @@ assert.equal(result.status, "completed");
 refreshing.close();
 await open();
 reconnects += 1;
-await waitFor(() => refreshed.runsById[RUN]?.status === "completed");
-await new Promise((r) => setTimeout(r, 100));
+// The terminal frame is the last one a replay sends (and the steady client's last live one).
+await waitFor(() => refreshed.runsById[RUN]?.status === "completed" && steady.runsById[RUN]?.status === "completed");
 
 assert.deepEqual(strip(refreshed), strip(steady));
 const run = steady.runsById[RUN];

@@ -4,7 +4,8 @@
 // (`applyAgentToolEvent`, deduplicated with `agentToolEventDedupeKey` exactly like the hook).
 // Usage: node restart-reducer.mjs <agent-name>; commands on stdin, one JSON object per line:
 //   {"cmd":"connect","who":"steady"|"late","host":"127.0.0.1:<port>"}   (re)connects
-//   {"cmd":"dump"}   prints {"steady": state, "late": state} once no frame came for 700 ms
+//   {"cmd":"dump","runs":N,"status":S}   prints {"steady": state, "late": state} once both hold
+//                             N runs, each with status S (what the test knows the end to be)
 import readline from "node:readline";
 import WebSocket from "ws";
 import { AgentClient } from "agents/client";
@@ -16,7 +17,6 @@ const clients = {
   steady: { state: createAgentToolEventState(), seen: new Set(), agent: null },
   late: { state: createAgentToolEventState(), seen: new Set(), agent: null }
 };
-let lastFrame = Date.now();
 setTimeout(() => {
   console.error("timed out");
   process.exit(2);
@@ -29,7 +29,6 @@ function connect(who, host) {
   agent.addEventListener("message", (event) => {
     const frame = JSON.parse(event.data);
     if (frame.type !== "agent-tool-event") return;
-    lastFrame = Date.now();
     const key = agentToolEventDedupeKey(frame);
     if (client.seen.has(key)) return;
     client.seen.add(key);
@@ -46,7 +45,11 @@ for await (const line of lines) {
     await connect(command.who, command.host);
     console.log(JSON.stringify({ connected: command.who }));
   } else if (command.cmd === "dump") {
-    while (Date.now() - lastFrame < 700) await new Promise((r) => setTimeout(r, 50));
+    const settled = (state) => {
+      const runs = Object.values(state.runsById);
+      return runs.length >= command.runs && runs.every((run) => run.status === command.status);
+    };
+    while (!settled(clients.steady.state) || !settled(clients.late.state)) await new Promise((r) => setTimeout(r, 20));
     console.log(JSON.stringify({ steady: clients.steady.state, late: clients.late.state }));
     for (const client of Object.values(clients)) client.agent?.close();
     process.exit(0);

@@ -16,7 +16,7 @@ use crate::agent::Agent;
 use crate::cancel::CancelToken;
 use crate::observability::{EventType, ObservabilityEvent};
 use crate::parent::engine::{
-    ChildAddress, Delivery, HookCall, ParentAction, ParentEvent, TailOpenError, INSPECT_TIMEOUT_MS,
+    ChildAddress, Delivery, HookCall, ParentAction, ParentEvent, StartError, TailOpenError, INSPECT_TIMEOUT_MS,
 };
 use crate::platform::{now_ms, AgentHost};
 use crate::protocol::child_api::{self, CancelRequest, InspectionReply};
@@ -62,9 +62,13 @@ impl<A: Agent> AgentHost<A> {
                             Ok(resp) if resp.status_code() == 200 => Ok(()),
                             Ok(mut resp) => {
                                 let body = resp.text().await.unwrap_or_default();
-                                Err(format!("{} refused to start the run ({}): {body}", to.binding, resp.status_code()))
+                                let status = resp.status_code();
+                                Err(StartError::Refused(format!(
+                                    "{} refused to start the run ({status}): {body}",
+                                    to.binding
+                                )))
                             }
-                            Err(e) => Err(format!("could not reach {}: {e}", to.binding)),
+                            Err(e) => Err(StartError::Unreachable(format!("{}: {e}", to.binding))),
                         };
                         host.feed(ParentEvent::StartReplied { run_id, gen, result });
                     });
