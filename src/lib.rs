@@ -176,9 +176,11 @@ pub use tools::{AgentTool, Tool, ToolContext, Tools};
 /// [`AgentToolOptions`] fields.
 pub mod limits {
     pub use crate::model::sse::MAX_SSE_LINE_BYTES;
+    pub use crate::parent::engine::MAX_CHILD_CLEAR_ATTEMPTS;
     pub use crate::parent::engine::{MAX_DISPLAY_BYTES, MAX_INPUT_BYTES, RETENTION_BATCH};
     pub use crate::parent::registry::{MAX_TOMBSTONES, REPLAY_PAGE_FRAMES, REPLAY_PAGE_RUNS};
     pub use crate::platform::chat::{MAX_QUEUED_TURNS, MAX_WAITING_TURNS};
+    pub use crate::platform::child::{TAIL_PAGE, TAIL_QUEUE};
     pub use crate::platform::route::MAX_BODY_BYTES;
     pub use crate::protocol::tail::MAX_TAIL_LINE_BYTES;
 }

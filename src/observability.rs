@@ -63,6 +63,11 @@ pub enum EventType {
     /// maxAgeMs}`.
     #[serde(rename = "agent_tool:retention")]
     Retention,
+    /// The child of a deleted run could not be made to delete its storage after
+    /// [`crate::limits::MAX_CHILD_CLEAR_ATTEMPTS`] tries, a minute apart; payload `{runId,
+    /// child}`. Its storage stays until it is cleared by hand.
+    #[serde(rename = "agent_tool:retention:child_clear_failed")]
+    ChildClearFailed,
     /// `report_progress` was called outside a live run and ignored; payload `{runId, why}`.
     #[serde(rename = "agent_tool:progress:ignored")]
     ProgressIgnored,

@@ -153,9 +153,16 @@ impl<'a, S: Sql + ?Sized> StreamLog<'a, S> {
 
     /// The chunks of `stream` with an index greater than `after`, in order.
     pub fn after(&self, stream: &str, after: i64) -> Result<Vec<StoredChunk>, StoreError> {
+        self.page_after(stream, after, -1)
+    }
+
+    /// At most `limit` chunks of `stream` with an index greater than `after`, in order (a
+    /// negative `limit`: all of them; SQLite's `LIMIT -1`, since a Durable Object binds integers
+    /// as JavaScript numbers, which cannot carry `i64::MAX`).
+    pub fn page_after(&self, stream: &str, after: i64, limit: i64) -> Result<Vec<StoredChunk>, StoreError> {
         let rows = self.sql.exec(
-            "SELECT idx, kind, body FROM chat_stream_chunks WHERE stream_id = ? AND idx > ? ORDER BY idx",
-            &[V::from(stream), V::Int(after)],
+            "SELECT idx, kind, body FROM chat_stream_chunks WHERE stream_id = ? AND idx > ? ORDER BY idx LIMIT ?",
+            &[V::from(stream), V::Int(after), V::Int(limit)],
         )?;
         Ok(rows
             .iter()

@@ -115,8 +115,11 @@ pub enum TailError {
 pub struct TailStart {
     /// Lines to send first, in order (ending with the `end` line when the run is over).
     pub lines: Vec<Vec<u8>>,
-    /// The live subscription, when the run is still going.
+    /// The live subscription, when the run is still going (and the backlog fit in one page).
     pub subscriber: Option<SubscriberId>,
+    /// The page was full: send `lines`, then tail again after this log index (no subscription
+    /// and no `end` line yet). A long backlog goes out a page at a time, never all in memory.
+    pub more_after: Option<i64>,
 }
 
 /// The child role's in-memory state: the runs live in this instance. Everything else is in
@@ -390,23 +393,30 @@ impl ChildEngine {
         Ok(actions)
     }
 
-    /// A parent tails the run after log index `after`: the stored chunks and, for a live run, a
-    /// subscription to the rest, in one step (no gap, no duplicate); for an ended run, the `end`
-    /// line. A run that lost its turn is healed first.
+    /// A parent tails the run after log index `after`: the stored chunks, at most `page` of
+    /// them, and once they are all out, for a live run, a subscription to the rest, in the same
+    /// step (no gap, no duplicate); for an ended run, the `end` line. A full page asks for
+    /// another ([`TailStart::more_after`]). A run that lost its turn is healed first.
     pub fn tail(
         &mut self,
         sql: &(impl Sql + ?Sized),
         run_id: &str,
         after: i64,
+        page: usize,
         now: i64,
     ) -> Result<(TailStart, Vec<ChildAction>), TailError> {
         let runs = ChildRuns::new(sql);
         let run = runs.get(run_id).map_err(TailError::Store)?.ok_or(TailError::Unknown)?;
         let mut actions = Vec::new();
         let run = self.reconcile(sql, run, now, &mut actions).map_err(TailError::Store)?;
-        let mut lines: Vec<Vec<u8>> = runs
-            .chunks_after(run_id, after)
-            .map_err(TailError::Store)?
+        let chunks = runs.chunks_after(run_id, after, page.max(1)).map_err(TailError::Store)?;
+        if chunks.len() >= page.max(1) {
+            let last = chunks.last().map_or(after, |c| c.index);
+            let lines = chunks.into_iter().map(|c| TailLine::Chunk { i: Some(c.index), k: c.kind, b: c.body, r: None });
+            let lines = lines.map(|l| l.to_line().into_bytes()).collect();
+            return Ok((TailStart { lines, subscriber: None, more_after: Some(last) }, actions));
+        }
+        let mut lines: Vec<Vec<u8>> = chunks
             .into_iter()
             .map(|c| TailLine::Chunk { i: Some(c.index), k: c.kind, b: c.body, r: None }.to_line().into_bytes())
             .collect();
@@ -423,7 +433,7 @@ impl ChildEngine {
                 None
             }
         };
-        Ok((TailStart { lines, subscriber }, actions))
+        Ok((TailStart { lines, subscriber, more_after: None }, actions))
     }
 
     /// A tail went away (its reader closed): it gets nothing more. The run goes on.
@@ -532,7 +542,7 @@ mod tests {
         let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
         engine.start(&db, &start("r"), 1).unwrap();
         engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":0}".into(), None, false).unwrap();
-        let (tail, _) = engine.tail(&db, "r", -1, 2).unwrap();
+        let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, 2).unwrap();
         assert_eq!(tail.lines.len(), 1);
         let sub = tail.subscriber.unwrap();
         let (_, actions) = engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":1}".into(), None, false).unwrap();
@@ -541,9 +551,32 @@ mod tests {
             RunOutcome { status: OutcomeStatus::Completed, summary: Some("s".into()), output: None, error: None };
         let actions = engine.turn_ended(&db, "r", &done, false, &id, 3).unwrap();
         assert!(matches!(&actions[..], [ChildAction::Send { .. }, ChildAction::Close { .. }]));
-        let (tail, _) = engine.tail(&db, "r", 0, 4).unwrap();
+        let (tail, _) = engine.tail(&db, "r", 0, usize::MAX, 4).unwrap();
         assert_eq!(tail.lines.len(), 2, "the rest of the log and the end line");
         assert!(tail.subscriber.is_none());
+    }
+
+    #[test]
+    fn a_long_backlog_goes_out_a_page_at_a_time_then_the_subscription() {
+        let db = db();
+        let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+        engine.start(&db, &start("r"), 1).unwrap();
+        for n in 0..5 {
+            engine.emit(&db, "r", ChunkKind::Stored, format!("{{\"n\":{n}}}"), None, false).unwrap();
+        }
+        let (first, _) = engine.tail(&db, "r", -1, 2, 2).unwrap();
+        assert_eq!((first.lines.len(), first.more_after, first.subscriber), (2, Some(1), None));
+        let (second, _) = engine.tail(&db, "r", 1, 2, 2).unwrap();
+        assert_eq!((second.lines.len(), second.more_after), (2, Some(3)));
+        // A chunk stored between pages is in a later one: nothing is skipped.
+        engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":5}".into(), None, false).unwrap();
+        let (third, _) = engine.tail(&db, "r", 3, 2, 2).unwrap();
+        assert_eq!((third.lines.len(), third.more_after), (2, Some(5)));
+        let (last, _) = engine.tail(&db, "r", 5, 2, 2).unwrap();
+        assert!(last.lines.is_empty() && last.more_after.is_none());
+        let sub = last.subscriber.expect("subscribed once the backlog is out");
+        let (_, actions) = engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":6}".into(), None, false).unwrap();
+        assert!(matches!(&actions[..], [ChildAction::Send { subscriber, .. }] if *subscriber == sub));
     }
 
     #[test]
@@ -560,7 +593,7 @@ mod tests {
         assert_eq!((inspection.run.status, inspection.run.attempt), (ChildStatus::Running, 2));
         let (_, again) = after.inspect(&db, "r", 6).unwrap();
         assert!(begins(&again).is_empty(), "never re-run twice for one restart");
-        let (tail, _) = after.tail(&db, "r", -1, 7).unwrap();
+        let (tail, _) = after.tail(&db, "r", -1, usize::MAX, 7).unwrap();
         assert_eq!(tail.lines.len(), 2, "the partial chunk and the marker");
         assert!(String::from_utf8_lossy(&tail.lines[1]).contains("\"k\":\"superseded\""));
     }
@@ -608,7 +641,7 @@ mod tests {
         let (inspection, actions) = after.inspect(&db, "r", 5).unwrap();
         assert_eq!(begins(&actions), [1]);
         assert_eq!(inspection.unwrap().run.status, ChildStatus::Running);
-        let (tail, _) = after.tail(&db, "r", -1, 6).unwrap();
+        let (tail, _) = after.tail(&db, "r", -1, usize::MAX, 6).unwrap();
         assert!(tail.lines.is_empty(), "no marker: there is no earlier attempt to set apart");
     }
 }

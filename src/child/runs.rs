@@ -278,9 +278,11 @@ impl<'a, S: Sql + ?Sized> ChildRuns<'a, S> {
         StreamLog::new(self.sql).next_index(run_id)
     }
 
-    /// Stored chunks with an index greater than `after`, in order.
-    pub fn chunks_after(&self, run_id: &str, after: i64) -> Result<Vec<StoredChunk>, StoreError> {
-        StreamLog::new(self.sql).after(run_id, after)
+    /// Stored chunks with an index greater than `after`, in order, at most `limit`.
+    pub fn chunks_after(&self, run_id: &str, after: i64, limit: usize) -> Result<Vec<StoredChunk>, StoreError> {
+        // Beyond what a JavaScript number holds exactly means "all" (see `page_after`).
+        let limit = if limit as u64 > (1u64 << 52) { -1 } else { limit as i64 };
+        StreamLog::new(self.sql).page_after(run_id, after, limit)
     }
 
     /// Records the outcome unless the run already ended. Returns whether it was written.
@@ -389,13 +391,13 @@ mod tests {
             StreamLog::new(&db).append("r", i, kind, &format!("{{\"n\":{i}}}")).unwrap();
         }
         assert_eq!(runs.next_index("r").unwrap(), 5);
-        let after = runs.chunks_after("r", 2).unwrap();
+        let after = runs.chunks_after("r", 2, usize::MAX).unwrap();
         assert_eq!(after.iter().map(|c| c.index).collect::<Vec<_>>(), vec![3, 4]);
         assert_eq!(after[0].kind, ChunkKind::Milestone);
-        assert_eq!(runs.chunks_after("r", -1).unwrap().len(), 5);
+        assert_eq!(runs.chunks_after("r", -1, usize::MAX).unwrap().len(), 5);
         // Re-appending an index is ignored, never a duplicate.
         StreamLog::new(&db).append("r", 4, ChunkKind::Stored, "{\"dup\":1}").unwrap();
-        assert_eq!(runs.chunks_after("r", 3).unwrap()[0].body, "{\"n\":4}");
+        assert_eq!(runs.chunks_after("r", 3, usize::MAX).unwrap()[0].body, "{\"n\":4}");
     }
 
     #[test]

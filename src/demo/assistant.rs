@@ -77,6 +77,9 @@ pub enum DemoHandler {
 const HOOK_LOG: &str = "CREATE TABLE IF NOT EXISTS demo_hook_log (n INTEGER PRIMARY KEY AUTOINCREMENT, \
     run_id TEXT NOT NULL, hook TEXT NOT NULL, status TEXT)";
 
+/// Scheduled tasks the demo's `schedule` RPC lets wait at once, per parent.
+const DEMO_SCHEDULED_TASKS: usize = 100;
+
 /// Hook calls `demo_hook_log` keeps (the newest).
 const HOOK_LOG_ROWS: i64 = 10_000;
 
@@ -256,6 +259,9 @@ impl Agent for Assistant {
             "schedule" => {
                 let task: ScheduledResearch =
                     serde_json::from_value(arg).map_err(|e| format!("schedule expects {{inMs, topic, runId}}: {e}"))?;
+                if host.scheduled().len() >= DEMO_SCHEDULED_TASKS {
+                    return Err(format!("at most {DEMO_SCHEDULED_TASKS} scheduled tasks may wait at once"));
+                }
                 let id = host.schedule_in(task.in_ms, &task).await?;
                 Ok(json!({ "taskId": id, "scheduled": host.scheduled().len() }))
             }

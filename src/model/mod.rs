@@ -161,6 +161,15 @@ pub enum ModelError {
         /// The id the log line carries.
         id: String,
     },
+    /// The provider reported an error inside its stream. Its words can hold what clients must
+    /// not see: the built-in providers log `detail` under `id` and clear it, and the error
+    /// clients get names the id only.
+    Reported {
+        /// The id the log line carries.
+        id: String,
+        /// The provider's words (empty once logged).
+        detail: String,
+    },
     /// The stream did not follow the protocol.
     Protocol(String),
     /// Nothing arrived for this long.
@@ -179,6 +188,9 @@ impl std::fmt::Display for ModelError {
         match self {
             Self::Http { status, id } => {
                 write!(f, "model provider answered HTTP {status} (error {id}; the details are in the Worker's log)")
+            }
+            Self::Reported { id, .. } => {
+                write!(f, "model provider reported an error (error {id}; the details are in the Worker's log)")
             }
             Self::Protocol(e) => write!(f, "model provider sent a malformed stream: {e}"),
             Self::Stalled { after_ms } => write!(f, "model provider sent nothing for {after_ms} ms"),

@@ -123,8 +123,8 @@ impl EventDecoder for StreamDecoder {
             self.done = true;
             return self.flush();
         }
-        let chunk: Value = serde_json::from_str(data)
-            .map_err(|e| ModelError::Protocol(format!("event is not JSON ({e}): {}", preview(data))))?;
+        let chunk: Value =
+            serde_json::from_str(data).map_err(|e| ModelError::Protocol(format!("an event is not JSON ({e})")))?;
         self.feed_chunk(&chunk)
     }
 
@@ -147,8 +147,10 @@ impl StreamDecoder {
             return Ok(Vec::new());
         }
         if let Some(error) = chunk.get("error") {
+            // The provider's words may quote a key or an internal detail: they go to the log
+            // under an id, and clients get the id.
             let message = error.get("message").and_then(Value::as_str).map_or_else(|| error.to_string(), str::to_owned);
-            return Err(ModelError::Protocol(format!("provider error: {message}")));
+            return Err(ModelError::Reported { id: String::new(), detail: message.chars().take(2000).collect() });
         }
         let mut events = Vec::new();
         let Some(choice) = chunk.get("choices").and_then(|c| c.get(0)) else {
@@ -216,15 +218,6 @@ impl StreamDecoder {
         let reason = self.finish_reason.take().unwrap_or_else(|| if has_calls { "tool-calls" } else { "stop" }.into());
         events.push(ModelEvent::Finish(reason));
         Ok(events)
-    }
-}
-
-fn preview(s: &str) -> String {
-    let cut: String = s.chars().take(120).collect();
-    if cut.len() < s.len() {
-        format!("{cut}…")
-    } else {
-        cut
     }
 }
 
@@ -329,8 +322,11 @@ mod tests {
         ));
         assert!(matches!(
             decode(&[r#"{"error":{"message":"quota"}}"#]),
-            Err(ModelError::Protocol(m)) if m.contains("quota")
+            Err(ModelError::Reported { detail, .. }) if detail == "quota"
         ));
+        // What clients see names no content of the provider's.
+        let Err(shown) = decode(&["{\"secret\": sk-123"]) else { panic!("an error") };
+        assert!(!shown.to_string().contains("sk-"), "{shown}");
     }
 
     #[test]

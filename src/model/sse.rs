@@ -17,7 +17,11 @@ impl SseDecoder {
         self.pending.extend_from_slice(bytes);
         let mut events = Vec::new();
         let mut start = 0;
+        let too_long = || format!("the provider sent a stream line or event longer than {MAX_SSE_LINE_BYTES} bytes");
         while let Some(len) = self.pending[start..].iter().position(|&b| b == b'\n') {
+            if len > MAX_SSE_LINE_BYTES {
+                return Err(too_long());
+            }
             let raw = &self.pending[start..start + len];
             start += len + 1;
             let line = std::str::from_utf8(raw).map_err(|e| format!("invalid UTF-8: {e}"))?;
@@ -28,13 +32,14 @@ impl SseDecoder {
                 }
             } else if let Some(value) = line.strip_prefix("data:") {
                 self.data.push(value.strip_prefix(' ').unwrap_or(value).to_owned());
+                if self.data.iter().map(String::len).sum::<usize>() > MAX_SSE_LINE_BYTES {
+                    return Err(too_long());
+                }
             }
         }
         self.pending.drain(..start);
-        if self.pending.len() > MAX_SSE_LINE_BYTES
-            || self.data.iter().map(String::len).sum::<usize>() > MAX_SSE_LINE_BYTES
-        {
-            return Err(format!("the provider sent a stream line or event longer than {MAX_SSE_LINE_BYTES} bytes"));
+        if self.pending.len() > MAX_SSE_LINE_BYTES {
+            return Err(too_long());
         }
         Ok(events)
     }
@@ -69,6 +74,18 @@ mod tests {
         let mut d = SseDecoder::default();
         assert!(d.push(b"data: tail").unwrap().is_empty());
         assert_eq!(d.finish().unwrap().as_deref(), Some("tail"));
+    }
+
+    #[test]
+    fn a_whole_line_or_event_past_the_limit_in_one_read_is_an_error() {
+        let mut line = b"data: ".to_vec();
+        line.extend(vec![b'x'; MAX_SSE_LINE_BYTES + 1]);
+        line.extend(b"\n\n");
+        assert!(SseDecoder::default().push(&line).unwrap_err().contains("longer than"));
+        // Many short data lines of one event, past the limit together.
+        let half = format!("data: {}\n", "y".repeat(MAX_SSE_LINE_BYTES / 2 + 1));
+        let event = format!("{half}{half}\n");
+        assert!(SseDecoder::default().push(event.as_bytes()).unwrap_err().contains("longer than"));
     }
 
     #[test]

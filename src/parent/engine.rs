@@ -104,6 +104,14 @@ pub enum StartError {
     Unreachable(String),
 }
 
+/// How long an owed child clear waits before it is asked again.
+pub const CHILD_CLEAR_RETRY_MS: i64 = 60_000;
+/// How many times a child is asked to delete a deleted run's storage before the engine gives
+/// up (with [`EventType::ChildClearFailed`]).
+pub const MAX_CHILD_CLEAR_ATTEMPTS: i64 = 20;
+/// Owed child clears asked again per alarm.
+const CHILD_CLEAR_BATCH: usize = 50;
+
 /// What happened, reported by the platform (or the simulation).
 #[derive(Debug, Clone, PartialEq)]
 pub enum ParentEvent {
@@ -167,6 +175,13 @@ pub enum ParentEvent {
         gen: u64,
         /// Which.
         timer: Timer,
+    },
+    /// A child answered a clear (`Err`: it could not be reached or failed; the alarm retries).
+    ChildCleared {
+        /// The run.
+        run_id: String,
+        /// The answer.
+        result: Result<(), String>,
     },
     /// A delivery the engine asked for ended.
     DeliveryDone {
@@ -483,6 +498,16 @@ impl ParentEngine {
             let actions = self.drive(sql, &existing, input, detached, true, now);
             return (Admitted::Driving(existing), actions);
         }
+        // A deleted run whose child has not yet deleted its storage: starting it now would find
+        // the old run there. Refused (nothing written) and the clear asked again.
+        if let Ok(Some((binding, name))) = registry.child_clear_owed(&new.run_id) {
+            let problem = format!(
+                "run id {:?} was cleared and its child has not yet deleted its storage; dispatch it again shortly",
+                new.run_id
+            );
+            let retry = ParentAction::ClearChild { run_id: new.run_id.clone(), to: ChildAddress { binding, name } };
+            return (Admitted::Refused(problem), vec![retry]);
+        }
         if let Some(limit) = self.options.max_concurrent {
             match registry.live_count() {
                 Ok(live) if live >= limit as i64 => return (Admitted::Full(limit), Vec::new()),
@@ -597,6 +622,11 @@ impl ParentEngine {
             }
             ParentEvent::Inspected { run_id, gen, result } => self.on_inspected(sql, &run_id, gen, result, now),
             ParentEvent::Timer { run_id, gen, timer } => self.on_timer(sql, &run_id, gen, timer, now),
+            ParentEvent::ChildCleared { run_id, result } => match result {
+                Ok(()) => Registry::new(sql).child_cleared(&run_id).err().map(store_err).unwrap_or_default(),
+                // Retried by the alarm.
+                Err(_) => vec![ParentAction::ArmAlarm { at: now + CHILD_CLEAR_RETRY_MS }],
+            },
             ParentEvent::DeliveryDone { run_id, slot, attempt, result } => {
                 self.on_delivery_done(sql, &run_id, slot, attempt, result, now)
             }
@@ -1084,7 +1114,7 @@ impl ParentEngine {
         let mut actions = Vec::new();
         for run_id in &doomed {
             let Ok(Some(record)) = registry.get(run_id) else { continue };
-            actions.push(ParentAction::ClearChild { run_id: run_id.clone(), to: self.address(sql, &record) });
+            actions.push(self.clear_child(sql, &record, now));
             self.watching.remove(run_id);
         }
         if registry.delete(&doomed).is_err() {
@@ -1119,12 +1149,49 @@ impl ParentEngine {
             if !run.status.is_hard_terminal() {
                 actions.extend(self.cancel(sql, &run.run_id, Some("cleared".into()), now));
             }
-            actions.push(ParentAction::ClearChild { run_id: run.run_id.clone(), to: self.address(sql, &run) });
+            actions.push(self.clear_child(sql, &run, now));
             registry.delete(std::slice::from_ref(&run.run_id))?;
             self.watching.remove(&run.run_id);
             cleared.push(run.run_id);
         }
         Ok((cleared, actions))
+    }
+
+    /// Asks the child of a run being deleted to delete its storage, and keeps that owed until
+    /// the child says it did (the alarm retries a failed call).
+    fn clear_child(&self, sql: &(impl Sql + ?Sized), run: &RunRecord, now: i64) -> ParentAction {
+        let to = self.address(sql, run);
+        if let Err(e) =
+            Registry::new(sql).owe_child_clear(&run.run_id, &to.binding, &to.name, now + CHILD_CLEAR_RETRY_MS)
+        {
+            return ParentAction::Observe(
+                EventType::ChildClearFailed,
+                json!({ "runId": run.run_id, "error": e.to_string() }),
+            );
+        }
+        ParentAction::ClearChild { run_id: run.run_id.clone(), to }
+    }
+
+    /// The owed clears that are due again, asked again; one tried
+    /// [`MAX_CHILD_CLEAR_ATTEMPTS`] times is given up with an event.
+    fn retry_child_clears(&self, sql: &(impl Sql + ?Sized), now: i64) -> Vec<ParentAction> {
+        let registry = Registry::new(sql);
+        let Ok(due) = registry.child_clears_due(now, now + CHILD_CLEAR_RETRY_MS, CHILD_CLEAR_BATCH) else {
+            return Vec::new();
+        };
+        let mut actions = Vec::new();
+        for (run_id, binding, name, attempts) in due {
+            if attempts > MAX_CHILD_CLEAR_ATTEMPTS {
+                let _ = registry.child_cleared(&run_id);
+                actions.push(ParentAction::Observe(
+                    EventType::ChildClearFailed,
+                    json!({ "runId": run_id, "child": name, "attempts": attempts - 1 }),
+                ));
+                continue;
+            }
+            actions.push(ParentAction::ClearChild { run_id, to: ChildAddress { binding, name } });
+        }
+        actions
     }
 
     // ----- recovery, backbone, watching ---------------------------------------------------
@@ -1146,6 +1213,7 @@ impl ParentEngine {
         self.quiet_ticks = if changed { 0 } else { self.quiet_ticks + 1 };
         actions.extend(self.watch_tick(sql, now));
         actions.extend(self.retain(sql, now));
+        actions.extend(self.retry_child_clears(sql, now));
         let registry = Registry::new(sql);
         let mut next: Option<i64> = None;
         let mut sooner = |at: i64| next = Some(next.map_or(at, |n: i64| n.min(at)));
@@ -1156,6 +1224,9 @@ impl ParentEngine {
         if let (Some(max_age), Ok(Some(oldest))) = (self.options.retention.max_age_ms, registry.oldest_finished_at()) {
             // The oldest finished run comes of age then (never sooner than a second from now).
             sooner((oldest + max_age as i64).max(now + 1000));
+        }
+        if registry.child_clears_pending().unwrap_or(0) > 0 {
+            sooner(now + CHILD_CLEAR_RETRY_MS);
         }
         let watched = registry.watched(now, WATCH_MS).map(|w| w.len()).unwrap_or(0);
         let outstanding = Ledger::new(sql).outstanding().map(|o| o.len()).unwrap_or(0);

@@ -73,6 +73,13 @@ CREATE TABLE IF NOT EXISTS agent_tool_tombstones (
   run_id TEXT PRIMARY KEY,
   next_seq INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS agent_tool_child_clears (
+  run_id TEXT PRIMARY KEY,
+  binding TEXT NOT NULL,
+  name TEXT NOT NULL,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  next_at INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS agent_tool_frames (
   run_id TEXT NOT NULL,
   seq INTEGER NOT NULL,
@@ -511,14 +518,17 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
         ended_before: Option<i64>,
         limit: usize,
     ) -> Result<Vec<String>, StoreError> {
-        let keep = keep.map_or(i64::MAX, |k| k as i64);
+        // "No limit" as a number a JavaScript double holds exactly (a Durable Object binds
+        // integers as doubles).
+        const NONE: i64 = 1 << 52;
+        let keep = keep.map_or(NONE, |k| (k as i64).min(NONE));
         let rows = self.sql.exec(
             "SELECT run_id FROM agent_tool_runs WHERE status NOT IN ('starting', 'running') \
              AND (completed_at < ? OR run_id IN (SELECT run_id FROM agent_tool_runs \
                WHERE status NOT IN ('starting', 'running') \
                ORDER BY completed_at DESC, run_id DESC LIMIT -1 OFFSET ?)) \
              ORDER BY completed_at, run_id LIMIT ?",
-            &[V::Int(ended_before.unwrap_or(i64::MIN)), V::Int(keep), V::Int(limit as i64)],
+            &[V::Int(ended_before.unwrap_or(-NONE)), V::Int(keep), V::Int(limit as i64)],
         )?;
         Ok(rows.iter().filter_map(|r| r.text(0)).collect())
     }
@@ -552,6 +562,63 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
             )?;
         }
         Ok(())
+    }
+
+    /// Records that the child of a deleted run still has to delete its storage (kept until it
+    /// says it did, so a failed call is retried, never forgotten).
+    pub fn owe_child_clear(&self, run_id: &str, binding: &str, name: &str, now: i64) -> Result<(), StoreError> {
+        self.sql.exec(
+            "INSERT INTO agent_tool_child_clears (run_id, binding, name, next_at) VALUES (?, ?, ?, ?) \
+             ON CONFLICT (run_id) DO UPDATE SET binding = excluded.binding, name = excluded.name",
+            &[V::from(run_id), V::from(binding), V::from(name), V::Int(now)],
+        )?;
+        Ok(())
+    }
+
+    /// The child of `run_id` deleted its storage.
+    pub fn child_cleared(&self, run_id: &str) -> Result<(), StoreError> {
+        self.sql.exec("DELETE FROM agent_tool_child_clears WHERE run_id = ?", &[V::from(run_id)])?;
+        Ok(())
+    }
+
+    /// The child (`binding`, `name`) of `run_id`, while it still owes a clear.
+    pub fn child_clear_owed(&self, run_id: &str) -> Result<Option<(String, String)>, StoreError> {
+        let row =
+            self.sql.one("SELECT binding, name FROM agent_tool_child_clears WHERE run_id = ?", &[V::from(run_id)])?;
+        Ok(row.map(|r| (r.text(0).unwrap_or_default(), r.text(1).unwrap_or_default())))
+    }
+
+    /// How many children still owe a clear.
+    pub fn child_clears_pending(&self) -> Result<i64, StoreError> {
+        let row = self.sql.one("SELECT COUNT(*) FROM agent_tool_child_clears", &[])?;
+        Ok(row.and_then(|r| r.int(0)).unwrap_or(0))
+    }
+
+    /// Up to `limit` owed clears that are due, as `(run_id, binding, name, attempts)`, each
+    /// counted as one more attempt and not due again before `retry_at`.
+    pub fn child_clears_due(
+        &self,
+        now: i64,
+        retry_at: i64,
+        limit: usize,
+    ) -> Result<Vec<(String, String, String, i64)>, StoreError> {
+        let rows = self.sql.exec(
+            "UPDATE agent_tool_child_clears SET attempts = attempts + 1, next_at = ?1 WHERE run_id IN \
+             (SELECT run_id FROM agent_tool_child_clears WHERE next_at <= ?2 ORDER BY next_at LIMIT ?3) \
+             RETURNING run_id, binding, name, attempts",
+            &[V::Int(retry_at), V::Int(now), V::Int(limit as i64)],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                (
+                    r.text(0).unwrap_or_default(),
+                    r.text(1).unwrap_or_default(),
+                    r.text(2).unwrap_or_default(),
+                    r.int(3).unwrap_or(0),
+                )
+            })
+            .collect())
     }
 
     /// The stored frames of a run (chunks and milestones) after sequence `after`, in order.

@@ -240,6 +240,16 @@ fn check_end(world: &mut World) -> Result<(), String> {
             }
         }
     }
+    // Cleared runs: every child deleted its storage (a failed clear was asked again).
+    let owed = registry.child_clears_pending().map_err(|e| e.to_string())?;
+    if owed != 0 {
+        return Err(format!("{owed} children still owe a clear at the end"));
+    }
+    for run_id in world.children_holding_runs() {
+        if !runs.iter().any(|r| r.run_id == run_id) {
+            return Err(format!("the child of cleared run {run_id} still holds it"));
+        }
+    }
     // Slots: none leaked.
     let live = registry.live_count().map_err(|e| e.to_string())?;
     if live != 0 {

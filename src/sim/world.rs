@@ -83,6 +83,9 @@ pub enum Handler {
     Always,
 }
 
+/// The chunks a simulated child's tail reads at a time.
+const SIM_TAIL_PAGE: usize = 3;
+
 /// One dispatch the scenario makes.
 #[derive(Debug, Clone)]
 pub struct Planned {
@@ -347,6 +350,15 @@ impl World {
 
     fn dropped(&mut self) -> bool {
         self.faults_allowed() && self.rng.chance(self.drop_rate)
+    }
+
+    /// The run ids whose child still has a run row.
+    pub fn children_holding_runs(&self) -> Vec<String> {
+        self.children
+            .iter()
+            .filter(|(run_id, child)| matches!(ChildRuns::new(&child.db).get(run_id), Ok(Some(_))))
+            .map(|(run_id, _)| run_id.clone())
+            .collect()
     }
 
     /// Schedules a crash of the parent at `at`.
@@ -754,7 +766,13 @@ impl World {
                 }
                 ParentAction::ClearChild { run_id, .. } => {
                     let at = self.now + self.hop();
-                    self.schedule(at, Ev::Child { run_id, epoch, req: ChildReq::Clear });
+                    if self.dropped() {
+                        self.trace(|| format!("DROP clear {run_id}"));
+                        let event = ParentEvent::ChildCleared { run_id, result: Err("dropped".into()) };
+                        self.schedule(at, Ev::Parent { epoch, event });
+                    } else {
+                        self.schedule(at, Ev::Child { run_id, epoch, req: ChildReq::Clear });
+                    }
                 }
                 ParentAction::SetTimer { run_id, gen, timer, at } => {
                     self.schedule(at, Ev::Parent { epoch, event: ParentEvent::Timer { run_id, gen, timer } });
@@ -863,7 +881,21 @@ impl World {
             ChildReq::Tail { after, gen } => {
                 let child = self.child(run_id);
                 let engine = child.engine.as_mut().expect("activated");
-                let result = engine.tail(&child.db, run_id, after, now);
+                // Small pages, so a tail's backlog often takes several (read one after another,
+                // as the platform's tail body does).
+                let mut result = engine.tail(&child.db, run_id, after, SIM_TAIL_PAGE, now);
+                while let Ok((start, actions)) = &mut result {
+                    let Some(more) = start.more_after else { break };
+                    match engine.tail(&child.db, run_id, more, SIM_TAIL_PAGE, now) {
+                        Ok((next, more_actions)) => {
+                            start.lines.extend(next.lines);
+                            start.subscriber = next.subscriber;
+                            start.more_after = next.more_after;
+                            actions.extend(more_actions);
+                        }
+                        Err(e) => result = Err(e),
+                    }
+                }
                 let at = self.now + self.hop();
                 let (start, actions) = match result {
                     Ok(started) => started,
@@ -932,6 +964,9 @@ impl World {
                     child.turn = None;
                     child.epoch += 1;
                 }
+                let event = ParentEvent::ChildCleared { run_id: run_id.to_owned(), result: Ok(()) };
+                let at = self.now + self.hop();
+                self.schedule(at, Ev::Parent { epoch: parent_epoch, event });
             }
         }
     }
@@ -1170,5 +1205,6 @@ fn describe(event: &ParentEvent) -> String {
         ParentEvent::DeliveryDone { run_id, slot, attempt, result } => {
             format!("delivered {run_id} {slot:?} #{attempt}: {result:?}")
         }
+        ParentEvent::ChildCleared { run_id, result } => format!("child {run_id} cleared: {result:?}"),
     }
 }

@@ -246,6 +246,10 @@ async fn provider_failures_end_turns_and_runs_with_errors() {
         if text.contains("http401") {
             // What OpenAI says to a wrong key: it quotes the key, masked.
             Reply::Status(401, format!("{{\"error\":{{\"message\":\"Incorrect API key provided: {LEAKY_KEY}\"}}}}"))
+        } else if text.contains("instream") {
+            // An error inside a 200 stream, with a key in its words.
+            let error = format!("{{\"error\":{{\"message\":\"Rate limit for key {LEAKY_KEY} reached\"}}}}");
+            Reply::Sse(vec![(0, mock_model::text("Hi")), (0, error)])
         } else if text.contains("http500") {
             Reply::Status(500, "{\"error\":{\"message\":\"upstream exploded\"}}".into())
         } else if text.contains("malformed") {
@@ -285,6 +289,22 @@ async fn provider_failures_end_turns_and_runs_with_errors() {
     let log = worker.log_text();
     let line = log.lines().find(|l| l.contains(id)).expect("the log names the id");
     assert!(line.contains(LEAKY_KEY) && line.contains("HTTP 401"), "the details are in the log: {line}");
+
+    // An error the provider reports inside its stream: the same treatment.
+    let request = client.chat("instream please").await;
+    assert_eq!(client.chat_done(&request).await["outcome"], "error");
+    let error = client
+        .wait_for(WAIT, |f| {
+            f["type"] == "cf_agent_use_chat_response" && f["id"] == request.as_str() && f["error"] == true
+        })
+        .await;
+    let body = error["body"].as_str().unwrap();
+    assert!(body.contains("reported an error"), "{error}");
+    let id = body.split("(error ").nth(1).and_then(|rest| rest.split(';').next()).expect("an error id");
+    assert!(client.frames.iter().all(|f| !f.to_string().contains("sk-")), "a client saw the key");
+    let log = worker.log_text();
+    let line = log.lines().find(|l| l.contains(id)).expect("the log names the id");
+    assert!(line.contains(LEAKY_KEY) && line.contains("Rate limit"), "the details are in the log: {line}");
 
     // Children whose model fails end `error`, each with the provider's problem.
     let results = client.call("research", json!([["http500", "malformed", "stall"]])).await.unwrap();

@@ -31,15 +31,33 @@ async fn access_is_checked_on_every_path_before_anything_runs() {
     assert_eq!(close_code(&worker.ws(&base)).await, 4401);
     assert_eq!(close_code(&worker.ws(&format!("{base}?token=wrong"))).await, 4403);
     assert_eq!(close_code(&worker.ws(&format!("{base}/sub/researcher/r1"))).await, 4401);
+    assert_eq!(close_code(&worker.ws(&format!("{base}/sub/researcher/r1?token=wrong"))).await, 4403);
+    // What a refused socket sends before its close is never read: no run, no turn.
+    let (mut ws, _) = tokio_tungstenite::connect_async(worker.ws(&base)).await.unwrap();
+    use futures_util::SinkExt;
+    let rpc = json!({"type": "rpc", "id": "1", "method": "dispatch",
+                     "args": [{"agent": "Researcher", "runId": "sneaky", "input": {"query": "sneaky"}}]});
+    let chat = json!({"type": "cf_agent_use_chat_request", "id": "c1", "init": {"method": "POST",
+                      "body": json!({"messages": [{"id": "u1", "role": "user", "parts": [{"type": "text", "text": "hi"}]}]}).to_string()}});
+    let _ = ws.send(Message::text(rpc.to_string())).await;
+    let _ = ws.send(Message::text(chat.to_string())).await;
+    while let Ok(Some(Ok(message))) = tokio::time::timeout(WAIT, ws.next()).await {
+        assert!(!message.is_text(), "a refused socket got a frame: {message:?}");
+        if message.is_close() {
+            break;
+        }
+    }
     // HTTP: the transcript, drill-in, the agent's own routes; a bearer header counts too.
     let http = reqwest::Client::new();
     for (method, path) in [
         (reqwest::Method::GET, format!("{base}/get-messages")),
         (reqwest::Method::GET, format!("{base}/sub/researcher/r1/get-messages")),
         (reqwest::Method::POST, base.clone()),
+        (reqwest::Method::POST, format!("{base}/runs")),
         (reqwest::Method::GET, base.clone()),
     ] {
-        let resp = http.request(method.clone(), worker.http(&path)).send().await.unwrap();
+        let body = json!({"query": "through the back door"}).to_string();
+        let resp = http.request(method.clone(), worker.http(&path)).body(body).send().await.unwrap();
         assert_eq!(resp.status(), 401, "{method} {path}");
         let body: Value = resp.json().await.unwrap();
         assert!(body["error"].as_str().unwrap().contains("token"), "{body}");
@@ -59,6 +77,16 @@ async fn access_is_checked_on_every_path_before_anything_runs() {
         .expect("node");
     let seen: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{out:?}"));
     assert_eq!(seen, json!({"closes": [4401], "opened": 1}), "one refusal, then no retry");
+    let out = Command::new("node")
+        .arg(root().join("tests/node/refused.mjs"))
+        .arg(format!("127.0.0.1:{}", worker.port))
+        .arg(&name)
+        .arg("wrong")
+        .current_dir(root())
+        .output()
+        .expect("node");
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{out:?}"));
+    assert_eq!(seen, json!({"closes": [4403], "opened": 1}), "a wrong token: one refusal, then no retry");
 
     // Nothing ran: with the token, the agent has no run and no message, and a guessed
     // drill-in id made no child.
@@ -167,4 +195,35 @@ async fn a_provider_stream_line_past_the_limit_ends_the_turn_with_an_error() {
     assert!(error["body"].as_str().unwrap().contains("longer than 1048576 bytes"), "{error}");
     let request = client.chat("and now a normal one").await;
     assert_ne!(client.chat_done(&request).await["outcome"], "error");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn runs_past_their_age_are_cleared_by_the_alarm_with_no_count_limit() {
+    // Age alone, no count limit.
+    let vars = [("AGENT_TOOL_RETAIN_RUNS", "0"), ("AGENT_TOOL_RETAIN_MS", "1500")];
+    let worker = Worker::start_with(None, &vars).await;
+    let mut client = worker.client(&unique("aging")).await;
+    let args = json!([{"agent": "Researcher", "runId": "old-1", "input": {"query": "ages out", "words": 3}}]);
+    assert_eq!(client.call("dispatch", args.clone()).await.unwrap()["status"], "completed");
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let runs = client.call("runs", json!([])).await.unwrap();
+        if runs.as_array().unwrap().is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never aged out: {runs}\n{}", worker.log_text());
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    }
+    assert!(worker.log_text().contains("agent_tool:retention"), "the alarm cleared it");
+    // Its child's storage went too: the id runs afresh (refused while the child has not yet
+    // confirmed, so asked until it has).
+    let again = loop {
+        let again = client.call("dispatch", args.clone()).await.unwrap();
+        if !again["error"].as_str().is_some_and(|e| e.contains("not yet deleted")) {
+            break again;
+        }
+        assert!(std::time::Instant::now() < deadline, "the child never cleared: {again}");
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    };
+    assert_eq!(again["status"], "completed", "{again}");
 }

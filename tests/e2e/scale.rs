@@ -2,7 +2,7 @@
 //! pages (its peak memory printed) and trims them to its retention policy; fifty clients
 //! connecting, chatting, dispatching, dropping and reconnecting for two minutes.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::time::{Duration, Instant};
 
@@ -28,7 +28,8 @@ fn scale_runs() -> usize {
 #[tokio::test(flavor = "multi_thread")]
 async fn thousands_of_retained_runs_replay_in_pages_and_are_trimmed_to_the_policy() {
     let runs = scale_runs();
-    // 14 words: `started`, 18 chunks (start, text-start, 14 deltas, text-end, finish), `finished`.
+    // 14 words: `started`, 21 chunks (start, start-step, text-start, 14 deltas, text-end,
+    // finish-step, finish, and the child's sources-gathered milestone), `finished`: 23 frames.
     let seed_vars = [
         ("OFFLINE_WORDS", "14"),
         ("OFFLINE_DELAY_MS", "0"),
@@ -74,18 +75,31 @@ async fn thousands_of_retained_runs_replay_in_pages_and_are_trimmed_to_the_polic
     let mut client = Client::connect(&worker.ws(&format!("/agents/assistant/{name}"))).await;
     let mut seen = HashSet::new();
     let mut started = 0;
+    let mut finished: HashMap<String, i64> = HashMap::new();
     while let Some(frame) = client.recv(Duration::from_secs(3)).await {
         if frame["type"] == "agent-tool-event" {
             let key = (frame["event"]["runId"].as_str().unwrap().to_owned(), frame["sequence"].as_i64().unwrap());
-            assert!(seen.insert(key), "a frame twice: {frame}");
+            assert!(seen.insert(key.clone()), "a frame twice: {frame}");
             started += usize::from(frame["event"]["kind"] == "started");
+            if frame["event"]["kind"] == "finished" {
+                finished.insert(key.0, key.1);
+            }
         }
         client.frames.clear();
     }
     let replayed = connecting.elapsed().saturating_sub(Duration::from_secs(3));
     let (peak, now) = worker.workerd_memory_kib().expect("workerd's memory");
     assert_eq!(started, runs, "every run replayed");
-    assert!(seen.len() >= runs * 20, "{} frames for {runs} runs", seen.len());
+    // Every frame once: each run's sequences are 0 ..= its `finished`, with none missing.
+    assert_eq!(finished.len(), runs, "every run's terminal frame");
+    let mut per_run: HashMap<&str, usize> = HashMap::new();
+    for (run_id, _) in &seen {
+        *per_run.entry(run_id).or_default() += 1;
+    }
+    for (run_id, last) in &finished {
+        assert_eq!(per_run[run_id.as_str()] as i64, last + 1, "{run_id}: frames missing before sequence {last}");
+    }
+    assert_eq!(seen.len(), runs * 23, "23 frames a run");
     report(&format!(
         "seeded {runs} runs in {:.1} s; a connect replayed {} frames in {:.2} s; workerd peak RSS {} MiB \
          (before the connect {} MiB, after {} MiB)",
@@ -121,11 +135,11 @@ async fn thousands_of_retained_runs_replay_in_pages_and_are_trimmed_to_the_polic
         assert!(Instant::now() < deadline, "still {} runs", rows.len());
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    println!(
-        "scale: retention trimmed {} runs to {keep} in {:.1} s",
+    report(&format!(
+        "retention trimmed {} runs to {keep} in {:.1} s",
         runs + 1 - keep,
         trimming.elapsed().as_secs_f64()
-    );
+    ));
     assert_eq!(kept.len(), keep);
     assert!(kept.iter().any(|r| r["runId"] == "trigger"), "the newest stay");
     let oldest = oldest.unwrap();
@@ -138,6 +152,24 @@ async fn thousands_of_retained_runs_replay_in_pages_and_are_trimmed_to_the_polic
     late.drain(Duration::from_secs(2)).await;
     let started: Vec<&Value> = late.frames.iter().filter(|f| f["event"]["kind"] == "started").collect();
     assert_eq!(started.len(), keep, "the replay holds the kept runs only");
+    // The trimmed run's child storage went too: its id dispatched again runs afresh (a child
+    // that still held it would answer with the old run's result at once).
+    let args = json!([{"agent": "Researcher", "runId": oldest, "input": {"query": "asked anew", "words": 3}}]);
+    let deadline = Instant::now() + WAIT;
+    let again = loop {
+        let again = late.call("dispatch", args.clone()).await.unwrap();
+        // Refused, writing nothing, while the child has not yet confirmed its clear.
+        if !again["error"].as_str().is_some_and(|e| e.contains("not yet deleted")) {
+            break again;
+        }
+        assert!(Instant::now() < deadline, "the child never cleared: {again}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(
+        again["summary"],
+        agent_tools::model::OfflineModel::research_answer("asked anew", 3).as_str(),
+        "{again}"
+    );
     drop(state);
 }
 

@@ -6,13 +6,16 @@ use std::pin::Pin;
 use futures::channel::mpsc;
 
 /// Live lines a child holds for one tail before it cuts a reader that does not keep up.
-pub(crate) const TAIL_QUEUE: usize = 4096;
+pub const TAIL_QUEUE: usize = 4096;
+/// Stored lines a tail reads from the log at a time: a long backlog is sent a page at a time,
+/// each read when the reader has taken the one before, so its memory does not grow with it.
+pub const TAIL_PAGE: usize = 1024;
 use futures::{Stream, StreamExt};
 use serde_json::json;
 use worker::{Method, Request, Response};
 
 use crate::agent::Agent;
-use crate::child::engine::TailError;
+use crate::child::engine::{TailError, TailStart};
 use crate::platform::{json_error, now_ms, AgentHost};
 use crate::protocol::child_api::{CancelRequest, StartRequest};
 use crate::run::ClearFilter;
@@ -90,31 +93,16 @@ impl<A: Agent> AgentHost<A> {
     }
 
     fn tail(&self, run_id: &str, after: i64) -> worker::Result<Response> {
-        let result = self.0.child.borrow_mut().tail(&self.0.sql, run_id, after, now_ms());
+        let result = self.0.child.borrow_mut().tail(&self.0.sql, run_id, after, TAIL_PAGE, now_ms());
         let (start, actions) = match result {
             Ok(started) => started,
             Err(TailError::Unknown) => return json_error(404, format!("{} has no run {run_id:?}", A::CLASS)),
             Err(TailError::Store(e)) => return json_error(500, e.to_string()),
         };
-        let body: BodyStream = match start.subscriber {
-            Some(subscriber) => {
-                // The stored lines first, then the live ones through a bounded queue: a reader
-                // that falls [`TAIL_QUEUE`] lines behind is cut off and tails again from its
-                // cursor (the lines are in the log), so a slow parent never grows this memory.
-                let (tx, rx) = mpsc::channel(TAIL_QUEUE);
-                self.0.subscribers.borrow_mut().insert(subscriber, tx);
-                let backlog = start.lines.concat();
-                let backlog = futures::stream::iter((!backlog.is_empty()).then_some(Ok(backlog)));
-                // Lines queued while the reader was busy go out as one write.
-                Box::pin(backlog.chain(rx.ready_chunks(256).map(|lines| Ok(lines.concat()))))
-            }
-            None => {
-                let all = start.lines.concat();
-                Box::pin(futures::stream::iter((!all.is_empty()).then_some(Ok(all))))
-            }
-        };
+        let body = TailBody::new(self.clone(), run_id.to_owned(), start);
         // The engine's actions (a rerun's turn) after the subscription: the tail sees it all.
         self.carry_out_child(actions);
+        let body: BodyStream = Box::pin(futures::stream::unfold(body, TailBody::step).flatten());
         let mut resp = Response::from_stream(body)?;
         resp.headers_mut().set("content-type", "application/x-ndjson")?;
         Ok(resp)
@@ -148,5 +136,59 @@ impl<A: Agent> AgentHost<A> {
             return json_error(500, e.to_string());
         }
         Response::from_json(&json!({ "cleared": true }))
+    }
+}
+
+/// A tail's body: the backlog a page at a time, then (for a live run) the subscription.
+struct TailBody<A: Agent> {
+    host: AgentHost<A>,
+    run_id: String,
+    /// The page to send next and, when it was full, the log index to read on from.
+    page: Option<(Vec<u8>, Option<i64>)>,
+    /// The live lines, once the backlog is out and the run still goes on.
+    live: Option<mpsc::Receiver<Vec<u8>>>,
+}
+
+impl<A: Agent> TailBody<A> {
+    fn new(host: AgentHost<A>, run_id: String, start: TailStart) -> Self {
+        let mut body = Self { host, run_id, page: None, live: None };
+        body.take(start);
+        body
+    }
+
+    /// Takes a page the engine read, and its subscription at once, in the same synchronous
+    /// step: a line emitted after the read reaches the queue, never a missing sender.
+    fn take(&mut self, start: TailStart) {
+        if let Some(subscriber) = start.subscriber {
+            // A bounded queue: a reader that falls [`TAIL_QUEUE`] lines behind is cut off and
+            // tails again from its cursor (every line is in the log), so a slow parent never
+            // grows this memory, and the turn itself never waits on a reader.
+            let (tx, rx) = mpsc::channel(TAIL_QUEUE);
+            self.host.0.subscribers.borrow_mut().insert(subscriber, tx);
+            self.live = Some(rx);
+        }
+        self.page = Some((start.lines.concat(), start.more_after));
+    }
+
+    /// The current page; the next one is read (or the subscription taken) for the step after.
+    async fn step(mut self) -> Option<(BodyStream, Self)> {
+        let Some((page, more_after)) = self.page.take() else {
+            // Lines queued while the reader was busy go out as one write.
+            let live = self.live.take()?.ready_chunks(256).map(|lines| Ok(lines.concat()));
+            return Some((Box::pin(live), self));
+        };
+        if let Some(after) = more_after {
+            let result =
+                self.host.0.child.borrow_mut().tail(&self.host.0.sql, &self.run_id, after, TAIL_PAGE, now_ms());
+            match result {
+                Ok((next, actions)) => {
+                    self.take(next);
+                    self.host.carry_out_child(actions);
+                }
+                // The run went away (cleared) between pages: the tail ends; a reader tails again.
+                Err(e) => worker::console_error!("agent-tools: tailing {} failed: {e:?}", self.run_id),
+            }
+        }
+        Some((Box::pin(futures::stream::iter((!page.is_empty()).then_some(Ok(page)))), self))
     }
 }

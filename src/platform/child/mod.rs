@@ -5,6 +5,8 @@
 //! parent's drill-in gate.
 
 mod api;
+
+pub use api::{TAIL_PAGE, TAIL_QUEUE};
 mod turn;
 
 use std::time::Duration;

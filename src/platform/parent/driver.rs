@@ -99,9 +99,15 @@ impl<A: Agent> AgentHost<A> {
                     let host = self.clone();
                     self.0.state.wait_until(async move {
                         let request = CancelRequest { run_id: run_id.clone(), reason: None };
-                        if let Err(e) = host.child_call(&to, Method::Post, "clear", &request).await {
-                            worker::console_error!("agent-tools: clearing {run_id} at the child failed: {e}");
+                        let result = match host.child_call(&to, Method::Post, "clear", &request).await {
+                            Ok(resp) if resp.status_code() == 200 => Ok(()),
+                            Ok(resp) => Err(format!("the child answered {}", resp.status_code())),
+                            Err(e) => Err(e.to_string()),
+                        };
+                        if let Err(e) = &result {
+                            worker::console_error!("agent-tools: clearing {run_id} at the child failed (retried): {e}");
                         }
+                        host.feed(ParentEvent::ChildCleared { run_id, result });
                     });
                 }
                 ParentAction::SetTimer { run_id, gen, timer, at } => {
