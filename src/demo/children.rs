@@ -28,7 +28,7 @@ fn paced_model(env: &Env, input: Option<&Value>) -> Result<Paced, ModelError> {
     let number = |key: &str| input.and_then(|i| i.get(key)).and_then(Value::as_u64);
     if let ModelProvider::Offline(pace) = &mut provider {
         if let Some(words) = number("words") {
-            pace.words = words.min(5000) as usize;
+            pace.words = words.min(200_000) as usize;
         }
         if let Some(delay) = number("delayMs") {
             pace.delay_ms = delay.min(60_000);
@@ -48,10 +48,13 @@ impl Model for Paced {
             return self.provider.step(request, on_event).await;
         };
         let mut words = 0;
-        for event in offline.respond(request) {
+        for (n, event) in offline.respond(request).into_iter().enumerate() {
             let paced = matches!(event, ModelEvent::TextDelta(_) | ModelEvent::ToolCallStart { .. });
             if paced && offline.delay_ms > 0 {
                 Delay::from(Duration::from_millis(offline.delay_ms)).await;
+            } else if n % 256 == 255 {
+                // With no pace, yield now and then, as a provider's stream does between reads.
+                Delay::from(Duration::ZERO).await;
             }
             let delta = matches!(event, ModelEvent::TextDelta(_));
             on_event(event);

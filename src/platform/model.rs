@@ -126,15 +126,23 @@ impl Model for ModelProvider {
 
 impl Model for OfflineModel {
     async fn step(&self, request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError> {
-        for event in self.respond(request) {
-            if matches!(event, ModelEvent::TextDelta(_) | ModelEvent::ToolCallStart { .. }) && self.delay_ms > 0 {
+        for (n, event) in self.respond(request).into_iter().enumerate() {
+            let paced = matches!(event, ModelEvent::TextDelta(_) | ModelEvent::ToolCallStart { .. });
+            if paced && self.delay_ms > 0 {
                 Delay::from(Duration::from_millis(self.delay_ms)).await;
+            } else if n % OFFLINE_YIELD_EVERY == OFFLINE_YIELD_EVERY - 1 {
+                // With no pace, yield now and then, as a provider's stream does between reads:
+                // what was sent so far goes out before the rest is produced.
+                Delay::from(Duration::ZERO).await;
             }
             on_event(event);
         }
         Ok(())
     }
 }
+
+/// Events the offline model produces between yields when it has no pace.
+pub(crate) const OFFLINE_YIELD_EVERY: usize = 256;
 
 impl Model for OpenAiConfig {
     async fn step(&self, request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError> {
@@ -148,8 +156,25 @@ impl Model for WorkersAiConfig {
     }
 }
 
-/// Reads an SSE byte stream with a stall timeout, decoding each event's data with `decoder`.
+/// Reads an SSE byte stream with a stall timeout, decoding each event's data with `decoder`;
+/// an error the provider reported is logged under an id, which is all clients get.
 async fn read_sse(
+    body: worker::ByteStream,
+    stall_timeout_ms: u64,
+    decoder: impl EventDecoder,
+    on_event: &mut dyn FnMut(ModelEvent),
+) -> Result<(), ModelError> {
+    read_sse_events(body, stall_timeout_ms, decoder, on_event).await.map_err(|e| match e {
+        ModelError::Reported { detail, .. } => {
+            let id = crate::platform::random_id();
+            worker::console_error!("agent-tools: model provider error {id}: {detail}");
+            ModelError::Reported { id, detail: String::new() }
+        }
+        other => other,
+    })
+}
+
+async fn read_sse_events(
     mut body: worker::ByteStream,
     stall_timeout_ms: u64,
     mut decoder: impl EventDecoder,
