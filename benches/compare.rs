@@ -1,13 +1,21 @@
 //! Side-by-side benchmark: this Worker against the TypeScript Agents SDK (agents@0.32.0,
-//! @cloudflare/ai-chat@0.12.2) doing the same work, both under `wrangler dev` (workerd) on
-//! this machine. Run with `./scripts/bench.sh`; it prints numbers (it checks only that every
-//! run completed, so a number never stands for a failed run).
+//! @cloudflare/ai-chat@0.12.2) doing the same work, both under `wrangler dev` (workerd) on this
+//! machine, in one run, plus the bare platform costs the goals are measured against. Run with
+//! `./scripts/bench.sh`; it prints tables of medians and p90s (it checks only that every run
+//! completed, so a number never stands for a failed run).
 //!
-//! - fan-out: one RPC dispatches K children that each stream W text deltas with no delay;
-//!   time to the first chunk frame and to the RPC's answer, frames per second at the client.
-//! - replay: with R finished runs retained, a new client connects; time to the last replay
-//!   frame (the TypeScript SDK asks every child for its chunks on every connect).
-//! - bundle: `wrangler deploy --dry-run`, gzip.
+//! - S1: one awaited run of one text chunk, client RPC → result, sequential; against the bare
+//!   round trip client → parent object → child object (one fetch) and back.
+//! - S2: one run of N text chunks, dispatch → terminal frame at the client; the first chunk's
+//!   time; workerd's peak RSS; against the raw rate at which a Durable Object sends frames.
+//! - S3: a new client's connect → last replay frame, with R finished runs × C chunks retained;
+//!   against reading those frames from SQLite and sending them with no engine.
+//! - S4: N concurrent awaited runs × 10 chunks, wall time.
+//! - S5: N detached runs × 10 chunks: each dispatch's round trip, and the time until every
+//!   terminal frame reached the client.
+//! - the bundle: `wrangler deploy --dry-run`, gzip.
+//!
+//! `BENCH_ONLY=rust` (or `ts`) measures one side; `BENCH_QUICK=1` the small sizes only.
 
 #[path = "../tests/e2e/harness.rs"]
 #[allow(dead_code)]
@@ -17,71 +25,260 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use harness::{root, unique, Client, Worker};
-use serde_json::json;
+use serde_json::{json, Value};
 
+const LONG: Duration = Duration::from_secs(600);
+
+#[derive(Clone, Copy, PartialEq)]
+enum Side {
+    Rust,
+    Ts,
+}
+
+impl Side {
+    fn label(self) -> &'static str {
+        match self {
+            Side::Rust => "this Worker",
+            Side::Ts => "TypeScript SDK",
+        }
+    }
+}
+
+/// Medians and 90th percentiles of samples, in ms.
+#[derive(Clone, Copy, Default)]
+struct Stats {
+    median: f64,
+    p90: f64,
+}
+
+fn stats(mut v: Vec<f64>) -> Stats {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize];
+    Stats { median: at(0.5), p90: at(0.9) }
+}
+
+fn ms(since: Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1000.0
+}
+
+/// A running Worker of one side.
 struct Target {
-    label: &'static str,
-    /// The child class the `research` RPC should run (the Rust demo's plain chat child).
-    agent: Option<&'static str>,
+    side: Side,
     worker: Worker,
 }
 
-fn wanted(target: &Target, only: &str) -> bool {
-    only.is_empty() || (only == "rust") == target.agent.is_some()
-}
+const RUST_VARS: &[(&str, &str)] = &[
+    ("BENCH_ROUTES", "1"),
+    ("QUIET_HOOKS", "1"),
+    ("MAX_CONCURRENT_AGENT_TOOLS", "0"),
+    ("AGENT_TOOL_RETAIN_RUNS", "0"),
+    ("AGENT_TOOL_RETAIN_MS", "0"),
+];
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
-async fn fanout(target: &Target, runs: usize, words: u64) -> (f64, f64, usize) {
-    let mut client = Client::connect(&target.worker.ws(&format!("/agents/assistant/{}", unique("fan")))).await;
-    client.wait_for(Duration::from_secs(30), |f| f["type"] == "cf_agent_identity").await;
-    let topics: Vec<String> = (0..runs).map(|i| format!("topic {i}")).collect();
-    let mut arg = json!({ "topics": topics, "words": words, "delayMs": 0 });
-    if let Some(agent) = target.agent {
-        arg["agent"] = json!(agent);
-    }
-    let started = Instant::now();
-    let id = client.send_call("research", json!([arg])).await;
-    client.wait_for(Duration::from_secs(60), |f| f["event"]["kind"] == "chunk").await;
-    let to_first = started.elapsed().as_secs_f64() * 1000.0;
-    let result = client.reply(&id).await.expect("the fan-out completes");
-    let to_done = started.elapsed().as_secs_f64() * 1000.0;
-    let completed = result.as_array().map_or(0, |r| r.iter().filter(|r| r["status"] == "completed").count());
-    assert_eq!(completed, runs, "{} runs completed: {result}", target.label);
-    (to_first, to_done, client.events().len())
-}
-
-async fn replay(target: &Target, retained: usize, words: u64, samples: usize) -> (f64, usize) {
-    let name = unique("replay");
-    let mut client = Client::connect(&target.worker.ws(&format!("/agents/assistant/{name}"))).await;
-    let topics: Vec<String> = (0..retained).map(|i| format!("kept {i}")).collect();
-    for chunk in topics.chunks(8) {
-        let mut arg = json!({ "topics": chunk, "words": words, "delayMs": 0 });
-        if let Some(agent) = target.agent {
-            arg["agent"] = json!(agent);
+async fn start(side: Side) -> Target {
+    let worker = match side {
+        Side::Rust => Worker::start_with(None, RUST_VARS).await,
+        Side::Ts => {
+            let dir = root().join("bench/ts-worker");
+            let wrangler = dir.join("node_modules/.bin/wrangler");
+            Worker::start_custom(&wrangler, &dir.join("wrangler.toml"), &dir, None, &[]).await
         }
-        client.call("research", json!([arg])).await.expect("runs to retain");
-    }
-    let expected = {
-        let mut probe = Client::connect(&target.worker.ws(&format!("/agents/assistant/{name}"))).await;
-        probe.drain(Duration::from_millis(1500)).await;
-        probe.events().len()
     };
-    let mut times = Vec::new();
-    for _ in 0..samples {
-        let started = Instant::now();
-        let mut fresh = Client::connect(&target.worker.ws(&format!("/agents/assistant/{name}"))).await;
-        let mut seen = 0;
-        while seen < expected {
-            let frame = fresh.recv(Duration::from_secs(30)).await.expect("replay frames");
-            seen += usize::from(frame["type"] == "agent-tool-event");
-        }
-        times.push(started.elapsed().as_secs_f64() * 1000.0);
+    Target { side, worker }
+}
+
+impl Target {
+    async fn client(&self, name: &str) -> Client {
+        let mut client = Client::connect(&self.worker.ws(&format!("/agents/assistant/{name}"))).await;
+        client.wait_for(LONG, |f| f["type"] == "cf_agent_identity").await;
+        client
     }
-    (median(times), expected)
+
+    /// The `research` argument: the Rust side runs its plain chat child (`Summarizer`), whose
+    /// offline model streams `words` deltas as the baseline's child does.
+    fn research(&self, topics: &[String], words: u64) -> Value {
+        let mut arg = json!({ "topics": topics, "words": words, "delayMs": 0 });
+        if self.side == Side::Rust {
+            arg["agent"] = json!("Summarizer");
+        }
+        json!([arg])
+    }
+}
+
+fn completed(result: &Value) -> usize {
+    result.as_array().map_or(0, |r| r.iter().filter(|r| r["status"] == "completed").count())
+}
+
+/// S1: `n` sequential awaited runs of one chunk.
+async fn s1(t: &Target, n: usize) -> Stats {
+    let mut client = t.client(&unique("s1")).await;
+    let mut times = Vec::new();
+    for i in 0..n + 5 {
+        let started = Instant::now();
+        let result = client.call("research", t.research(&[format!("s1 {i}")], 1)).await.expect("S1");
+        assert_eq!(completed(&result), 1, "{}: {result}", t.side.label());
+        if i >= 5 {
+            times.push(ms(started));
+        }
+        client.frames.clear();
+    }
+    stats(times)
+}
+
+/// The bare round trip: client → parent object → one fetch to a child object → back.
+async fn bare_ping(t: &Target, n: usize) -> Stats {
+    let mut client = t.client(&unique("ping")).await;
+    let mut times = Vec::new();
+    for i in 0..n + 5 {
+        let started = Instant::now();
+        client.call("bench", json!([{"op": "ping"}])).await.expect("ping");
+        if i >= 5 {
+            times.push(ms(started));
+        }
+    }
+    stats(times)
+}
+
+/// S2: one run of `chunks` deltas: (first chunk ms, terminal frame ms, frames).
+async fn s2(t: &Target, chunks: u64) -> (f64, f64, usize) {
+    let mut client = t.client(&unique("s2")).await;
+    let started = Instant::now();
+    let id = client.send_call("research", t.research(&["s2".into()], chunks)).await;
+    let mut first = None;
+    let mut frames = 0;
+    loop {
+        let frame = client.recv(LONG).await.expect("S2 frames");
+        if frame["type"] == "agent-tool-event" {
+            frames += 1;
+            let kind = frame["event"]["kind"].as_str().unwrap_or_default();
+            if kind == "chunk" && first.is_none() {
+                first = Some(ms(started));
+            }
+            if matches!(kind, "finished" | "error" | "aborted" | "interrupted") {
+                assert_eq!(kind, "finished", "{}: {frame}", t.side.label());
+                break;
+            }
+        }
+        client.frames.clear();
+    }
+    let done = ms(started);
+    client.reply(&id).await.expect("S2 result");
+    (first.unwrap_or(done), done, frames)
+}
+
+/// The raw rate a Durable Object sends frames at: `n` small frames → frames/s at the client.
+async fn bare_blast(t: &Target, n: u64) -> f64 {
+    let mut client = t.client(&unique("blast")).await;
+    let started = Instant::now();
+    client.send_call("bench", json!([{"op": "blast", "n": n}])).await;
+    let mut seen = 0;
+    while seen < n {
+        let frame = client.recv(LONG).await.expect("blast frames");
+        seen += u64::from(frame["type"] == "bench-blast");
+        client.frames.clear();
+    }
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Retains `runs` finished runs of `chunks` deltas on a new parent; returns its name and the
+/// number of frames its replay holds.
+async fn seed(t: &Target, runs: usize, chunks: u64) -> (String, usize) {
+    let name = unique("s3");
+    let mut client = t.client(&name).await;
+    let topics: Vec<String> = (0..runs).map(|i| format!("kept {i}")).collect();
+    for wave in topics.chunks(16 * 8) {
+        let mut calls = Vec::new();
+        for batch in wave.chunks(16) {
+            calls.push(client.send_call("research", t.research(batch, chunks)).await);
+        }
+        for call in calls {
+            let result = client.reply(&call).await.expect("runs to retain");
+            assert_eq!(completed(&result), result.as_array().unwrap().len());
+        }
+        client.frames.clear();
+    }
+    drop(client);
+    let mut probe = t.client(&name).await;
+    probe.drain(Duration::from_secs(3)).await;
+    let frames = probe.events().len();
+    (name, frames)
+}
+
+/// S3: a connect → the last of `frames` replay frames.
+async fn s3(t: &Target, name: &str, frames: usize) -> f64 {
+    let started = Instant::now();
+    let mut client = Client::connect(&t.worker.ws(&format!("/agents/assistant/{name}"))).await;
+    let mut seen = 0;
+    while seen < frames {
+        let frame = client.recv(LONG).await.expect("replay frames");
+        seen += usize::from(frame["type"] == "agent-tool-event");
+        client.frames.clear();
+    }
+    ms(started)
+}
+
+/// The bare replay: as many rows of a chunk's size read from SQLite and sent, no engine (on a
+/// parent of its own, so its clients hold no replay).
+async fn bare_read(t: &Target, frames: usize) -> f64 {
+    let mut client = t.client(&unique("bare-read")).await;
+    client.call("bench", json!([{"op": "seed", "n": frames, "bytes": 60}])).await.expect("seeded");
+    let started = Instant::now();
+    client.send_call("bench", json!([{"op": "read"}])).await;
+    let mut seen = 0;
+    while seen < frames {
+        let frame = client.recv(LONG).await.expect("bare read frames");
+        seen += usize::from(frame["type"] == "bench-read");
+        client.frames.clear();
+    }
+    ms(started)
+}
+
+/// S4: `n` concurrent awaited runs × 10 chunks, wall time.
+async fn s4(t: &Target, n: usize) -> f64 {
+    let mut client = t.client(&unique("s4")).await;
+    let topics: Vec<String> = (0..n).map(|i| format!("s4 {i}")).collect();
+    let started = Instant::now();
+    let mut calls = Vec::new();
+    for batch in topics.chunks(16) {
+        calls.push(client.send_call("research", t.research(batch, 10)).await);
+    }
+    let mut done = 0;
+    for call in calls {
+        done += completed(&client.reply(&call).await.expect("S4"));
+    }
+    assert_eq!(done, n, "{}", t.side.label());
+    ms(started)
+}
+
+/// S5: `n` detached runs × 10 chunks: (dispatch round trips, all terminal frames ms).
+async fn s5(t: &Target, n: usize) -> (Stats, f64) {
+    let mut client = t.client(&unique("s5")).await;
+    let started = Instant::now();
+    let mut rtts = Vec::new();
+    for i in 0..n {
+        let sent = Instant::now();
+        let handle = match t.side {
+            Side::Rust => {
+                let arg = json!([{"agent": "Summarizer", "input": {"query": format!("s5 {i}"), "words": 10, "delayMs": 0},
+                                  "detached": true}]);
+                client.call("dispatch", arg).await.expect("a handle")
+            }
+            Side::Ts => {
+                let arg = json!([{"topics": [format!("s5 {i}")], "words": 10, "delayMs": 0}]);
+                client.call("dispatchDetached", arg).await.expect("a handle")
+            }
+        };
+        assert!(!handle.is_null(), "{handle}");
+        rtts.push(ms(sent));
+    }
+    let mut terminal = 0;
+    while terminal < n {
+        let frame = client.recv(LONG).await.expect("S5 frames");
+        let kind = frame["event"]["kind"].as_str().unwrap_or_default();
+        terminal += usize::from(matches!(kind, "finished" | "error" | "aborted" | "interrupted"));
+        client.frames.clear();
+    }
+    (stats(rtts), ms(started))
 }
 
 fn bundle_gzip_kib(config: &Path, cwd: &Path, wrangler: &Path) -> Option<f64> {
@@ -103,66 +300,179 @@ fn bundle_gzip_kib(config: &Path, cwd: &Path, wrangler: &Path) -> Option<f64> {
     gzip.parse().ok()
 }
 
+fn mib(kib: Option<(u64, u64)>) -> String {
+    kib.map_or("?".into(), |(peak, _)| format!("{}", peak / 1024))
+}
+
 #[tokio::main]
 async fn main() {
-    let samples = 5;
-    // `BENCH_ONLY=rust` (or `ts`) measures one side only, e.g. while tuning.
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| v == "1");
+    let sides: Vec<Side> = [Side::Rust, Side::Ts]
+        .into_iter()
+        .filter(|s| only.is_empty() || (only == "rust") == (*s == Side::Rust))
+        .collect();
     harness::ensure_built();
     let ts_dir = root().join("bench/ts-worker");
-    let ts_wrangler = ts_dir.join("node_modules/.bin/wrangler");
-    assert!(ts_wrangler.exists(), "run ./scripts/bench.sh: it installs the TypeScript baseline");
-    let rust = Target { label: "Rust (this repo)", agent: Some("Summarizer"), worker: Worker::start().await };
-    let ts = Target {
-        label: "TypeScript SDK",
-        agent: None,
-        worker: Worker::start_custom(&ts_wrangler, &ts_dir.join("wrangler.toml"), &ts_dir, None, &[]).await,
-    };
-
-    println!("\nfan-out: one RPC, K children × W text deltas, no delay (median of {samples})");
-    println!(
-        "{:<18} {:>4} {:>5} {:>14} {:>14} {:>8} {:>12}",
-        "", "K", "W", "first chunk ms", "all done ms", "frames", "frames/s"
+    assert!(
+        !sides.contains(&Side::Ts) || ts_dir.join("node_modules/.bin/wrangler").exists(),
+        "run ./scripts/bench.sh: it installs the TypeScript baseline"
     );
-    for (runs, words) in [(1, 50), (4, 200), (8, 400)] {
-        for target in [&rust, &ts].into_iter().filter(|t| wanted(t, &only)) {
-            let _ = fanout(target, runs, words).await; // warm-up
-            let mut firsts = Vec::new();
-            let mut dones = Vec::new();
-            let mut frames = 0;
-            for _ in 0..samples {
-                let (first, done, n) = fanout(target, runs, words).await;
-                firsts.push(first);
-                dones.push(done);
-                frames = n;
-            }
-            let done = median(dones);
+
+    // S1 and the bare round trip.
+    println!("\nS1: one awaited run of one chunk, RPC → result, 200 sequential (ms)");
+    println!("{:<16} {:>8} {:>8}", "", "median", "p90");
+    for &side in &sides {
+        let t = start(side).await;
+        let s = s1(&t, 200).await;
+        println!("{:<16} {:>8.2} {:>8.2}", side.label(), s.median, s.p90);
+        if side == Side::Rust {
+            let bare = bare_ping(&t, 200).await;
             println!(
-                "{:<18} {:>4} {:>5} {:>14.1} {:>14.1} {:>8} {:>12.0}",
-                target.label,
-                runs,
-                words,
-                median(firsts),
+                "{:<16} {:>8.2} {:>8.2}   (client → parent → child object → back)",
+                "bare round trip", bare.median, bare.p90
+            );
+            println!("S1 / bare round trip: {:.2}", s.median / bare.median);
+            let mut client = t.client(&unique("rpc")).await;
+            let started = Instant::now();
+            let rpc = client.call("bench", json!([{"op": "rpc"}])).await;
+            println!("JS RPC on a Rust child's stub ({:.2} ms): {rpc:?}", ms(started));
+        }
+    }
+
+    // S2 against the raw send rate, with peak memory (a fresh runtime per size).
+    println!("\nS2: one run of N chunks, dispatch → terminal frame (one sample per size, a fresh runtime each)");
+    println!(
+        "{:<16} {:>7} {:>11} {:>11} {:>10} {:>9} {:>14}",
+        "", "N", "first ms", "done ms", "frames/s", "peak MiB", "first / done"
+    );
+    let sizes: &[u64] = if quick { &[1_000, 10_000] } else { &[1_000, 10_000, 100_000] };
+    for &chunks in sizes {
+        for &side in &sides {
+            if side == Side::Ts && chunks > 10_000 {
+                continue; // about 10 s per 10 000 chunks: 100 000 would take minutes
+            }
+            let t = start(side).await;
+            let (first, done, frames) = s2(&t, chunks).await;
+            println!(
+                "{:<16} {:>7} {:>11.0} {:>11.0} {:>10.0} {:>9} {:>13.1}%",
+                side.label(),
+                chunks,
+                first,
                 done,
+                frames as f64 / (done / 1000.0),
+                mib(t.worker.workerd_memory_kib()),
+                100.0 * first / done
+            );
+            if side == Side::Rust && chunks == 10_000 {
+                let raw = bare_blast(&t, 20_000).await;
+                println!(
+                    "{:<16} {:>7} {:>11} {:>11} {:>10.0}   (S2 at 10 000: {:.0}% of it)",
+                    "raw send rate",
+                    20_000,
+                    "",
+                    "",
+                    raw,
+                    100.0 * (frames as f64 / (done / 1000.0)) / raw
+                );
+            }
+        }
+    }
+
+    // S3 against a bare read-and-send.
+    println!("\nS3: a new client's connect → last replay frame, R finished runs × C chunks (ms)");
+    println!("{:<16} {:>6} {:>6} {:>8} {:>9} {:>9} {:>10}", "", "R", "C", "frames", "median", "p90", "peak MiB");
+    let shapes: &[(usize, u64)] = if quick { &[(10, 100), (100, 100)] } else { &[(10, 100), (100, 100), (1000, 100)] };
+    for &(runs, chunks) in shapes {
+        for &side in &sides {
+            if side == Side::Ts && runs > 100 {
+                continue;
+            }
+            let t = start(side).await;
+            let (name, frames) = seed(&t, runs, chunks).await;
+            let samples = if runs >= 1000 { 3 } else { 5 };
+            let mut times = Vec::new();
+            for _ in 0..samples {
+                times.push(s3(&t, &name, frames).await);
+            }
+            let s = stats(times);
+            println!(
+                "{:<16} {:>6} {:>6} {:>8} {:>9.0} {:>9.0} {:>10}",
+                side.label(),
+                runs,
+                chunks,
                 frames,
-                frames as f64 / (done / 1000.0)
+                s.median,
+                s.p90,
+                mib(t.worker.workerd_memory_kib())
+            );
+            if side == Side::Rust {
+                let mut bare = Vec::new();
+                for _ in 0..samples {
+                    bare.push(bare_read(&t, frames).await);
+                }
+                let b = stats(bare);
+                println!(
+                    "{:<16} {:>6} {:>6} {:>8} {:>9.0} {:>9.0}   (S3 / bare: {:.2})",
+                    "bare read+send",
+                    runs,
+                    chunks,
+                    frames,
+                    b.median,
+                    b.p90,
+                    s.median / b.median
+                );
+            }
+        }
+    }
+
+    // S4 at growing concurrency.
+    println!("\nS4: N concurrent awaited runs × 10 chunks, wall time (ms)");
+    println!("{:<16} {:>6} {:>9} {:>9} {:>10}", "", "N", "median", "p90", "peak MiB");
+    let counts: &[usize] = if quick { &[10, 100] } else { &[10, 100, 1000] };
+    for &n in counts {
+        for &side in &sides {
+            if side == Side::Ts && n > 100 {
+                continue;
+            }
+            let t = start(side).await;
+            let _ = s4(&t, n.min(16)).await; // warm-up
+            let samples = if n >= 1000 { 1 } else { 3 };
+            let mut times = Vec::new();
+            for _ in 0..samples {
+                times.push(s4(&t, n).await);
+            }
+            let s = stats(times);
+            println!(
+                "{:<16} {:>6} {:>9.0} {:>9.0} {:>10}",
+                side.label(),
+                n,
+                s.median,
+                s.p90,
+                mib(t.worker.workerd_memory_kib())
             );
         }
     }
 
-    println!("\nreplay: a client connects to a parent with R finished runs of W deltas (median of {samples})");
-    println!("{:<18} {:>4} {:>5} {:>16} {:>8}", "", "R", "W", "last replay ms", "frames");
-    for (retained, words) in [(10, 50), (40, 50)] {
-        for target in [&rust, &ts].into_iter().filter(|t| wanted(t, &only)) {
-            let (ms, frames) = replay(target, retained, words, samples).await;
-            println!("{:<18} {:>4} {:>5} {:>16.1} {:>8}", target.label, retained, words, ms, frames);
-        }
+    // S5.
+    println!("\nS5: 100 detached runs × 10 chunks");
+    println!("{:<16} {:>16} {:>14} {:>18}", "", "dispatch med ms", "dispatch p90", "all terminal ms");
+    for &side in &sides {
+        let t = start(side).await;
+        let (rtt, all) = s5(&t, 100).await;
+        println!("{:<16} {:>16.2} {:>14.2} {:>18.0}", side.label(), rtt.median, rtt.p90, all);
     }
 
-    println!("\nbundle (wrangler deploy --dry-run)");
-    let rust_gzip = bundle_gzip_kib(&harness::prebuilt_config(), &root(), &root().join("node_modules/.bin/wrangler"));
-    let ts_gzip = bundle_gzip_kib(&ts_dir.join("wrangler.toml"), &ts_dir, &ts_wrangler);
-    println!("{:<18} {:>10}", "", "gzip KiB");
-    println!("{:<18} {:>10}", rust.label, rust_gzip.map_or("?".into(), |v| format!("{v:.1}")));
-    println!("{:<18} {:>10}", ts.label, ts_gzip.map_or("?".into(), |v| format!("{v:.1}")));
+    println!("\nbundle (wrangler deploy --dry-run, gzip KiB)");
+    for &side in &sides {
+        let kib = match side {
+            Side::Rust => {
+                bundle_gzip_kib(&harness::prebuilt_config(), &root(), &root().join("node_modules/.bin/wrangler"))
+            }
+            Side::Ts => {
+                bundle_gzip_kib(&ts_dir.join("wrangler.toml"), &ts_dir, &ts_dir.join("node_modules/.bin/wrangler"))
+            }
+        };
+        println!("{:<16} {:>10}", side.label(), kib.map_or("?".into(), |v| format!("{v:.1}")));
+    }
 }

@@ -144,6 +144,7 @@ mod public_api_tests {
             ("demo/mod.rs", include_str!("demo/mod.rs")),
             ("demo/assistant.rs", include_str!("demo/assistant.rs")),
             ("demo/children.rs", include_str!("demo/children.rs")),
+            ("demo/bench.rs", include_str!("demo/bench.rs")),
         ] {
             assert!(!text.contains("crate::"), "{file} reaches into the crate with `crate::`");
             for (at, _) in text.match_indices("agent_tools::") {

@@ -75,6 +75,12 @@ pub enum ChildAction {
         /// The `UIMessageChunk` JSON.
         body: String,
     },
+    /// Call [`ChildEngine::flush`] for the run once the turn yields (its first chunk since the
+    /// last flush was buffered).
+    FlushSoon {
+        /// The run.
+        run_id: String,
+    },
     /// Call [`ChildEngine::flush_progress`] for the run at this time.
     FlushAt {
         /// The run.
@@ -98,7 +104,23 @@ struct LiveRun {
     next_index: i64,
     terminal_only: bool,
     progress: Coalescer,
+    /// Chunks emitted since the last flush, in order: stored and sent together.
+    pending: Vec<Pending>,
 }
+
+/// A chunk emitted but not yet stored nor sent.
+#[derive(Debug)]
+struct Pending {
+    index: Option<i64>,
+    kind: ChunkKind,
+    body: String,
+    kept: Option<String>,
+    /// A kind the child's own chat clients get (when its chat stream is open at the flush).
+    chat: bool,
+}
+
+/// Chunks a run buffers before it flushes without waiting for its turn to yield.
+pub const FLUSH_EVERY: usize = 256;
 
 /// Why a tail cannot start.
 #[derive(Debug, Clone, PartialEq)]
@@ -249,6 +271,7 @@ impl ChildEngine {
             next_index,
             terminal_only: run.terminal_only,
             progress: Coalescer::default(),
+            pending: Vec::new(),
         };
         self.live.insert(run.run_id.clone(), live);
     }
@@ -268,28 +291,53 @@ impl ChildEngine {
         chat_streaming: bool,
     ) -> Result<(bool, Vec<ChildAction>), StoreError> {
         let Some(run) = self.live.get_mut(run_id) else { return Ok((false, Vec::new())) };
-        let mut actions = Vec::new();
-        let index = if kind.is_stored() {
-            let index = run.next_index;
-            StreamLog::new(sql).append(run_id, index, kind, &body)?;
+        let index = kind.is_stored().then(|| {
             run.next_index += 1;
-            Some(index)
-        } else {
-            None
-        };
-        let to_chat = match kind {
+            run.next_index - 1
+        });
+        let chat = match kind {
             ChunkKind::Stored => !run.terminal_only,
             ChunkKind::Progress | ChunkKind::Milestone => true,
             ChunkKind::Superseded => false,
         };
-        if chat_streaming && to_chat {
-            actions.push(ChildAction::ChatSend { run_id: run_id.to_owned(), body: body.clone() });
+        run.pending.push(Pending { index, kind, body, kept, chat });
+        if run.pending.len() >= FLUSH_EVERY {
+            return Ok((true, self.flush(sql, run_id, chat_streaming)?));
         }
-        let line = TailLine::Chunk { i: index, k: kind, b: body, r: kept }.to_line().into_bytes();
+        let first = run.pending.len() == 1;
+        Ok((true, if first { vec![ChildAction::FlushSoon { run_id: run_id.to_owned() }] } else { Vec::new() }))
+    }
+
+    /// Stores the chunks the run emitted since the last flush (a few statements for the lot)
+    /// and, in the same step, sends them to its chat clients (when `chat_streaming`: its chat
+    /// stream is open now) and, as one write, to every tail. Everything that reads the log or
+    /// ends the run flushes first.
+    pub fn flush(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        chat_streaming: bool,
+    ) -> Result<Vec<ChildAction>, StoreError> {
+        let Some(run) = self.live.get_mut(run_id) else { return Ok(Vec::new()) };
+        if run.pending.is_empty() {
+            return Ok(Vec::new());
+        }
+        let pending = std::mem::take(&mut run.pending);
+        let stored: Vec<(i64, ChunkKind, &str)> =
+            pending.iter().filter_map(|p| Some((p.index?, p.kind, p.body.as_str()))).collect();
+        StreamLog::new(sql).append_many(run_id, &stored)?;
+        let mut actions = Vec::new();
+        let mut lines = Vec::new();
+        for p in pending {
+            if chat_streaming && p.chat {
+                actions.push(ChildAction::ChatSend { run_id: run_id.to_owned(), body: p.body.clone() });
+            }
+            lines.extend(TailLine::Chunk { i: p.index, k: p.kind, b: p.body, r: p.kept }.to_line().into_bytes());
+        }
         for &subscriber in &run.subscribers {
-            actions.push(ChildAction::Send { subscriber, line: line.clone() });
+            actions.push(ChildAction::Send { subscriber, line: lines.clone() });
         }
-        Ok((true, actions))
+        Ok(actions)
     }
 
     /// A progress report of the run's turn: a milestone is stored at once with the next
@@ -368,6 +416,7 @@ impl ChildEngine {
         now: i64,
     ) -> Result<Vec<ChildAction>, StoreError> {
         let mut actions = self.flush_progress(sql, run_id, chat_streaming, new_id, now)?;
+        actions.extend(self.flush(sql, run_id, chat_streaming)?);
         actions.extend(self.seal(sql, run_id, outcome, now)?);
         Ok(actions)
     }
@@ -403,11 +452,13 @@ impl ChildEngine {
         run_id: &str,
         after: i64,
         page: usize,
+        chat_streaming: bool,
         now: i64,
     ) -> Result<(TailStart, Vec<ChildAction>), TailError> {
         let runs = ChildRuns::new(sql);
         let run = runs.get(run_id).map_err(TailError::Store)?.ok_or(TailError::Unknown)?;
-        let mut actions = Vec::new();
+        // What the turn emitted so far goes to the log (and the tails already open) first.
+        let mut actions = self.flush(sql, run_id, chat_streaming).map_err(TailError::Store)?;
         let run = self.reconcile(sql, run, now, &mut actions).map_err(TailError::Store)?;
         let chunks = runs.chunks_after(run_id, after, page.max(1)).map_err(TailError::Store)?;
         if chunks.len() >= page.max(1) {
@@ -449,10 +500,11 @@ impl ChildEngine {
         &mut self,
         sql: &(impl Sql + ?Sized),
         run_id: &str,
+        chat_streaming: bool,
         now: i64,
     ) -> Result<(Option<Inspection>, Vec<ChildAction>), StoreError> {
         let runs = ChildRuns::new(sql);
-        let mut actions = Vec::new();
+        let mut actions = self.flush(sql, run_id, chat_streaming)?;
         if let Some(run) = runs.get(run_id)? {
             self.reconcile(sql, run, now, &mut actions)?;
         }
@@ -498,6 +550,40 @@ mod tests {
         db
     }
 
+    /// Emits a stored chunk and flushes it, as the platform does once the turn yields.
+    fn emit_now(engine: &mut ChildEngine, db: &rusqlite::Connection, body: String) -> Vec<ChildAction> {
+        let (_, mut actions) = engine.emit(db, "r", ChunkKind::Stored, body, None, false).unwrap();
+        actions.extend(engine.flush(db, "r", false).unwrap());
+        actions
+    }
+
+    #[test]
+    fn emitted_chunks_are_stored_and_sent_together_once_the_turn_yields() {
+        let db = db();
+        let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+        engine.start(&db, &start("r"), 1).unwrap();
+        let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, false, 1).unwrap();
+        let sub = tail.subscriber.unwrap();
+        let (_, first) = engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":0}".into(), None, false).unwrap();
+        assert!(matches!(&first[..], [ChildAction::FlushSoon { .. }]), "one flush asked, on the first");
+        let (_, second) = engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":1}".into(), None, false).unwrap();
+        assert!(second.is_empty());
+        assert_eq!(StreamLog::new(&db).next_index("r").unwrap(), 0, "nothing stored before the flush");
+        // A tail opened meanwhile flushes first: it reads both, and the open tail gets them too.
+        let (late, actions) = engine.tail(&db, "r", -1, usize::MAX, false, 2).unwrap();
+        assert_eq!(late.lines.len(), 2);
+        let [ChildAction::Send { subscriber, line }] = &actions[..] else { panic!("{actions:?}") };
+        assert_eq!((*subscriber, line.iter().filter(|b| **b == b'\n').count()), (sub, 2), "one write, two lines");
+        assert!(engine.flush(&db, "r", false).unwrap().is_empty(), "nothing left");
+        // A long burst flushes by itself.
+        let mut flushed = 0;
+        for n in 0..FLUSH_EVERY {
+            let (_, actions) = engine.emit(&db, "r", ChunkKind::Stored, format!("{{\"m\":{n}}}"), None, false).unwrap();
+            flushed += actions.iter().filter(|a| matches!(a, ChildAction::Send { .. })).count();
+        }
+        assert_eq!(flushed, 2, "the burst went out to both tails at its bound");
+    }
+
     fn start(run_id: &str) -> StartRequest {
         StartRequest {
             run_id: run_id.into(),
@@ -506,6 +592,7 @@ mod tests {
             parent_name: "p".into(),
             child_name: format!("P/p/{run_id}"),
             terminal_only: false,
+            tail_after: None,
         }
     }
 
@@ -541,17 +628,19 @@ mod tests {
         let db = db();
         let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
         engine.start(&db, &start("r"), 1).unwrap();
-        engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":0}".into(), None, false).unwrap();
-        let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, 2).unwrap();
+        emit_now(&mut engine, &db, "{\"n\":0}".into());
+        let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, false, 2).unwrap();
         assert_eq!(tail.lines.len(), 1);
         let sub = tail.subscriber.unwrap();
-        let (_, actions) = engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":1}".into(), None, false).unwrap();
-        assert!(matches!(&actions[..], [ChildAction::Send { subscriber, .. }] if *subscriber == sub));
+        let actions = emit_now(&mut engine, &db, "{\"n\":1}".into());
+        assert!(
+            matches!(&actions[..], [ChildAction::FlushSoon { .. }, ChildAction::Send { subscriber, .. }] if *subscriber == sub)
+        );
         let done =
             RunOutcome { status: OutcomeStatus::Completed, summary: Some("s".into()), output: None, error: None };
         let actions = engine.turn_ended(&db, "r", &done, false, &id, 3).unwrap();
         assert!(matches!(&actions[..], [ChildAction::Send { .. }, ChildAction::Close { .. }]));
-        let (tail, _) = engine.tail(&db, "r", 0, usize::MAX, 4).unwrap();
+        let (tail, _) = engine.tail(&db, "r", 0, usize::MAX, false, 4).unwrap();
         assert_eq!(tail.lines.len(), 2, "the rest of the log and the end line");
         assert!(tail.subscriber.is_none());
     }
@@ -562,21 +651,23 @@ mod tests {
         let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
         engine.start(&db, &start("r"), 1).unwrap();
         for n in 0..5 {
-            engine.emit(&db, "r", ChunkKind::Stored, format!("{{\"n\":{n}}}"), None, false).unwrap();
+            emit_now(&mut engine, &db, format!("{{\"n\":{n}}}"));
         }
-        let (first, _) = engine.tail(&db, "r", -1, 2, 2).unwrap();
+        let (first, _) = engine.tail(&db, "r", -1, 2, false, 2).unwrap();
         assert_eq!((first.lines.len(), first.more_after, first.subscriber), (2, Some(1), None));
-        let (second, _) = engine.tail(&db, "r", 1, 2, 2).unwrap();
+        let (second, _) = engine.tail(&db, "r", 1, 2, false, 2).unwrap();
         assert_eq!((second.lines.len(), second.more_after), (2, Some(3)));
         // A chunk stored between pages is in a later one: nothing is skipped.
-        engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":5}".into(), None, false).unwrap();
-        let (third, _) = engine.tail(&db, "r", 3, 2, 2).unwrap();
+        emit_now(&mut engine, &db, "{\"n\":5}".into());
+        let (third, _) = engine.tail(&db, "r", 3, 2, false, 2).unwrap();
         assert_eq!((third.lines.len(), third.more_after), (2, Some(5)));
-        let (last, _) = engine.tail(&db, "r", 5, 2, 2).unwrap();
+        let (last, _) = engine.tail(&db, "r", 5, 2, false, 2).unwrap();
         assert!(last.lines.is_empty() && last.more_after.is_none());
         let sub = last.subscriber.expect("subscribed once the backlog is out");
-        let (_, actions) = engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":6}".into(), None, false).unwrap();
-        assert!(matches!(&actions[..], [ChildAction::Send { subscriber, .. }] if *subscriber == sub));
+        let actions = emit_now(&mut engine, &db, "{\"n\":6}".into());
+        assert!(
+            matches!(&actions[..], [ChildAction::FlushSoon { .. }, ChildAction::Send { subscriber, .. }] if *subscriber == sub)
+        );
     }
 
     #[test]
@@ -584,16 +675,16 @@ mod tests {
         let db = db();
         let mut before = ChildEngine::new(RecoveryPolicy::Rerun);
         before.start(&db, &start("r"), 1).unwrap();
-        before.emit(&db, "r", ChunkKind::Stored, "{\"partial\":1}".into(), None, false).unwrap();
+        emit_now(&mut before, &db, "{\"partial\":1}".into());
         // The instance restarts: a new engine over the same storage.
         let mut after = ChildEngine::new(RecoveryPolicy::Rerun);
-        let (inspection, actions) = after.inspect(&db, "r", 5).unwrap();
+        let (inspection, actions) = after.inspect(&db, "r", false, 5).unwrap();
         assert_eq!(begins(&actions), [2]);
         let inspection = inspection.unwrap();
         assert_eq!((inspection.run.status, inspection.run.attempt), (ChildStatus::Running, 2));
-        let (_, again) = after.inspect(&db, "r", 6).unwrap();
+        let (_, again) = after.inspect(&db, "r", false, 6).unwrap();
         assert!(begins(&again).is_empty(), "never re-run twice for one restart");
-        let (tail, _) = after.tail(&db, "r", -1, usize::MAX, 7).unwrap();
+        let (tail, _) = after.tail(&db, "r", -1, usize::MAX, false, 7).unwrap();
         assert_eq!(tail.lines.len(), 2, "the partial chunk and the marker");
         assert!(String::from_utf8_lossy(&tail.lines[1]).contains("\"k\":\"superseded\""));
     }
@@ -603,9 +694,9 @@ mod tests {
         let db = db();
         let mut before = ChildEngine::new(RecoveryPolicy::Seal);
         before.start(&db, &start("r"), 1).unwrap();
-        before.emit(&db, "r", ChunkKind::Stored, "{\"partial\":1}".into(), None, false).unwrap();
+        emit_now(&mut before, &db, "{\"partial\":1}".into());
         let mut after = ChildEngine::new(RecoveryPolicy::Seal);
-        let (inspection, actions) = after.inspect(&db, "r", 5).unwrap();
+        let (inspection, actions) = after.inspect(&db, "r", false, 5).unwrap();
         assert!(begins(&actions).is_empty());
         assert_eq!(inspection.unwrap().run.status, ChildStatus::Interrupted);
         let (reply, actions) = after.start(&db, &start("r"), 6).unwrap();
@@ -618,14 +709,14 @@ mod tests {
         let db = db();
         let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
         engine.start(&db, &start("r"), 1).unwrap();
-        engine.emit(&db, "r", ChunkKind::Stored, "{\"partial\":1}".into(), None, false).unwrap();
+        emit_now(&mut engine, &db, "{\"partial\":1}".into());
         for attempt in 2..=MAX_ATTEMPTS {
             engine = ChildEngine::new(RecoveryPolicy::Rerun);
-            assert_eq!(begins(&engine.inspect(&db, "r", 5).unwrap().1), [attempt]);
-            engine.emit(&db, "r", ChunkKind::Stored, "{\"partial\":1}".into(), None, false).unwrap();
+            assert_eq!(begins(&engine.inspect(&db, "r", false, 5).unwrap().1), [attempt]);
+            emit_now(&mut engine, &db, "{\"partial\":1}".into());
         }
         engine = ChildEngine::new(RecoveryPolicy::Rerun);
-        let (inspection, actions) = engine.inspect(&db, "r", 9).unwrap();
+        let (inspection, actions) = engine.inspect(&db, "r", false, 9).unwrap();
         assert!(begins(&actions).is_empty());
         assert_eq!(inspection.unwrap().run.status, ChildStatus::Interrupted);
     }
@@ -638,10 +729,10 @@ mod tests {
         ChildRuns::new(&db).mark_running("r").unwrap();
         // Even under `seal`: nothing was streamed, so nothing is lost or repeated.
         let mut after = ChildEngine::new(RecoveryPolicy::Seal);
-        let (inspection, actions) = after.inspect(&db, "r", 5).unwrap();
+        let (inspection, actions) = after.inspect(&db, "r", false, 5).unwrap();
         assert_eq!(begins(&actions), [1]);
         assert_eq!(inspection.unwrap().run.status, ChildStatus::Running);
-        let (tail, _) = after.tail(&db, "r", -1, usize::MAX, 6).unwrap();
+        let (tail, _) = after.tail(&db, "r", -1, usize::MAX, false, 6).unwrap();
         assert!(tail.lines.is_empty(), "no marker: there is no earlier attempt to set apart");
     }
 }

@@ -265,6 +265,9 @@ impl Agent for Assistant {
                 let id = host.schedule_in(task.in_ms, &task).await?;
                 Ok(json!({ "taskId": id, "scheduled": host.scheduled().len() }))
             }
+            "bench" if setting(host.env(), "BENCH_ROUTES").as_deref() == Some("1") => {
+                super::bench::bench(host, arg).await
+            }
             "hooks" => {
                 let sql = host.sql();
                 let _ = sql.exec(HOOK_LOG, None);

@@ -9,6 +9,7 @@
 //! (`sources-gathered`) before it writes.
 
 mod assistant;
+mod bench;
 mod children;
 
 pub use assistant::{Assistant, DemoHandler, ResearchInput};

@@ -580,6 +580,9 @@ impl ParentEngine {
             parent_name: meta::get(sql, "name").ok().flatten().unwrap_or_default(),
             child_name: to.name.clone(),
             terminal_only: record.event_delivery == EventDelivery::Terminal,
+            // The tail this start is followed by, from where it will start (the platform may
+            // open it in the same round trip; see `ParentAction::OpenTail`).
+            tail_after: Some(record.child_cursor),
         };
         ParentAction::StartChild { run_id: record.run_id.clone(), gen, to, request }
     }

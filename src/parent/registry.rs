@@ -405,12 +405,16 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
         let n = chunks.len() as i64;
         let signalled = chunks.iter().any(|c| matches!(c.kind, ChunkKind::Progress | ChunkKind::Milestone));
         let reruns = chunks.iter().filter(|c| c.kind == ChunkKind::Superseded).count() as i64;
-        // Only the latest progress of a batch is kept, at its offset in the batch.
-        let progress = chunks
-            .iter()
-            .enumerate()
-            .rfind(|(_, c)| c.kind == ChunkKind::Progress)
-            .map(|(offset, c)| (offset as i64, c.replay.unwrap_or(c.body)));
+        // Only the latest progress of a batch is kept, at its offset in the batch; a milestone
+        // after it replaces it as the latest signal (the stock reducer stamps a replayed
+        // progress with the client's clock, so a progress replayed before a milestone would
+        // win over it on a reloaded page while live clients show the milestone).
+        let last_progress = chunks.iter().rposition(|c| c.kind == ChunkKind::Progress);
+        let last_milestone = chunks.iter().rposition(|c| c.kind == ChunkKind::Milestone);
+        let superseded = last_milestone.is_some_and(|m| last_progress.is_none_or(|p| m > p));
+        let progress = last_progress
+            .filter(|_| !superseded)
+            .map(|offset| (offset as i64, chunks[offset].replay.unwrap_or(chunks[offset].body)));
         // One statement: the sequences, the cursor, the signal time and the progress snapshot
         // (`next_seq` on the right is the value before the update, the batch's first sequence).
         let row = self.sql.one(
@@ -418,8 +422,8 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
                 "UPDATE agent_tool_runs SET next_seq = next_seq + ?1, \
                  child_cursor = MAX(child_cursor, ?2), \
                  last_signal_at = CASE WHEN ?3 THEN ?4 ELSE last_signal_at END, \
-                 progress_json = COALESCE(?6, progress_json), \
-                 progress_seq = CASE WHEN ?6 IS NULL THEN progress_seq ELSE next_seq + ?7 END, \
+                 progress_json = CASE WHEN ?9 THEN NULL ELSE COALESCE(?6, progress_json) END, \
+                 progress_seq = CASE WHEN ?9 THEN NULL WHEN ?6 IS NULL THEN progress_seq ELSE next_seq + ?7 END, \
                  reruns = reruns + ?8 \
                  WHERE run_id = ?5 AND status IN {LIVE_STATUSES} RETURNING next_seq - ?1"
             ),
@@ -432,6 +436,7 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
                 V::from(progress.map(|(_, body)| body)),
                 V::Int(progress.map_or(0, |(offset, _)| offset)),
                 V::Int(reruns),
+                V::from(superseded),
             ],
         )?;
         let Some(first) = row.and_then(|r| r.int(0)) else { return Ok(None) };

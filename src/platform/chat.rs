@@ -94,6 +94,8 @@ pub struct TurnSpec<'a> {
     pub max_steps: usize,
     /// Stores and sends one chunk; the host decides where chunks go besides the log.
     pub emit: &'a dyn Fn(String),
+    /// Sends what `emit` may have held back, before the turn's final frame goes out.
+    pub flush: &'a dyn Fn(),
     /// The cancel token of the turn.
     pub cancel: CancelToken,
 }
@@ -471,6 +473,7 @@ impl Chat {
             system,
             max_steps,
             emit: &emit,
+            flush: &|| {},
             cancel: CancelToken::new(),
         };
         self.run(state, spec, model, tools).await.1
@@ -533,6 +536,7 @@ impl Chat {
                 }
             }
         };
+        (spec.flush)();
         let message = builder.borrow().message();
         if let Err(e) = Messages::new(&self.sql)
             .upsert(&message, now_ms())

@@ -50,6 +50,9 @@ pub(crate) struct Inner<A: Agent> {
     pub(crate) waiters: RefCell<HashMap<String, Vec<oneshot::Sender<RunResult>>>>,
     /// The children's tails being read, by run id (cancel one to stop reading).
     pub(crate) tails: RefCell<HashMap<String, CancelToken>>,
+    /// Tails that came back with their start (the child's log index they follow, and the
+    /// response), for the engine's next `OpenTail` of that run to take instead of a new request.
+    pub(crate) started_tails: RefCell<HashMap<String, (i64, worker::Response)>>,
     /// The agent-tool runs each chat turn dispatched, by request id (to cancel them with it).
     pub(crate) turn_runs: RefCell<HashMap<String, Vec<String>>>,
     /// Dispatches queued for a concurrency slot.
@@ -138,6 +141,7 @@ impl<A: Agent> AgentHost<A> {
             config_error,
             waiters: RefCell::new(HashMap::new()),
             tails: RefCell::new(HashMap::new()),
+            started_tails: RefCell::new(HashMap::new()),
             turn_runs: RefCell::new(HashMap::new()),
             slot_waiters: RefCell::new(Vec::new()),
             alarm_at: Cell::new(None),

@@ -27,6 +27,10 @@ pub struct StartRequest {
     /// `true` for `event_delivery: terminal`.
     #[serde(default)]
     pub terminal_only: bool,
+    /// Answer with the run's tail after this log index instead of a [`StartReply`]: the start
+    /// and the tail the parent opens next are one round trip.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail_after: Option<i64>,
 }
 
 /// The child's answer to a start.

@@ -136,6 +136,11 @@ enum Ev {
         run_id: String,
         epoch: u64,
     },
+    /// The child's turn yielded: its buffered chunks are stored and sent.
+    FlushChunks {
+        run_id: String,
+        epoch: u64,
+    },
     /// A line written to a tail arrives at the parent.
     Line {
         conn: u64,
@@ -548,6 +553,15 @@ impl World {
                     engine.flush_progress(&child.db, &run_id, false, &move || id.clone(), now).unwrap_or_default();
                 self.child_actions(&run_id, actions);
             }
+            Ev::FlushChunks { run_id, epoch } => {
+                let Some(child) = self.children.get_mut(&run_id) else { return };
+                if child.epoch != epoch {
+                    return;
+                }
+                let Some(engine) = child.engine.as_mut() else { return };
+                let actions = engine.flush(&child.db, &run_id, false).unwrap_or_default();
+                self.child_actions(&run_id, actions);
+            }
             Ev::Line { conn, line } => self.line(conn, line),
             Ev::TailClosed { conn } => {
                 let Some(c) = self.conns.get(&conn).cloned() else { return };
@@ -883,10 +897,10 @@ impl World {
                 let engine = child.engine.as_mut().expect("activated");
                 // Small pages, so a tail's backlog often takes several (read one after another,
                 // as the platform's tail body does).
-                let mut result = engine.tail(&child.db, run_id, after, SIM_TAIL_PAGE, now);
+                let mut result = engine.tail(&child.db, run_id, after, SIM_TAIL_PAGE, false, now);
                 while let Ok((start, actions)) = &mut result {
                     let Some(more) = start.more_after else { break };
-                    match engine.tail(&child.db, run_id, more, SIM_TAIL_PAGE, now) {
+                    match engine.tail(&child.db, run_id, more, SIM_TAIL_PAGE, false, now) {
                         Ok((next, more_actions)) => {
                             start.lines.extend(next.lines);
                             start.subscriber = next.subscriber;
@@ -939,7 +953,7 @@ impl World {
             ChildReq::Inspect { gen } => {
                 let child = self.child(run_id);
                 let engine = child.engine.as_mut().expect("activated");
-                let (inspection, actions) = engine.inspect(&child.db, run_id, now).expect("child store");
+                let (inspection, actions) = engine.inspect(&child.db, run_id, false, now).expect("child store");
                 self.child_actions(run_id, actions);
                 let reply: Option<InspectionReply> =
                     inspection.and_then(|i| serde_json::from_value(serde_json::to_value(i).ok()?).ok());
@@ -1016,6 +1030,13 @@ impl World {
                     }
                 }
                 ChildAction::ChatSend { .. } => {}
+                ChildAction::FlushSoon { .. } => {
+                    // Usually at once; now and then a little later, so that several chunks
+                    // wait together and a crash can take them unsent.
+                    let epoch = self.children.get(run_id).map_or(0, |c| c.epoch);
+                    let at = self.now + if self.rng.chance(0.3) { self.rng.range(1, 60) } else { 0 };
+                    self.schedule(at, Ev::FlushChunks { run_id: run_id.to_owned(), epoch });
+                }
                 ChildAction::FlushAt { at, .. } => {
                     let epoch = self.children.get(run_id).map_or(0, |c| c.epoch);
                     self.schedule(at, Ev::Flush { run_id: run_id.to_owned(), epoch });

@@ -236,6 +236,19 @@ async fn invalid_tool_input_is_a_tool_error_and_starts_no_child() {
     assert_eq!(text_of_chunks(&chunks), "Sorry, that topic is too short.");
 }
 
+/// The Worker's log line naming `id` (wrangler relays the log a moment after it is written).
+async fn log_line(worker: &Worker, id: &str) -> String {
+    assert!(!id.is_empty(), "an error id");
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        if let Some(line) = worker.log_text().lines().find(|l| l.contains(id)) {
+            return line.to_owned();
+        }
+        assert!(std::time::Instant::now() < deadline, "the log never named {id}:\n{}", worker.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A masked key, as OpenAI quotes it in a 401.
 const LEAKY_KEY: &str = "sk-proj-ab**********************wxyz";
 
@@ -286,8 +299,7 @@ async fn provider_failures_end_turns_and_runs_with_errors() {
     for frame in client.frames.iter().chain(late.frames.iter()) {
         assert!(!frame.to_string().contains("sk-"), "a client saw the key: {frame}");
     }
-    let log = worker.log_text();
-    let line = log.lines().find(|l| l.contains(id)).expect("the log names the id");
+    let line = log_line(&worker, id).await;
     assert!(line.contains(LEAKY_KEY) && line.contains("HTTP 401"), "the details are in the log: {line}");
 
     // An error the provider reports inside its stream: the same treatment.
@@ -302,8 +314,7 @@ async fn provider_failures_end_turns_and_runs_with_errors() {
     assert!(body.contains("reported an error"), "{error}");
     let id = body.split("(error ").nth(1).and_then(|rest| rest.split(';').next()).expect("an error id");
     assert!(client.frames.iter().all(|f| !f.to_string().contains("sk-")), "a client saw the key");
-    let log = worker.log_text();
-    let line = log.lines().find(|l| l.contains(id)).expect("the log names the id");
+    let line = log_line(&worker, id).await;
     assert!(line.contains(LEAKY_KEY) && line.contains("Rate limit"), "the details are in the log: {line}");
 
     // Children whose model fails end `error`, each with the provider's problem.

@@ -50,6 +50,19 @@ export class Assistant extends Agent<Env> {
       )
     );
   }
+
+  @callable()
+  async dispatchDetached(arg: { topics: string[]; words?: number; delayMs?: number }) {
+    return Promise.all(
+      arg.topics.map((query, displayOrder) =>
+        this.runAgentTool(Researcher, {
+          input: { query, words: arg.words, delayMs: arg.delayMs },
+          displayOrder,
+          detached: true
+        })
+      )
+    );
+  }
 }
 
 export default {

@@ -5,8 +5,9 @@ use std::pin::Pin;
 
 use futures::channel::mpsc;
 
-/// Live lines a child holds for one tail before it cuts a reader that does not keep up.
-pub const TAIL_QUEUE: usize = 4096;
+/// Live writes a child holds for one tail before it cuts a reader that does not keep up (each
+/// write is one flush of the turn: at most [`crate::child::engine::FLUSH_EVERY`] lines).
+pub const TAIL_QUEUE: usize = 64;
 /// Stored lines a tail reads from the log at a time: a long backlog is sent a page at a time,
 /// each read when the reader has taken the one before, so its memory does not grow with it.
 pub const TAIL_PAGE: usize = 1024;
@@ -31,7 +32,18 @@ impl<A: Agent> AgentHost<A> {
         let run_id = query.get("runId").cloned().unwrap_or_default();
         match (req.method(), url.path()) {
             (Method::Post, "/_agent_tools/start") => match req.json::<StartRequest>().await {
-                Ok(start) => self.start(start),
+                Ok(start) => match start.tail_after {
+                    // Started, then the tail in the same response (or the start's error).
+                    Some(after) => {
+                        let run_id = start.run_id.clone();
+                        let started = self.start(start)?;
+                        if started.status_code() != 200 {
+                            return Ok(started);
+                        }
+                        self.tail(&run_id, after)
+                    }
+                    None => self.start(start),
+                },
                 Err(e) => json_error(400, format!("malformed start request: {e}")),
             },
             (Method::Get, "/_agent_tools/tail") => {
@@ -39,7 +51,8 @@ impl<A: Agent> AgentHost<A> {
                 self.tail(&run_id, after)
             }
             (Method::Get, "/_agent_tools/inspect") => {
-                let result = self.0.child.borrow_mut().inspect(&self.0.sql, &run_id, now_ms());
+                let streaming = self.0.chat.is_streaming(&run_id);
+                let result = self.0.child.borrow_mut().inspect(&self.0.sql, &run_id, streaming, now_ms());
                 match result {
                     Ok((inspection, actions)) => {
                         self.carry_out_child(actions);
@@ -93,7 +106,8 @@ impl<A: Agent> AgentHost<A> {
     }
 
     fn tail(&self, run_id: &str, after: i64) -> worker::Result<Response> {
-        let result = self.0.child.borrow_mut().tail(&self.0.sql, run_id, after, TAIL_PAGE, now_ms());
+        let streaming = self.0.chat.is_streaming(run_id);
+        let result = self.0.child.borrow_mut().tail(&self.0.sql, run_id, after, TAIL_PAGE, streaming, now_ms());
         let (start, actions) = match result {
             Ok(started) => started,
             Err(TailError::Unknown) => return json_error(404, format!("{} has no run {run_id:?}", A::CLASS)),
@@ -160,7 +174,7 @@ impl<A: Agent> TailBody<A> {
     /// step: a line emitted after the read reaches the queue, never a missing sender.
     fn take(&mut self, start: TailStart) {
         if let Some(subscriber) = start.subscriber {
-            // A bounded queue: a reader that falls [`TAIL_QUEUE`] lines behind is cut off and
+            // A bounded queue: a reader that falls [`TAIL_QUEUE`] writes behind is cut off and
             // tails again from its cursor (every line is in the log), so a slow parent never
             // grows this memory, and the turn itself never waits on a reader.
             let (tx, rx) = mpsc::channel(TAIL_QUEUE);
@@ -178,8 +192,9 @@ impl<A: Agent> TailBody<A> {
             return Some((Box::pin(live), self));
         };
         if let Some(after) = more_after {
-            let result =
-                self.host.0.child.borrow_mut().tail(&self.host.0.sql, &self.run_id, after, TAIL_PAGE, now_ms());
+            let streaming = self.host.0.chat.is_streaming(&self.run_id);
+            let sql = &self.host.0.sql;
+            let result = self.host.0.child.borrow_mut().tail(sql, &self.run_id, after, TAIL_PAGE, streaming, now_ms());
             match result {
                 Ok((next, actions)) => {
                     self.take(next);

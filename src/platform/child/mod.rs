@@ -52,6 +52,14 @@ impl<A: Agent> AgentHost<A> {
                     self.0.subscribers.borrow_mut().remove(&subscriber);
                 }
                 ChildAction::ChatSend { run_id, body } => self.0.chat.send(&self.0.state, &run_id, &body),
+                ChildAction::FlushSoon { run_id } => {
+                    // Once the turn yields: what it emitted meanwhile goes out as one batch.
+                    let host = self.clone();
+                    self.0.state.wait_until(async move {
+                        Delay::from(Duration::ZERO).await;
+                        host.child_flush_chunks(&run_id);
+                    });
+                }
                 ChildAction::FlushAt { run_id, at } => {
                     let host = self.clone();
                     self.0.state.wait_until(async move {
@@ -83,6 +91,13 @@ impl<A: Agent> AgentHost<A> {
                 false
             }
         }
+    }
+
+    /// Stores and sends what the run's turn emitted since the last flush.
+    pub(crate) fn child_flush_chunks(&self, run_id: &str) {
+        let streaming = self.0.chat.is_streaming(run_id);
+        let result = self.0.child.borrow_mut().flush(&self.0.sql, run_id, streaming);
+        self.child_result(run_id, result);
     }
 
     pub(crate) fn child_progress(&self, run_id: &str, report: Report) {

@@ -135,6 +135,7 @@ impl<A: Agent> Turn<A> {
             system: agent.system_prompt(),
             max_steps: agent.max_steps(),
             emit: &emit,
+            flush: &|| self.host.child_flush_chunks(&self.run_id),
             cancel: self.cancel.clone(),
         };
         let (message, end) = inner.chat.run(&inner.state, spec, &model, &tools).await;

@@ -255,20 +255,27 @@ impl<A: Agent> AgentHost<A> {
     pub fn inspect_agent_tool_run(&self, run_id: &str) -> Option<RunInspection> {
         let record = self.registry().get(run_id).ok().flatten()?;
         let result = (!record.status.is_live()).then(|| RunResult::from_record(&record));
-        let progress = record.progress.as_ref().and_then(|(_, body)| {
-            let data = serde_json::from_str::<Value>(body).ok()?.get("data").cloned()?;
-            serde_json::from_value::<ProgressSnapshot>(with_at(data, record.last_signal_at.unwrap_or(0))).ok()
-        });
-        let milestones = self
+        let milestone_data: Vec<Value> = self
             .registry()
             .milestones(run_id)
             .unwrap_or_default()
             .into_iter()
-            .filter_map(|(_, body)| {
-                let data = serde_json::from_str::<Value>(&body).ok()?.get("data").cloned()?;
-                serde_json::from_value::<Milestone>(data).ok()
-            })
+            .filter_map(|(_, body)| serde_json::from_str::<Value>(&body).ok()?.get("data").cloned())
             .collect();
+        // The latest signal: the kept progress, or (when a milestone came after it) the last
+        // milestone, as the stock client's snapshot has it.
+        let progress = match record.progress.as_ref() {
+            Some((_, body)) => serde_json::from_str::<Value>(body).ok().and_then(|v| v.get("data").cloned()),
+            None => milestone_data.last().cloned().map(|mut data| {
+                data["milestone"] = data.get("name").cloned().unwrap_or(Value::Null);
+                data
+            }),
+        }
+        .and_then(|data| {
+            serde_json::from_value::<ProgressSnapshot>(with_at(data, record.last_signal_at.unwrap_or(0))).ok()
+        });
+        let milestones =
+            milestone_data.into_iter().filter_map(|data| serde_json::from_value::<Milestone>(data).ok()).collect();
         Some(RunInspection { info: RunInfo::from_record(&record), result, progress, milestones })
     }
 

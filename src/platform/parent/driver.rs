@@ -58,8 +58,16 @@ impl<A: Agent> AgentHost<A> {
                 ParentAction::StartChild { run_id, gen, to, request } => {
                     let host = self.clone();
                     self.0.state.wait_until(async move {
+                        let tail_after = request.tail_after;
                         let result = match host.child_call(&to, Method::Post, "start", &request).await {
-                            Ok(resp) if resp.status_code() == 200 => Ok(()),
+                            Ok(resp) if resp.status_code() == 200 => {
+                                // The child answered with the tail: the engine's next OpenTail
+                                // of this run takes it (one round trip for both).
+                                if let Some(after) = tail_after {
+                                    host.0.started_tails.borrow_mut().insert(run_id.clone(), (after, resp));
+                                }
+                                Ok(())
+                            }
                             Ok(mut resp) => {
                                 let body = resp.text().await.unwrap_or_default();
                                 let status = resp.status_code();
@@ -70,7 +78,9 @@ impl<A: Agent> AgentHost<A> {
                             }
                             Err(e) => Err(StartError::Unreachable(format!("{}: {e}", to.binding))),
                         };
-                        host.feed(ParentEvent::StartReplied { run_id, gen, result });
+                        host.feed(ParentEvent::StartReplied { run_id: run_id.clone(), gen, result });
+                        // Not taken (the run ended meanwhile): dropping it closes the tail.
+                        host.0.started_tails.borrow_mut().remove(&run_id);
                     });
                 }
                 ParentAction::OpenTail { run_id, gen, to, after } => self.open_tail(run_id, gen, to, after),
@@ -228,11 +238,12 @@ impl<A: Agent> AgentHost<A> {
             old.cancel(None);
         }
         let host = self.clone();
+        let started = self.0.started_tails.borrow_mut().remove(&run_id).filter(|(from, _)| *from == after);
         self.0.state.wait_until(async move {
-            let url = child_api::tail_url(&run_id, after);
-            let opened = match host.stub(&to) {
-                Ok(stub) => send_json(&stub, Method::Get, &url, &()).await,
-                Err(e) => Err(e),
+            let opened = match (started, host.stub(&to)) {
+                (Some((_, resp)), _) => Ok(resp),
+                (None, Ok(stub)) => send_json(&stub, Method::Get, &child_api::tail_url(&run_id, after), &()).await,
+                (None, Err(e)) => Err(e),
             };
             let mut resp = match opened {
                 Ok(resp) if resp.status_code() == 200 => resp,

@@ -1,0 +1,88 @@
+//! The bare platform costs `benches/compare.rs` sets the engine's numbers against, served by the
+//! demo's parent as the RPC method `bench` when `BENCH_ROUTES=1` (never otherwise):
+//!
+//! - `{op: "ping"}`: one fetch to a child object and its answer (parent → child → parent);
+//! - `{op: "rpc"}`: one JS RPC call on a child's stub, or the runtime's reason for refusing it;
+//! - `{op: "blast", n}`: `n` small frames sent to every client, back to back;
+//! - `{op: "seed", n, bytes}` then `{op: "read"}`: `n` rows of `bytes` in a table of the
+//!   benchmark's own, then all of them read from SQLite and sent, as a replay would, with no
+//!   engine in between.
+
+use serde_json::{json, Value};
+use worker::SqlStorageValue;
+
+use super::assistant::Assistant;
+use super::children::Researcher;
+use agent_tools::prelude::*;
+use agent_tools::AgentClass;
+
+const TABLE: &str = "CREATE TABLE IF NOT EXISTS bench_rows (n INTEGER PRIMARY KEY, body TEXT NOT NULL)";
+
+/// Serves one `bench` call.
+pub(crate) async fn bench(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, String> {
+    let stub = || {
+        host.env()
+            .durable_object(<Researcher as AgentClass>::BINDING)
+            .and_then(|ns| ns.id_from_name("bench-ping")?.get_stub())
+            .map_err(|e| e.to_string())
+    };
+    match arg.get("op").and_then(Value::as_str) {
+        Some("ping") => {
+            let mut resp = stub()?.fetch_with_str("https://bench/ping").await.map_err(|e| e.to_string())?;
+            Ok(json!({ "status": resp.status_code(), "bytes": resp.text().await.unwrap_or_default().len() }))
+        }
+        Some("rpc") => {
+            let stub: worker::wasm_bindgen::JsValue = stub()?.into_rpc();
+            let method = js_sys::Reflect::get(&stub, &"agentToolsPing".into()).map_err(|e| format!("{e:?}"))?;
+            let call = js_sys::Function::from(method).call0(&stub).map_err(|e| format!("{e:?}"))?;
+            let outcome = worker::wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(call)).await;
+            Ok(match outcome {
+                Ok(v) => json!({ "ok": v.as_string() }),
+                Err(e) => json!({ "error": js_sys::Error::from(e).message().as_string() }),
+            })
+        }
+        Some("blast") => {
+            let n = arg.get("n").and_then(Value::as_u64).unwrap_or(1000).min(1_000_000);
+            for i in 0..n {
+                host.broadcast(&format!(
+                    r#"{{"type":"bench-blast","i":{i},"body":"{{\"type\":\"text-delta\",\"id\":\"t\",\"delta\":\" word\"}}"}}"#
+                ));
+            }
+            Ok(json!({ "sent": n }))
+        }
+        Some("seed") => {
+            let n = arg.get("n").and_then(Value::as_u64).unwrap_or(10_000).min(1_000_000) as i64;
+            let bytes = arg.get("bytes").and_then(Value::as_u64).unwrap_or(80).min(100_000) as usize;
+            let sql = host.sql();
+            sql.exec(TABLE, None).map_err(|e| e.to_string())?;
+            sql.exec("DELETE FROM bench_rows", None).map_err(|e| e.to_string())?;
+            let body: SqlStorageValue = "x".repeat(bytes).into();
+            sql.exec(
+                "WITH RECURSIVE k(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM k WHERE n < ?) \
+                 INSERT INTO bench_rows (n, body) SELECT n, ? FROM k",
+                Some(vec![n.into(), body]),
+            )
+            .map_err(|e| e.to_string())?;
+            Ok(json!({ "seeded": n }))
+        }
+        Some("read") => {
+            #[derive(serde::Deserialize)]
+            struct Row {
+                n: i64,
+                body: String,
+            }
+            let rows: Vec<Row> = host
+                .sql()
+                .exec("SELECT n, body FROM bench_rows ORDER BY n", None)
+                .and_then(|c| c.to_array())
+                .map_err(|e| e.to_string())?;
+            for row in &rows {
+                let frame = json!({ "type": "bench-read", "sequence": row.n,
+                                    "event": { "kind": "chunk", "runId": "bench", "body": row.body } });
+                host.broadcast(&frame.to_string());
+            }
+            Ok(json!({ "sent": rows.len() }))
+        }
+        _ => Err("bench expects {op: \"ping\" | \"rpc\" | \"blast\" | \"seed\" | \"read\"}".into()),
+    }
+}
