@@ -5,3 +5,4 @@ set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$ROOT/examples/hello-agents"
 worker-build --release "$@"
+strip_wasm_names "$ROOT/examples/hello-agents/build/index_bg.wasm"

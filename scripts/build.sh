@@ -8,6 +8,7 @@ cd "$ROOT"
 example=false
 if [ "${1:-}" = "--example" ]; then example=true; shift; fi
 worker-build --release "$@"
+strip_wasm_names "$ROOT/build/index_bg.wasm"
 "$ROOT/scripts/build-web.sh"
 if $example; then
   "$ROOT/scripts/build-example.sh" "$@"

@@ -13,3 +13,12 @@ export WRANGLER_LOG_PATH="$ROOT/.wrangler/logs"
 # The wasm-bindgen CLI must match the wasm-bindgen crate in Cargo.lock exactly.
 WASM_BINDGEN_VERSION="$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/version = |"/, ""); print; exit }' "$ROOT/Cargo.lock")"
 export WASM_BINDGEN_VERSION
+
+# Drops the wasm name section worker-build keeps (about 65 KiB of the gzipped upload; wasm
+# frames in a stack trace then show as numbers). KEEP_WASM_NAMES=1 keeps it.
+strip_wasm_names() {
+  [ "${KEEP_WASM_NAMES:-0}" = "1" ] && return 0
+  "$WASM_OPT_BIN" "$1" --strip-debug --strip-producers --enable-mutable-globals --enable-sign-ext \
+    --enable-nontrapping-float-to-int --enable-bulk-memory --enable-multivalue --enable-reference-types \
+    --enable-exception-handling -o "$1"
+}

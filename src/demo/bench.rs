@@ -2,8 +2,10 @@
 //! demo's parent as the RPC method `bench` when `BENCH_ROUTES=1` (never otherwise):
 //!
 //! - `{op: "ping"}`: one fetch to a child object and its answer (parent → child → parent);
+//! - `{op: "ping-new"}`: the same to a child object that did not exist yet (as every run's is);
 //! - `{op: "rpc"}`: one JS RPC call on a child's stub, or the runtime's reason for refusing it;
-//! - `{op: "blast", n}`: `n` small frames sent to every client, back to back;
+//! - `{op: "blast", n}`: `n` small frames sent to every client, back to back (the sockets
+//!   looked up once);
 //! - `{op: "seed", n, bytes}` then `{op: "read"}`: `n` rows of `bytes` in a table of the
 //!   benchmark's own, then all of them read from SQLite and sent, as a replay would, with no
 //!   engine in between.
@@ -20,15 +22,22 @@ const TABLE: &str = "CREATE TABLE IF NOT EXISTS bench_rows (n INTEGER PRIMARY KE
 
 /// Serves one `bench` call.
 pub(crate) async fn bench(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, String> {
-    let stub = || {
+    let stub_named = |name: &str| {
         host.env()
             .durable_object(<Researcher as AgentClass>::BINDING)
-            .and_then(|ns| ns.id_from_name("bench-ping")?.get_stub())
+            .and_then(|ns| ns.id_from_name(name)?.get_stub())
             .map_err(|e| e.to_string())
     };
+    let stub = || stub_named("bench-ping");
     match arg.get("op").and_then(Value::as_str) {
         Some("ping") => {
             let mut resp = stub()?.fetch_with_str("https://bench/ping").await.map_err(|e| e.to_string())?;
+            Ok(json!({ "status": resp.status_code(), "bytes": resp.text().await.unwrap_or_default().len() }))
+        }
+        Some("ping-new") => {
+            // A child object that did not exist: its creation (and its tables) included.
+            let name = format!("bench-ping-{}", js_sys::Math::random());
+            let mut resp = stub_named(&name)?.fetch_with_str("https://bench/ping").await.map_err(|e| e.to_string())?;
             Ok(json!({ "status": resp.status_code(), "bytes": resp.text().await.unwrap_or_default().len() }))
         }
         Some("rpc") => {
@@ -43,10 +52,14 @@ pub(crate) async fn bench(host: &AgentHost<Assistant>, arg: Value) -> Result<Val
         }
         Some("blast") => {
             let n = arg.get("n").and_then(Value::as_u64).unwrap_or(1000).min(1_000_000);
+            let sockets = host.state().get_websockets();
             for i in 0..n {
-                host.broadcast(&format!(
+                let frame = format!(
                     r#"{{"type":"bench-blast","i":{i},"body":"{{\"type\":\"text-delta\",\"id\":\"t\",\"delta\":\" word\"}}"}}"#
-                ));
+                );
+                for ws in &sockets {
+                    let _ = ws.send_with_str(&frame);
+                }
             }
             Ok(json!({ "sent": n }))
         }
@@ -76,13 +89,17 @@ pub(crate) async fn bench(host: &AgentHost<Assistant>, arg: Value) -> Result<Val
                 .exec("SELECT n, body FROM bench_rows ORDER BY n", None)
                 .and_then(|c| c.to_array())
                 .map_err(|e| e.to_string())?;
+            let sockets = host.state().get_websockets();
             for row in &rows {
                 let frame = json!({ "type": "bench-read", "sequence": row.n,
                                     "event": { "kind": "chunk", "runId": "bench", "body": row.body } });
-                host.broadcast(&frame.to_string());
+                let frame = frame.to_string();
+                for ws in &sockets {
+                    let _ = ws.send_with_str(&frame);
+                }
             }
             Ok(json!({ "sent": rows.len() }))
         }
-        _ => Err("bench expects {op: \"ping\" | \"rpc\" | \"blast\" | \"seed\" | \"read\"}".into()),
+        _ => Err("bench expects {op: \"ping\" | \"ping-new\" | \"rpc\" | \"blast\" | \"seed\" | \"read\"}".into()),
     }
 }
