@@ -11,7 +11,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::{json, Value};
 
 pub use crate::model::Model;
-use crate::model::{ModelEvent, ModelMessage, ModelRequest, ToolCall, ToolSpec};
+use crate::model::{ModelError, ModelEvent, ModelMessage, ModelRequest, ToolCall, ToolSpec};
 
 /// The tools a turn may call.
 #[allow(async_fn_in_trait)]
@@ -27,6 +27,51 @@ pub trait ToolBox {
     fn call_id_taken(&self, id: &str) -> bool {
         let _ = id;
         false
+    }
+}
+
+type LocalBoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + 'a>>;
+
+/// A [`Model`] as a trait object: the turn's code is compiled once, whatever model each agent
+/// of a Worker has (a generic turn would be compiled again for every agent class).
+pub trait DynModel {
+    /// [`Model::step`], boxed.
+    fn step_boxed<'a>(
+        &'a self,
+        request: &'a ModelRequest,
+        on_event: &'a mut dyn FnMut(ModelEvent),
+    ) -> LocalBoxFuture<'a, Result<(), ModelError>>;
+}
+
+impl<M: Model> DynModel for M {
+    fn step_boxed<'a>(
+        &'a self,
+        request: &'a ModelRequest,
+        on_event: &'a mut dyn FnMut(ModelEvent),
+    ) -> LocalBoxFuture<'a, Result<(), ModelError>> {
+        Box::pin(self.step(request, on_event))
+    }
+}
+
+/// A [`ToolBox`] as a trait object, for the same reason.
+pub trait DynToolBox {
+    /// [`ToolBox::specs`].
+    fn specs_dyn(&self) -> Vec<ToolSpec>;
+    /// [`ToolBox::execute`], boxed.
+    fn execute_boxed<'a>(&'a self, call: &'a ToolCall, order: usize) -> LocalBoxFuture<'a, Result<Value, String>>;
+    /// [`ToolBox::call_id_taken`].
+    fn call_id_taken_dyn(&self, id: &str) -> bool;
+}
+
+impl<T: ToolBox> DynToolBox for T {
+    fn specs_dyn(&self) -> Vec<ToolSpec> {
+        self.specs()
+    }
+    fn execute_boxed<'a>(&'a self, call: &'a ToolCall, order: usize) -> LocalBoxFuture<'a, Result<Value, String>> {
+        Box::pin(self.execute(call, order))
+    }
+    fn call_id_taken_dyn(&self, id: &str) -> bool {
+        self.call_id_taken(id)
     }
 }
 
@@ -50,13 +95,13 @@ impl CallIds {
         Self { used, step: HashMap::new() }
     }
 
-    fn map<T: ToolBox>(&mut self, provider_id: &str, tools: &T) -> String {
+    fn map(&mut self, provider_id: &str, tools: &dyn DynToolBox) -> String {
         if let Some(ours) = self.step.get(provider_id) {
             return ours.clone();
         }
         let mut ours = provider_id.to_owned();
         let mut n = 1;
-        while ours.is_empty() || self.used.contains(&ours) || tools.call_id_taken(&ours) {
+        while ours.is_empty() || self.used.contains(&ours) || tools.call_id_taken_dyn(&ours) {
             ours = format!("{provider_id}_{n}");
             n += 1;
         }
@@ -104,14 +149,14 @@ pub enum TurnOutcome {
 }
 
 /// Runs a turn over `history`, streaming `UIMessageChunk`s through `emit`.
-pub async fn run_turn<M: Model, T: ToolBox>(
-    model: &M,
-    tools: &T,
+pub async fn run_turn(
+    model: &dyn DynModel,
+    tools: &dyn DynToolBox,
     history: Vec<ModelMessage>,
     options: &TurnOptions,
     emit: &dyn Fn(Value),
 ) -> TurnOutcome {
-    let specs = tools.specs();
+    let specs = tools.specs_dyn();
     let mut ids = CallIds::new(&history);
     let mut messages = history;
     emit(json!({ "type": "start", "messageId": options.message_id }));
@@ -126,7 +171,7 @@ pub async fn run_turn<M: Model, T: ToolBox>(
         ids.step.clear();
         let request = ModelRequest { messages: messages.clone(), tools: specs.clone() };
         let result = model
-            .step(&request, &mut |event| match event {
+            .step_boxed(&request, &mut |event| match event {
                 ModelEvent::TextDelta(delta) => {
                     if !text_open {
                         text_open = true;
@@ -176,7 +221,7 @@ pub async fn run_turn<M: Model, T: ToolBox>(
         let mut running: FuturesUnordered<_> = calls
             .iter()
             .enumerate()
-            .map(|(order, call)| async move { (call, tools.execute(call, order).await) })
+            .map(|(order, call)| async move { (call, tools.execute_boxed(call, order).await) })
             .collect();
         while let Some((call, outcome)) = running.next().await {
             let output = match outcome {

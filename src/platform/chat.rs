@@ -15,7 +15,7 @@ use crate::cancel::CancelToken;
 use crate::chat::convert::to_model_messages;
 use crate::chat::message::MessageBuilder;
 use crate::chat::store::{validate_message, Messages, OpenStreams, StreamLog};
-use crate::chat::turn::{run_turn, Model, ToolBox, TurnOptions, TurnOutcome};
+use crate::chat::turn::{run_turn, DynModel, DynToolBox, TurnOptions, TurnOutcome};
 use crate::protocol::rpc::{self, ClientFrame, FrameError, RpcRequest, RpcResponse};
 use crate::protocol::tail::ChunkKind;
 use crate::store::Sql;
@@ -447,15 +447,15 @@ impl Chat {
     /// Runs the turn a chat client asked for: a fresh stream under its request id, each chunk
     /// stored, then sent to the clients.
     #[allow(clippy::too_many_arguments)]
-    pub async fn run_client_turn<M: Model, T: ToolBox>(
+    pub async fn run_client_turn(
         &self,
         state: &State,
         request_id: &str,
         sender: Option<String>,
         system: Option<String>,
         max_steps: usize,
-        model: &M,
-        tools: &T,
+        model: &dyn DynModel,
+        tools: &dyn DynToolBox,
     ) -> ChatEnd {
         let next = std::cell::Cell::new(0_i64);
         let emit = |body: String| {
@@ -482,12 +482,12 @@ impl Chat {
     /// Runs one turn over the transcript (after any turn already running), streaming through
     /// `spec.emit`, then persists the assistant message, sends the transcript to the other
     /// clients and the final frame to all. Returns the assistant message and the outcome.
-    pub async fn run<M: Model, T: ToolBox>(
+    pub async fn run(
         &self,
         state: &State,
         spec: TurnSpec<'_>,
-        model: &M,
-        tools: &T,
+        model: &dyn DynModel,
+        tools: &dyn DynToolBox,
     ) -> (Value, ChatEnd) {
         self.waiting.borrow_mut().insert(spec.request_id.clone(), spec.sender.clone());
         let _turn = self.turns.lock().await;
