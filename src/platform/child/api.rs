@@ -4,13 +4,6 @@ use std::collections::HashMap;
 use std::pin::Pin;
 
 use futures::channel::mpsc;
-
-/// Live writes a child holds for one tail before it cuts a reader that does not keep up (each
-/// write is one flush of the turn: at most [`crate::child::engine::FLUSH_EVERY`] lines).
-pub const TAIL_QUEUE: usize = 64;
-/// Stored lines a tail reads from the log at a time: a long backlog is sent a page at a time,
-/// each read when the reader has taken the one before, so its memory does not grow with it.
-pub const TAIL_PAGE: usize = 1024;
 use futures::{Stream, StreamExt};
 use serde_json::json;
 use worker::{Method, Request, Response};
@@ -21,6 +14,13 @@ use crate::platform::{json_error, now_ms, AgentHost};
 use crate::protocol::child_api::{CancelRequest, StartRequest};
 use crate::run::ClearFilter;
 use crate::store::meta;
+
+/// Live writes a child holds for one tail before it cuts a reader that does not keep up (each
+/// write is one flush of the turn: at most 256 lines).
+pub const TAIL_QUEUE: usize = 64;
+/// Stored lines a tail reads from the log at a time: a long backlog is sent a page at a time,
+/// each read when the reader has taken the one before, so its memory does not grow with it.
+pub const TAIL_PAGE: usize = 1024;
 
 type BodyStream = Pin<Box<dyn Stream<Item = worker::Result<Vec<u8>>>>>;
 
