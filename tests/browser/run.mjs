@@ -56,6 +56,12 @@ function watch(page, tab) {
   });
 }
 
+/** Settles with `promise`, or with `fallback` after `ms`: nothing in a failure report may hang. */
+const within = (promise, ms, fallback) =>
+  Promise.race([promise, new Promise((resolve) => setTimeout(() => resolve(fallback), ms))]);
+
+const unanswered = () => requests.filter((q) => q.headers === undefined && q.failed === undefined);
+
 /** Everything the pages did, printed when a scenario fails. */
 async function report() {
   const lines = [`--- browser report (${scenario}, ms since start; now ${since()}) ---`, ...journal, "requests:"];
@@ -64,10 +70,28 @@ async function report() {
     const head = q.headers !== undefined ? `status ${q.status} at ${q.headers}` : "no response";
     lines.push(`  tab ${q.tab} ${q.method} ${q.url}: sent at ${q.sent}, ${head}, ${end}`);
   }
+  // A request the Worker never answered: does another request, from outside the browser, get an
+  // answer, and does the held one come back with it? (wrangler dev has been seen holding a page's
+  // first navigation until the next request reached it; its log then shows the held request's
+  // duration.)
+  const held = unanswered();
+  if (held.length > 0) {
+    const probe = await within(
+      fetch(`${base}/harness-probe-${Date.now()}`).then((r) => `status ${r.status}`, (e) => `failed: ${e.message}`),
+      5_000,
+      "no answer in 5 s"
+    );
+    await new Promise((resolve) => setTimeout(resolve, 2_000));
+    lines.push(`${held.length} request(s) unanswered; a request from outside the browser got ${probe}; 2 s later ${unanswered().length} still unanswered`);
+  }
   for (const [i, page] of context.pages().entries()) {
-    const timing = await page
-      .evaluate(() => JSON.stringify({ readyState: document.readyState, navigation: performance.getEntriesByType("navigation")[0]?.toJSON() }))
-      .catch((e) => `unavailable: ${e.message}`);
+    const timing = await within(
+      page
+        .evaluate(() => JSON.stringify({ readyState: document.readyState, navigation: performance.getEntriesByType("navigation")[0]?.toJSON() }))
+        .catch((e) => `unavailable: ${e.message}`),
+      5_000,
+      "unavailable: the page did not answer in 5 s"
+    );
     lines.push(`tab ${i} document: ${timing}`);
   }
   lines.push("--- end of browser report ---");
@@ -315,11 +339,15 @@ try {
   await run();
   console.log(JSON.stringify({ scenario, ok: true }));
 } catch (e) {
-  for (const [i, page] of context.pages().entries()) await shot(page, `failure-${i}`).catch(() => {});
   console.error(e);
   console.error(await report());
+  for (const [i, page] of context.pages().entries())
+    await page.screenshot({ path: join(artifacts, `${scenario}-failure-${i}.png`), fullPage: true, timeout: 5_000 }).catch(() => {});
   console.error(`screenshots: ${artifacts}/${scenario}-failure-<tab>.png`);
   process.exitCode = 1;
 } finally {
-  await browser.close();
+  await within(browser.close(), 10_000);
+  // A request still held (the failure report's probe, say) must not keep the process alive;
+  // output to pipes is written synchronously, so nothing is lost.
+  process.exit();
 }

@@ -2,7 +2,12 @@
 //! playwright-core: each test starts the Worker and runs one scenario of
 //! `tests/browser/run.mjs`. Screenshots land in `test-artifacts/browser/`.
 
+use std::time::Duration;
+
 use crate::harness::{root, Worker};
+
+/// The longest a scenario's Node process may run.
+const SCENARIO_LIMIT: Duration = Duration::from_secs(600);
 
 async fn scenario(name: &str, vars: &[(&str, &str)]) {
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
@@ -12,15 +17,23 @@ async fn scenario(name: &str, vars: &[(&str, &str)]) {
     );
     let worker = Worker::start_with(None, vars).await;
     let words = vars.iter().find(|(k, _)| *k == "OFFLINE_WORDS").map_or("24", |(_, v)| v);
-    let output = tokio::process::Command::new("node")
+    let child = tokio::process::Command::new("node")
         .arg(root().join("tests/browser/run.mjs"))
         .arg(name)
         .arg(worker.http(""))
         .arg(root().join("test-artifacts/browser"))
         .env("WORDS", words)
         .current_dir(root())
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // Every step of a scenario has its own timeout and its failure report is bounded too: this is
+    // the last resort, so that nothing can keep the suite waiting.
+    let output = tokio::time::timeout(SCENARIO_LIMIT, child.wait_with_output())
         .await
+        .unwrap_or_else(|_| panic!("scenario {name} did not end in {SCENARIO_LIMIT:?}: killed"))
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);

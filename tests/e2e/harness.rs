@@ -243,8 +243,13 @@ impl Worker {
         }
         let client = reqwest::Client::new();
         while Instant::now() < deadline {
-            if client.get(self.http("/")).timeout(Duration::from_secs(2)).send().await.is_ok() {
-                return;
+            // The whole response is read: a client that drops it unread makes workerd log a
+            // broken pipe.
+            let answer = client.get(self.http("/")).timeout(Duration::from_secs(2)).send().await;
+            if let Ok(response) = answer {
+                if response.bytes().await.is_ok() {
+                    return;
+                }
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
