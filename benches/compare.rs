@@ -172,12 +172,7 @@ async fn bare_blast(t: &Target, n: u64) -> f64 {
     let mut client = t.client(&unique("blast")).await;
     let started = Instant::now();
     client.send_call("bench", json!([{"op": "blast", "n": n}])).await;
-    let mut seen = 0;
-    while seen < n {
-        let frame = client.recv(LONG).await.expect("blast frames");
-        seen += u64::from(frame["type"] == "bench-blast");
-        client.frames.clear();
-    }
+    await_frames(&mut client, "bench-blast", n as usize).await;
     n as f64 / started.elapsed().as_secs_f64()
 }
 
@@ -209,13 +204,18 @@ async fn seed(t: &Target, runs: usize, chunks: u64) -> (String, usize) {
 async fn s3(t: &Target, name: &str, frames: usize) -> f64 {
     let started = Instant::now();
     let mut client = Client::connect(&t.worker.ws(&format!("/agents/assistant/{name}"))).await;
+    await_frames(&mut client, "agent-tool-event", frames).await;
+    ms(started)
+}
+
+/// Waits until `client` has received `n` frames of `kind`, keeping none of them.
+async fn await_frames(client: &mut Client, kind: &str, n: usize) {
     let mut seen = 0;
-    while seen < frames {
-        let frame = client.recv(LONG).await.expect("replay frames");
-        seen += usize::from(frame["type"] == "agent-tool-event");
+    while seen < n {
+        let frame = client.recv(LONG).await.unwrap_or_else(|| panic!("{n} {kind} frames"));
+        seen += usize::from(frame["type"] == kind);
         client.frames.clear();
     }
-    ms(started)
 }
 
 /// The bare replay: as many rows of a chunk's size read from SQLite and sent, no engine (on a
@@ -225,12 +225,7 @@ async fn bare_read(t: &Target, frames: usize) -> f64 {
     client.call("bench", json!([{"op": "seed", "n": frames, "bytes": 60}])).await.expect("seeded");
     let started = Instant::now();
     client.send_call("bench", json!([{"op": "read"}])).await;
-    let mut seen = 0;
-    while seen < frames {
-        let frame = client.recv(LONG).await.expect("bare read frames");
-        seen += usize::from(frame["type"] == "bench-read");
-        client.frames.clear();
-    }
+    await_frames(&mut client, "bench-read", frames).await;
     ms(started)
 }
 

@@ -40,30 +40,30 @@ export class Researcher extends AIChatAgent<Env> {
 
 export class Assistant extends Agent<Env> {
   @callable()
-  async research(arg: { topics: string[]; words?: number; delayMs?: number }) {
-    return Promise.all(
-      arg.topics.map((query, displayOrder) =>
-        this.runAgentTool(Researcher, {
-          input: { query, words: arg.words, delayMs: arg.delayMs },
-          displayOrder
-        })
-      )
-    );
+  async research(arg: ResearchArg) {
+    return this.runAll(arg, false);
   }
 
   @callable()
-  async dispatchDetached(arg: { topics: string[]; words?: number; delayMs?: number }) {
+  async dispatchDetached(arg: ResearchArg) {
+    return this.runAll(arg, true);
+  }
+
+  /** One Researcher run per topic, awaited or detached. */
+  private runAll(arg: ResearchArg, detached: boolean) {
     return Promise.all(
       arg.topics.map((query, displayOrder) =>
         this.runAgentTool(Researcher, {
           input: { query, words: arg.words, delayMs: arg.delayMs },
           displayOrder,
-          detached: true
+          ...(detached ? { detached: true as const } : {})
         })
       )
     );
   }
 }
+
+type ResearchArg = { topics: string[]; words?: number; delayMs?: number };
 
 export default {
   async fetch(request: Request, env: Env) {
