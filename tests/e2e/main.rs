@@ -4,6 +4,7 @@
 mod browser;
 mod chat;
 mod detached;
+mod dev_proxy;
 mod example;
 mod foundation;
 mod harness;
