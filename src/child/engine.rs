@@ -68,12 +68,12 @@ pub enum ChildAction {
         /// The tail.
         subscriber: SubscriberId,
     },
-    /// Send a chunk to the child's own chat clients (a drill-in), if its chat stream is open.
+    /// Send chunks to the child's own chat clients (a drill-in), if its chat stream is open.
     ChatSend {
         /// The run (its chat stream's id).
         run_id: String,
-        /// The `UIMessageChunk` JSON.
-        body: String,
+        /// The `UIMessageChunk`s' JSON, in order.
+        bodies: Vec<String>,
     },
     /// Call [`ChildEngine::flush`] for the run once the turn yields (its first chunk since the
     /// last flush was buffered).
@@ -328,11 +328,15 @@ impl ChildEngine {
         StreamLog::new(sql).append_many(run_id, &stored)?;
         let mut actions = Vec::new();
         let mut lines = Vec::new();
+        let mut chat = Vec::new();
         for p in pending {
             if chat_streaming && p.chat {
-                actions.push(ChildAction::ChatSend { run_id: run_id.to_owned(), body: p.body.clone() });
+                chat.push(p.body.clone());
             }
             lines.extend(TailLine::Chunk { i: p.index, k: p.kind, b: p.body, r: p.kept }.to_line().into_bytes());
+        }
+        if !chat.is_empty() {
+            actions.push(ChildAction::ChatSend { run_id: run_id.to_owned(), bodies: chat });
         }
         for &subscriber in &run.subscribers {
             actions.push(ChildAction::Send { subscriber, line: lines.clone() });

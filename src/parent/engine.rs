@@ -25,7 +25,7 @@ use crate::agent::{Admission, AgentToolOptions};
 use crate::observability::EventType;
 use crate::protocol::child_api::{InspectionReply, StartRequest};
 use crate::protocol::tail::{ChunkKind, OutcomeStatus, RunOutcome, TailLine};
-use crate::protocol::InterruptedReason;
+use crate::protocol::{AgentToolEvent, EventFrame, InterruptedReason};
 use crate::run::{
     ClearFilter, DetachedOptions, EventDelivery, MilestoneMode, OnMilestones, ProgressSnapshot, RunInfo, RunResult,
 };
@@ -383,6 +383,26 @@ struct Driver {
     draining: Option<RunOutcome>,
     /// Part of a recovery pass.
     recovering: bool,
+    /// What the run's chunk frames need from its row, fixed for the run: read once here, not
+    /// for every batch of its tail.
+    frames: Frames,
+}
+
+/// The parts of a run's row its chunk frames depend on.
+#[derive(Debug, Clone)]
+struct Frames {
+    parent_tool_call_id: Option<String>,
+    /// `event_delivery: terminal`: ordinary chunks are not forwarded.
+    terminal_only: bool,
+}
+
+impl Frames {
+    fn of(record: &RunRecord) -> Self {
+        Self {
+            parent_tool_call_id: record.parent_tool_call_id.clone(),
+            terminal_only: record.event_delivery == EventDelivery::Terminal,
+        }
+    }
 }
 
 /// A recovery pass under way: its queue, its deadline, its counts.
@@ -566,6 +586,7 @@ impl ParentEngine {
             failed_tails: 0,
             draining: None,
             recovering: false,
+            frames: Frames::of(record),
         };
         self.drivers.insert(record.run_id.clone(), driver);
         vec![self.start_action(sql, record, input, gen)]
@@ -716,7 +737,7 @@ impl ParentEngine {
         driver.last_progress = now;
         driver.failed_tails = 0;
         let rearm = driver.reattaching && !driver.detached;
-        let Ok(Some(record)) = Registry::new(sql).get(run_id) else { return self.forget(sql, run_id) };
+        let frames = driver.frames.clone();
         let mut actions = Vec::new();
         let mut forwards: Vec<(ChunkKind, String, Option<String>)> = Vec::new();
         let mut cursor = None;
@@ -726,8 +747,7 @@ impl ParentEngine {
                 TailLine::Chunk { i, k, b, r } => {
                     cursor = i.or(cursor);
                     // A re-run's marker is lifecycle: it goes out (and is counted) either way.
-                    let hidden = record.event_delivery == EventDelivery::Terminal && k == ChunkKind::Stored;
-                    if !hidden {
+                    if !(frames.terminal_only && k == ChunkKind::Stored) {
                         forwards.push((k, b, r));
                     }
                 }
@@ -739,14 +759,24 @@ impl ParentEngine {
                 .iter()
                 .map(|(kind, body, kept)| Forward { kind: *kind, body, replay: kept.as_deref() })
                 .collect();
+            // The append checks the run is still live here (it updates only a live row).
             match Registry::new(sql).append(run_id, &batch, cursor, now) {
                 Ok(Some(seqs)) => {
                     for (seq, (_, body, _)) in seqs.into_iter().zip(&forwards) {
-                        actions.push(ParentAction::Broadcast(record.chunk_frame(seq, body.clone()).to_json()));
+                        let event = AgentToolEvent::Chunk { run_id: run_id.to_owned(), body: body.clone() };
+                        let frame = EventFrame::new(frames.parent_tool_call_id.clone(), seq, event);
+                        actions.push(ParentAction::Broadcast(frame.to_json()));
                     }
-                    actions.extend(self.signals(sql, &record, &forwards, now));
+                    let signalled =
+                        forwards.iter().any(|(k, _, _)| matches!(k, ChunkKind::Progress | ChunkKind::Milestone));
+                    if signalled {
+                        if let Ok(Some(record)) = Registry::new(sql).get(run_id) {
+                            actions.extend(self.signals(sql, &record, &forwards, now));
+                        }
+                    }
                 }
-                // The run is no longer live (concluded elsewhere): its row has the result.
+                // The run is no longer live (concluded elsewhere, or cleared): its row has the
+                // result.
                 Ok(None) => {
                     actions.push(ParentAction::CloseTail { run_id: run_id.to_owned() });
                     actions.extend(self.forget(sql, run_id));
@@ -757,6 +787,10 @@ impl ParentEngine {
         }
         if let Some(outcome) = end {
             actions.push(ParentAction::CloseTail { run_id: run_id.to_owned() });
+            let Ok(Some(record)) = Registry::new(sql).get(run_id) else {
+                actions.extend(self.forget(sql, run_id));
+                return actions;
+            };
             actions.extend(self.conclude(sql, &record, terminal_from(outcome), now));
         } else if rearm {
             actions.push(ParentAction::SetTimer {
@@ -1277,6 +1311,7 @@ impl ParentEngine {
                 failed_tails: 0,
                 draining: None,
                 recovering: true,
+                frames: Frames::of(record),
             };
             self.drivers.insert(record.run_id.clone(), driver);
         }
@@ -1477,6 +1512,7 @@ impl ParentEngine {
             failed_tails: 0,
             draining: Some(outcome),
             recovering: false,
+            frames: Frames::of(&record),
         };
         self.drivers.insert(run_id.to_owned(), driver);
         actions.extend(self.open_tail(sql, run_id, now));

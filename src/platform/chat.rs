@@ -217,14 +217,14 @@ impl Chat {
 
     /// Sends `text` to every client except `except` and those still resuming.
     pub fn broadcast(&self, state: &State, text: &str, except: Option<&str>) {
-        self.broadcast_to(state.get_websockets_with_tag(CLIENT_TAG), text, except);
+        self.broadcast_to(&state.get_websockets_with_tag(CLIENT_TAG), text, except);
     }
 
-    fn broadcast_to(&self, sockets: Vec<WebSocket>, text: &str, except: Option<&str>) {
+    fn broadcast_to(&self, sockets: &[WebSocket], text: &str, except: Option<&str>) {
         let pending = self.pending.borrow();
         for ws in sockets {
             if except.is_some() || !pending.is_empty() {
-                let id = connection_id(&ws);
+                let id = connection_id(ws);
                 if Some(id.as_str()) == except || pending.contains(&id) {
                     continue;
                 }
@@ -244,18 +244,19 @@ impl Chat {
         }
     }
 
-    /// Sends one chunk of request `request_id` to the chat clients (except those resuming).
-    pub fn send(&self, state: &State, request_id: &str, body: &str) {
+    /// Sends chunks of request `request_id` to the chat clients (except those resuming), in order.
+    pub fn send(&self, state: &State, request_id: &str, bodies: &[String]) {
+        // The sockets are looked up once for the lot.
         let sockets = state.get_websockets_with_tag(CLIENT_TAG);
         if sockets.is_empty() {
-            return; // a child run nobody watches: skip building the frame
+            return; // a child run nobody watches: skip building the frames
         }
-        let frame = format!(
-            r#"{{"type":"{RESPONSE}","id":{},"body":{},"done":false}}"#,
-            Value::from(request_id),
-            Value::from(body)
-        );
-        self.broadcast_to(sockets, &frame, None);
+        let id = Value::from(request_id);
+        for body in bodies {
+            let frame =
+                format!(r#"{{"type":"{RESPONSE}","id":{id},"body":{},"done":false}}"#, Value::from(body.as_str()));
+            self.broadcast_to(&sockets, &frame, None);
+        }
     }
 
     /// Tells every client that request `request_id` failed before it began.
@@ -461,7 +462,7 @@ impl Chat {
         let emit = |body: String| {
             let index = next.get();
             if self.store(request_id, index, ChunkKind::Stored, &body) {
-                self.send(state, request_id, &body);
+                self.send(state, request_id, std::slice::from_ref(&body));
                 next.set(index + 1);
             }
         };

@@ -72,7 +72,7 @@ pub struct RunOutcome {
 }
 
 /// One line of a tail.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "t", rename_all = "lowercase")]
 pub enum TailLine {
     /// A chunk. `i` is its index in the child's log (absent for progress).
@@ -93,6 +93,47 @@ pub enum TailLine {
         /// The outcome.
         outcome: RunOutcome,
     },
+}
+
+/// A tail line as it is read: every field of either kind, so serde reads it in one pass (an
+/// internally tagged enum buffers the whole object first, then reads it again: a third of a
+/// parent's parse time on a long run).
+#[derive(Deserialize)]
+struct RawLine {
+    t: RawTag,
+    #[serde(default)]
+    i: Option<i64>,
+    #[serde(default)]
+    k: Option<ChunkKind>,
+    #[serde(default)]
+    b: Option<String>,
+    #[serde(default)]
+    r: Option<String>,
+    #[serde(default)]
+    outcome: Option<RunOutcome>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum RawTag {
+    Chunk,
+    End,
+}
+
+impl<'de> Deserialize<'de> for TailLine {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let raw = RawLine::deserialize(deserializer)?;
+        match raw.t {
+            RawTag::Chunk => Ok(Self::Chunk {
+                i: raw.i,
+                k: raw.k.ok_or_else(|| D::Error::missing_field("k"))?,
+                b: raw.b.ok_or_else(|| D::Error::missing_field("b"))?,
+                r: raw.r,
+            }),
+            RawTag::End => Ok(Self::End { outcome: raw.outcome.ok_or_else(|| D::Error::missing_field("outcome"))? }),
+        }
+    }
 }
 
 impl TailLine {
@@ -128,24 +169,39 @@ impl LineSplitter {
     /// [`TailLine`] is returned as an error string; a line longer than
     /// [`MAX_TAIL_LINE_BYTES`] (complete or not) fails the whole stream.
     pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<Result<TailLine, String>>, LineTooLong> {
-        self.pending.extend_from_slice(bytes);
         let mut out = Vec::new();
-        let mut start = 0;
-        while let Some(pos) = self.pending[start..].iter().position(|&b| b == b'\n') {
-            let line = &self.pending[start..start + pos];
-            if line.len() > MAX_TAIL_LINE_BYTES {
-                return Err(LineTooLong);
-            }
-            if !line.is_empty() {
-                out.push(serde_json::from_slice(line).map_err(|e| e.to_string()));
-            }
-            start += pos + 1;
+        let mut rest = bytes;
+        // A line begun in an earlier read: completed by the first newline here.
+        if !self.pending.is_empty() {
+            let Some(pos) = rest.iter().position(|&b| b == b'\n') else {
+                self.pending.extend_from_slice(rest);
+                return if self.pending.len() > MAX_TAIL_LINE_BYTES { Err(LineTooLong) } else { Ok(out) };
+            };
+            self.pending.extend_from_slice(&rest[..pos]);
+            let line = std::mem::take(&mut self.pending);
+            Self::parse(&line, &mut out)?;
+            rest = &rest[pos + 1..];
         }
-        self.pending.drain(..start);
-        if self.pending.len() > MAX_TAIL_LINE_BYTES {
+        // The whole lines of this read, parsed where they are (no copy).
+        while let Some(pos) = rest.iter().position(|&b| b == b'\n') {
+            Self::parse(&rest[..pos], &mut out)?;
+            rest = &rest[pos + 1..];
+        }
+        if rest.len() > MAX_TAIL_LINE_BYTES {
             return Err(LineTooLong);
         }
+        self.pending.extend_from_slice(rest);
         Ok(out)
+    }
+
+    fn parse(line: &[u8], out: &mut Vec<Result<TailLine, String>>) -> Result<(), LineTooLong> {
+        if line.len() > MAX_TAIL_LINE_BYTES {
+            return Err(LineTooLong);
+        }
+        if !line.is_empty() {
+            out.push(serde_json::from_slice(line).map_err(|e| e.to_string()));
+        }
+        Ok(())
     }
 
     /// Whether bytes are left that did not end in a newline.
@@ -187,6 +243,22 @@ mod tests {
             assert_eq!(got, lines);
             assert!(!s.has_partial());
         }
+    }
+
+    #[test]
+    fn a_line_missing_its_kinds_fields_is_refused_and_unknown_fields_are_ignored() {
+        for bad in [
+            r#"{"t":"chunk","b":"x"}"#,
+            r#"{"t":"chunk","k":"stored"}"#,
+            r#"{"t":"end"}"#,
+            r#"{"t":"x"}"#,
+            r#"{"b":"x"}"#,
+        ] {
+            assert!(serde_json::from_str::<TailLine>(bad).is_err(), "{bad} must be refused");
+        }
+        let line: TailLine =
+            serde_json::from_str(r#"{"t":"chunk","i":3,"k":"milestone","b":"{}","extra":[1]}"#).unwrap();
+        assert_eq!(line, TailLine::Chunk { i: Some(3), k: ChunkKind::Milestone, b: "{}".into(), r: None });
     }
 
     #[test]

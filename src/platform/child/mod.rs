@@ -51,7 +51,7 @@ impl<A: Agent> AgentHost<A> {
                 ChildAction::Close { subscriber } => {
                     self.0.subscribers.borrow_mut().remove(&subscriber);
                 }
-                ChildAction::ChatSend { run_id, body } => self.0.chat.send(&self.0.state, &run_id, &body),
+                ChildAction::ChatSend { run_id, bodies } => self.0.chat.send(&self.0.state, &run_id, &bodies),
                 ChildAction::FlushSoon { run_id } => {
                     // Once the turn yields: what it emitted meanwhile goes out as one batch.
                     let host = self.clone();

@@ -123,8 +123,9 @@ impl<A: Agent> Turn<A> {
         inner.chat.broadcast(&inner.state, &transcript.to_string(), None);
         let model = agent.model(&inner.env, Some(&self.input)).map_err(|e| e.to_string())?;
         let tools = HostTools { host, request_id: &self.run_id, turn: Some(self) };
+        // The turn builds its chunks from a fixed set of types, never a reserved one: no check.
         let emit = |body: String| {
-            self.emit(body);
+            self.host.child_emit(&self.run_id, ChunkKind::Stored, body);
         };
         let replay_after = self.host.runs().get(&self.run_id).ok().flatten().map_or(-1, |run| run.attempt_start - 1);
         let spec = TurnSpec {
