@@ -15,7 +15,8 @@
 //!   terminal frame reached the client.
 //! - the bundle: `wrangler deploy --dry-run`, gzip.
 //!
-//! `BENCH_ONLY=rust` (or `ts`) measures one side; `BENCH_QUICK=1` the small sizes only.
+//! `BENCH_ONLY=rust` (or `ts`) measures one side; `BENCH_QUICK=1` the small sizes only;
+//! `BENCH_SCENARIOS=S2,S3` (any of S1–S5 and `bundle`) only those scenarios.
 
 #[path = "../tests/e2e/harness.rs"]
 #[allow(dead_code)]
@@ -308,6 +309,8 @@ fn mib(kib: Option<(u64, u64)>) -> String {
 async fn main() {
     let only = std::env::var("BENCH_ONLY").unwrap_or_default();
     let quick = std::env::var("BENCH_QUICK").is_ok_and(|v| v == "1");
+    let scenarios = std::env::var("BENCH_SCENARIOS").unwrap_or_default();
+    let wants = |name: &str| scenarios.is_empty() || scenarios.split(',').any(|s| s.trim().eq_ignore_ascii_case(name));
     let sides: Vec<Side> = [Side::Rust, Side::Ts]
         .into_iter()
         .filter(|s| only.is_empty() || (only == "rust") == (*s == Side::Rust))
@@ -319,169 +322,182 @@ async fn main() {
         "run ./scripts/bench.sh: it installs the TypeScript baseline"
     );
 
-    // S1 and the bare round trip.
-    println!("\nS1: one awaited run of one chunk, RPC → result, 200 sequential (ms)");
-    println!("{:<16} {:>8} {:>8}", "", "median", "p90");
-    for &side in &sides {
-        let t = start(side).await;
-        let s = s1(&t, 200).await;
-        println!("{:<16} {:>8.2} {:>8.2}", side.label(), s.median, s.p90);
-        if side == Side::Rust {
-            let bare = bare_ping(&t, 200, "ping").await;
-            println!(
-                "{:<16} {:>8.2} {:>8.2}   (client → parent → child object → back)",
-                "bare round trip", bare.median, bare.p90
-            );
-            let fresh = bare_ping(&t, 200, "ping-new").await;
-            println!(
-                "{:<16} {:>8.2} {:>8.2}   (the same, to a child object created by the call)",
-                "bare, new child", fresh.median, fresh.p90
-            );
-            println!(
-                "S1 / bare round trip: {:.2}; S1 / bare with a new child: {:.2}",
-                s.median / bare.median,
-                s.median / fresh.median
-            );
-            let mut client = t.client(&unique("rpc")).await;
-            let started = Instant::now();
-            let rpc = client.call("bench", json!([{"op": "rpc"}])).await;
-            println!("JS RPC on a Rust child's stub ({:.2} ms): {rpc:?}", ms(started));
-        }
-    }
-
-    // S2 against the raw send rate, with peak memory (a fresh runtime per size).
-    println!("\nS2: one run of N chunks, dispatch → terminal frame (one sample per size, a fresh runtime each)");
-    println!(
-        "{:<16} {:>7} {:>11} {:>11} {:>10} {:>9} {:>14}",
-        "", "N", "first ms", "done ms", "frames/s", "peak MiB", "first / done"
-    );
-    let sizes: &[u64] = if quick { &[1_000, 10_000] } else { &[1_000, 10_000, 100_000] };
-    for &chunks in sizes {
+    if wants("S1") {
+        // S1 and the bare round trip.
+        println!("\nS1: one awaited run of one chunk, RPC → result, 200 sequential (ms)");
+        println!("{:<16} {:>8} {:>8}", "", "median", "p90");
         for &side in &sides {
-            if side == Side::Ts && chunks > 10_000 {
-                continue; // about 10 s per 10 000 chunks: 100 000 would take minutes
-            }
             let t = start(side).await;
-            let (first, done, frames) = s2(&t, chunks).await;
-            println!(
-                "{:<16} {:>7} {:>11.0} {:>11.0} {:>10.0} {:>9} {:>13.1}%",
-                side.label(),
-                chunks,
-                first,
-                done,
-                frames as f64 / (done / 1000.0),
-                mib(t.worker.workerd_memory_kib()),
-                100.0 * first / done
-            );
-            if side == Side::Rust && chunks == 10_000 {
-                let raw = bare_blast(&t, 20_000).await;
-                println!(
-                    "{:<16} {:>7} {:>11} {:>11} {:>10.0}   (S2 at 10 000: {:.0}% of it)",
-                    "raw send rate",
-                    20_000,
-                    "",
-                    "",
-                    raw,
-                    100.0 * (frames as f64 / (done / 1000.0)) / raw
-                );
-            }
-        }
-    }
-
-    // S3 against a bare read-and-send.
-    println!("\nS3: a new client's connect → last replay frame, R finished runs × C chunks (ms)");
-    println!("{:<16} {:>6} {:>6} {:>8} {:>9} {:>9} {:>10}", "", "R", "C", "frames", "median", "p90", "peak MiB");
-    let shapes: &[(usize, u64)] = if quick { &[(10, 100), (100, 100)] } else { &[(10, 100), (100, 100), (1000, 100)] };
-    for &(runs, chunks) in shapes {
-        for &side in &sides {
-            if side == Side::Ts && runs > 100 {
-                continue;
-            }
-            let t = start(side).await;
-            let (name, frames) = seed(&t, runs, chunks).await;
-            let samples = if runs >= 1000 { 3 } else { 5 };
-            let mut times = Vec::new();
-            for _ in 0..samples {
-                times.push(s3(&t, &name, frames).await);
-            }
-            let s = stats(times);
-            println!(
-                "{:<16} {:>6} {:>6} {:>8} {:>9.0} {:>9.0} {:>10}",
-                side.label(),
-                runs,
-                chunks,
-                frames,
-                s.median,
-                s.p90,
-                mib(t.worker.workerd_memory_kib())
-            );
+            let s = s1(&t, 200).await;
+            println!("{:<16} {:>8.2} {:>8.2}", side.label(), s.median, s.p90);
             if side == Side::Rust {
-                let mut bare = Vec::new();
-                for _ in 0..samples {
-                    bare.push(bare_read(&t, frames).await);
-                }
-                let b = stats(bare);
+                let bare = bare_ping(&t, 200, "ping").await;
                 println!(
-                    "{:<16} {:>6} {:>6} {:>8} {:>9.0} {:>9.0}   (S3 / bare: {:.2})",
-                    "bare read+send",
+                    "{:<16} {:>8.2} {:>8.2}   (client → parent → child object → back)",
+                    "bare round trip", bare.median, bare.p90
+                );
+                let fresh = bare_ping(&t, 200, "ping-new").await;
+                println!(
+                    "{:<16} {:>8.2} {:>8.2}   (the same, to a child object created by the call)",
+                    "bare, new child", fresh.median, fresh.p90
+                );
+                println!(
+                    "S1 / bare round trip: {:.2}; S1 / bare with a new child: {:.2}",
+                    s.median / bare.median,
+                    s.median / fresh.median
+                );
+                let mut client = t.client(&unique("rpc")).await;
+                let started = Instant::now();
+                let rpc = client.call("bench", json!([{"op": "rpc"}])).await;
+                println!("JS RPC on a Rust child's stub ({:.2} ms): {rpc:?}", ms(started));
+            }
+        }
+    }
+
+    if wants("S2") {
+        // S2 against the raw send rate, with peak memory (a fresh runtime per size).
+        println!("\nS2: one run of N chunks, dispatch → terminal frame (one sample per size, a fresh runtime each)");
+        println!(
+            "{:<16} {:>7} {:>11} {:>11} {:>10} {:>9} {:>14}",
+            "", "N", "first ms", "done ms", "frames/s", "peak MiB", "first / done"
+        );
+        let sizes: &[u64] = if quick { &[1_000, 10_000] } else { &[1_000, 10_000, 100_000] };
+        for &chunks in sizes {
+            for &side in &sides {
+                if side == Side::Ts && chunks > 10_000 {
+                    continue; // about 10 s per 10 000 chunks: 100 000 would take minutes
+                }
+                let t = start(side).await;
+                let (first, done, frames) = s2(&t, chunks).await;
+                println!(
+                    "{:<16} {:>7} {:>11.0} {:>11.0} {:>10.0} {:>9} {:>13.1}%",
+                    side.label(),
+                    chunks,
+                    first,
+                    done,
+                    frames as f64 / (done / 1000.0),
+                    mib(t.worker.workerd_memory_kib()),
+                    100.0 * first / done
+                );
+                if side == Side::Rust && chunks == 10_000 {
+                    let raw = bare_blast(&t, 20_000).await;
+                    println!(
+                        "{:<16} {:>7} {:>11} {:>11} {:>10.0}   (S2 at 10 000: {:.0}% of it)",
+                        "raw send rate",
+                        20_000,
+                        "",
+                        "",
+                        raw,
+                        100.0 * (frames as f64 / (done / 1000.0)) / raw
+                    );
+                }
+            }
+        }
+    }
+
+    if wants("S3") {
+        // S3 against a bare read-and-send.
+        println!("\nS3: a new client's connect → last replay frame, R finished runs × C chunks (ms)");
+        println!("{:<16} {:>6} {:>6} {:>8} {:>9} {:>9} {:>10}", "", "R", "C", "frames", "median", "p90", "peak MiB");
+        let shapes: &[(usize, u64)] =
+            if quick { &[(10, 100), (100, 100)] } else { &[(10, 100), (100, 100), (1000, 100)] };
+        for &(runs, chunks) in shapes {
+            for &side in &sides {
+                if side == Side::Ts && runs > 100 {
+                    continue;
+                }
+                let t = start(side).await;
+                let (name, frames) = seed(&t, runs, chunks).await;
+                let samples = if runs >= 1000 { 3 } else { 5 };
+                let mut times = Vec::new();
+                for _ in 0..samples {
+                    times.push(s3(&t, &name, frames).await);
+                }
+                let s = stats(times);
+                println!(
+                    "{:<16} {:>6} {:>6} {:>8} {:>9.0} {:>9.0} {:>10}",
+                    side.label(),
                     runs,
                     chunks,
                     frames,
-                    b.median,
-                    b.p90,
-                    s.median / b.median
+                    s.median,
+                    s.p90,
+                    mib(t.worker.workerd_memory_kib())
+                );
+                if side == Side::Rust {
+                    let mut bare = Vec::new();
+                    for _ in 0..samples {
+                        bare.push(bare_read(&t, frames).await);
+                    }
+                    let b = stats(bare);
+                    println!(
+                        "{:<16} {:>6} {:>6} {:>8} {:>9.0} {:>9.0}   (S3 / bare: {:.2})",
+                        "bare read+send",
+                        runs,
+                        chunks,
+                        frames,
+                        b.median,
+                        b.p90,
+                        s.median / b.median
+                    );
+                }
+            }
+        }
+    }
+
+    if wants("S4") {
+        // S4 at growing concurrency.
+        println!("\nS4: N concurrent awaited runs × 10 chunks, wall time (ms)");
+        println!("{:<16} {:>6} {:>9} {:>9} {:>10}", "", "N", "median", "p90", "peak MiB");
+        let counts: &[usize] = if quick { &[10, 100] } else { &[10, 100, 1000] };
+        for &n in counts {
+            for &side in &sides {
+                if side == Side::Ts && n > 100 {
+                    continue;
+                }
+                let t = start(side).await;
+                let _ = s4(&t, n.min(16)).await; // warm-up
+                let samples = if n >= 1000 { 1 } else { 3 };
+                let mut times = Vec::new();
+                for _ in 0..samples {
+                    times.push(s4(&t, n).await);
+                }
+                let s = stats(times);
+                println!(
+                    "{:<16} {:>6} {:>9.0} {:>9.0} {:>10}",
+                    side.label(),
+                    n,
+                    s.median,
+                    s.p90,
+                    mib(t.worker.workerd_memory_kib())
                 );
             }
         }
     }
 
-    // S4 at growing concurrency.
-    println!("\nS4: N concurrent awaited runs × 10 chunks, wall time (ms)");
-    println!("{:<16} {:>6} {:>9} {:>9} {:>10}", "", "N", "median", "p90", "peak MiB");
-    let counts: &[usize] = if quick { &[10, 100] } else { &[10, 100, 1000] };
-    for &n in counts {
+    if wants("S5") {
+        // S5.
+        println!("\nS5: 100 detached runs × 10 chunks");
+        println!("{:<16} {:>16} {:>14} {:>18}", "", "dispatch med ms", "dispatch p90", "all terminal ms");
         for &side in &sides {
-            if side == Side::Ts && n > 100 {
-                continue;
-            }
             let t = start(side).await;
-            let _ = s4(&t, n.min(16)).await; // warm-up
-            let samples = if n >= 1000 { 1 } else { 3 };
-            let mut times = Vec::new();
-            for _ in 0..samples {
-                times.push(s4(&t, n).await);
-            }
-            let s = stats(times);
-            println!(
-                "{:<16} {:>6} {:>9.0} {:>9.0} {:>10}",
-                side.label(),
-                n,
-                s.median,
-                s.p90,
-                mib(t.worker.workerd_memory_kib())
-            );
+            let (rtt, all) = s5(&t, 100).await;
+            println!("{:<16} {:>16.2} {:>14.2} {:>18.0}", side.label(), rtt.median, rtt.p90, all);
         }
     }
 
-    // S5.
-    println!("\nS5: 100 detached runs × 10 chunks");
-    println!("{:<16} {:>16} {:>14} {:>18}", "", "dispatch med ms", "dispatch p90", "all terminal ms");
-    for &side in &sides {
-        let t = start(side).await;
-        let (rtt, all) = s5(&t, 100).await;
-        println!("{:<16} {:>16.2} {:>14.2} {:>18.0}", side.label(), rtt.median, rtt.p90, all);
-    }
-
-    println!("\nbundle (wrangler deploy --dry-run, gzip KiB)");
-    for &side in &sides {
-        let kib = match side {
-            Side::Rust => {
-                bundle_gzip_kib(&harness::prebuilt_config(), &root(), &root().join("node_modules/.bin/wrangler"))
-            }
-            Side::Ts => {
-                bundle_gzip_kib(&ts_dir.join("wrangler.toml"), &ts_dir, &ts_dir.join("node_modules/.bin/wrangler"))
-            }
-        };
-        println!("{:<16} {:>10}", side.label(), kib.map_or("?".into(), |v| format!("{v:.1}")));
+    if wants("bundle") {
+        println!("\nbundle (wrangler deploy --dry-run, gzip KiB)");
+        for &side in &sides {
+            let kib = match side {
+                Side::Rust => {
+                    bundle_gzip_kib(&harness::prebuilt_config(), &root(), &root().join("node_modules/.bin/wrangler"))
+                }
+                Side::Ts => {
+                    bundle_gzip_kib(&ts_dir.join("wrangler.toml"), &ts_dir, &ts_dir.join("node_modules/.bin/wrangler"))
+                }
+            };
+            println!("{:<16} {:>10}", side.label(), kib.map_or("?".into(), |v| format!("{v:.1}")));
+        }
     }
 }
