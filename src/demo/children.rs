@@ -48,7 +48,7 @@ impl Model for Paced {
             return self.provider.step(request, on_event).await;
         };
         let mut words = 0;
-        for (n, event) in offline.respond(request).into_iter().enumerate() {
+        for (n, event) in offline.events(request).enumerate() {
             let paced = matches!(event, ModelEvent::TextDelta(_) | ModelEvent::ToolCallStart { .. });
             if paced && offline.delay_ms > 0 {
                 Delay::from(Duration::from_millis(offline.delay_ms)).await;
@@ -58,6 +58,10 @@ impl Model for Paced {
             }
             let delta = matches!(event, ModelEvent::TextDelta(_));
             on_event(event);
+            if n == 0 && offline.delay_ms == 0 {
+                // The first event goes out at once, as a provider's first token does.
+                Delay::from(Duration::ZERO).await;
+            }
             if delta {
                 words += 1;
                 if words == 1 {

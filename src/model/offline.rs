@@ -48,6 +48,12 @@ impl OfflineModel {
 
     /// Every event of one step for `request`, without pauses.
     pub fn respond(&self, request: &ModelRequest) -> Vec<ModelEvent> {
+        self.events(request).collect()
+    }
+
+    /// The events of [`OfflineModel::respond`], produced as they are taken: a long answer is not
+    /// built before its first word goes out (100 000 words would take a while).
+    pub fn events(&self, request: &ModelRequest) -> Box<dyn Iterator<Item = ModelEvent>> {
         respond(request, self.words)
     }
 }
@@ -86,17 +92,28 @@ fn fnv1a(s: &str) -> u64 {
 
 /// The answer to a research `query`: `words` words (at least the lead-in), ending with a period.
 pub(crate) fn research_answer(query: &str, words: usize) -> String {
+    research_deltas(query, words).collect()
+}
+
+/// [`deltas`] of [`research_answer`], made one word at a time as they are taken.
+fn research_deltas(query: &str, words: usize) -> impl Iterator<Item = String> {
     let topic = query.trim();
-    let mut out = format!("Findings on {topic}:");
-    let lead = out.split_whitespace().count();
-    let mut h = fnv1a(topic);
-    for _ in lead..words {
-        h = h.rotate_left(13).wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(1);
-        out.push(' ');
-        out.push_str(VOCABULARY[(h % VOCABULARY.len() as u64) as usize]);
+    let lead = format!("Findings on {topic}:");
+    let more = words.saturating_sub(lead.split_whitespace().count());
+    let mut lead = deltas(&lead);
+    // The text goes on with " <word>" `more` times, then ".": each delta keeps the space
+    // after it.
+    if let Some(last) = lead.last_mut() {
+        last.push(if more == 0 { '.' } else { ' ' });
     }
-    out.push('.');
-    out
+    let mut h = fnv1a(topic);
+    let rest = (0..more).map(move |n| {
+        h = h.rotate_left(13).wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(1);
+        let mut word = VOCABULARY[(h % VOCABULARY.len() as u64) as usize].to_owned();
+        word.push(if n + 1 == more { '.' } else { ' ' });
+        word
+    });
+    lead.into_iter().chain(rest)
 }
 
 /// Splits text into streaming deltas, one word each, whitespace kept with the word before it,
@@ -163,7 +180,7 @@ fn tool_input(tool: &ToolSpec, topic: &str) -> serde_json::Value {
 
 /// One step of the offline model: every event it streams for `request`. Call ids are
 /// `offline_call_<step>_<n>` so they are unique within a conversation.
-pub(crate) fn respond(request: &ModelRequest, words: usize) -> Vec<ModelEvent> {
+pub(crate) fn respond(request: &ModelRequest, words: usize) -> Box<dyn Iterator<Item = ModelEvent>> {
     let step = request.messages.iter().filter(|m| matches!(m, ModelMessage::Assistant { .. })).count();
     let last_user = request.messages.iter().rev().find_map(|m| match m {
         ModelMessage::User(t) => Some(t.as_str()),
@@ -183,7 +200,7 @@ pub(crate) fn respond(request: &ModelRequest, words: usize) -> Vec<ModelEvent> {
                 events.push(ModelEvent::ToolCallReady(Ok(ToolCall { id, name: tool.name.clone(), input })));
             }
             events.push(ModelEvent::Finish("tool-calls".into()));
-            return events;
+            return Box::new(events.into_iter());
         }
         Some(ModelMessage::Tool { .. }) => {
             let calls: Vec<&ToolCall> = request
@@ -226,17 +243,44 @@ pub(crate) fn respond(request: &ModelRequest, words: usize) -> Vec<ModelEvent> {
         }
         _ => {
             let topic = last_user.map(|t| topics(t).join(" and ")).unwrap_or_default();
-            events.extend(deltas(&research_answer(&topic, words)).into_iter().map(ModelEvent::TextDelta));
+            let answer = research_deltas(&topic, words).map(ModelEvent::TextDelta);
+            return Box::new(answer.chain(std::iter::once(ModelEvent::Finish("stop".into()))));
         }
     }
     events.push(ModelEvent::Finish("stop".into()));
-    events
+    Box::new(events.into_iter())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The answer as it was built before it was made lazily: the text never changes.
+    fn eager_answer(query: &str, words: usize) -> String {
+        let topic = query.trim();
+        let mut out = format!("Findings on {topic}:");
+        let lead = out.split_whitespace().count();
+        let mut h = fnv1a(topic);
+        for _ in lead..words {
+            h = h.rotate_left(13).wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(1);
+            out.push(' ');
+            out.push_str(VOCABULARY[(h % VOCABULARY.len() as u64) as usize]);
+        }
+        out.push('.');
+        out
+    }
+
+    #[test]
+    fn the_lazy_answer_is_the_eager_one_delta_for_delta() {
+        for query in ["QUIC", " HTTP/3 ", "a  b", "", "東京 and ソウル", "x\ny"] {
+            for words in [0, 1, 3, 4, 5, 24, 1000] {
+                let want = eager_answer(query, words);
+                assert_eq!(research_deltas(query, words).collect::<Vec<_>>(), deltas(&want), "{query:?} {words}");
+                assert_eq!(research_answer(query, words), want);
+            }
+        }
+    }
 
     #[test]
     fn topics_are_read_like_a_person_would() {
@@ -266,7 +310,6 @@ mod tests {
             tools: vec![research_tool()],
         };
         let calls: Vec<ToolCall> = respond(&req, 10)
-            .into_iter()
             .filter_map(|e| match e {
                 ModelEvent::ToolCallReady(Ok(c)) => Some(c),
                 _ => None,
@@ -288,7 +331,7 @@ mod tests {
             messages: vec![ModelMessage::User("Background run r1 completed: fine".into())],
             tools: vec![research_tool()],
         };
-        let events = respond(&req, 5);
+        let events: Vec<ModelEvent> = respond(&req, 5).collect();
         assert!(events.iter().all(|e| !matches!(e, ModelEvent::ToolCallStart { .. })));
         let text: String = events
             .into_iter()
@@ -312,7 +355,6 @@ mod tests {
             tools: vec![research_tool()],
         };
         let text: String = respond(&req, 10)
-            .into_iter()
             .filter_map(|e| match e {
                 ModelEvent::TextDelta(t) => Some(t),
                 _ => None,
@@ -325,7 +367,6 @@ mod tests {
     fn without_tools_it_researches_the_text() {
         let req = ModelRequest { messages: vec![ModelMessage::User("{\"query\":\"QUIC\"}".into())], tools: vec![] };
         let text: String = respond(&req, 9)
-            .into_iter()
             .filter_map(|e| match e {
                 ModelEvent::TextDelta(t) => Some(t),
                 _ => None,
