@@ -48,7 +48,9 @@ impl Model for Paced {
             return self.provider.step(request, on_event).await;
         };
         let mut words = 0;
-        for (n, event) in offline.events(request).enumerate() {
+        let events = offline.events(request);
+        let long = events.size_hint().0 > 256;
+        for (n, event) in events.enumerate() {
             let paced = matches!(event, ModelEvent::TextDelta(_) | ModelEvent::ToolCallStart { .. });
             if paced && offline.delay_ms > 0 {
                 Delay::from(Duration::from_millis(offline.delay_ms)).await;
@@ -58,8 +60,8 @@ impl Model for Paced {
             }
             let delta = matches!(event, ModelEvent::TextDelta(_));
             on_event(event);
-            if n == 0 && offline.delay_ms == 0 {
-                // The first event goes out at once, as a provider's first token does.
+            if n == 0 && long && offline.delay_ms == 0 {
+                // A long answer's first event goes out at once, as a provider's first token does.
                 Delay::from(Duration::ZERO).await;
             }
             if delta {

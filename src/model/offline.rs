@@ -52,7 +52,8 @@ impl OfflineModel {
     }
 
     /// The events of [`OfflineModel::respond`], produced as they are taken: a long answer is not
-    /// built before its first word goes out (100 000 words would take a while).
+    /// built before its first word goes out (100 000 words would take a while). Its size hint is
+    /// exact.
     pub fn events(&self, request: &ModelRequest) -> Box<dyn Iterator<Item = ModelEvent>> {
         respond(request, self.words)
     }
@@ -278,6 +279,8 @@ mod tests {
                 let want = eager_answer(query, words);
                 assert_eq!(research_deltas(query, words).collect::<Vec<_>>(), deltas(&want), "{query:?} {words}");
                 assert_eq!(research_answer(query, words), want);
+                let lazy = research_deltas(query, words);
+                assert_eq!(lazy.size_hint(), (deltas(&want).len(), Some(deltas(&want).len())), "exact size hint");
             }
         }
     }

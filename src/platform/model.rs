@@ -126,7 +126,9 @@ impl Model for ModelProvider {
 
 impl Model for OfflineModel {
     async fn step(&self, request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError> {
-        for (n, event) in self.events(request).enumerate() {
+        let events = self.events(request);
+        let long = events.size_hint().0 > OFFLINE_YIELD_EVERY;
+        for (n, event) in events.enumerate() {
             let paced = matches!(event, ModelEvent::TextDelta(_) | ModelEvent::ToolCallStart { .. });
             if paced && self.delay_ms > 0 {
                 Delay::from(Duration::from_millis(self.delay_ms)).await;
@@ -136,8 +138,8 @@ impl Model for OfflineModel {
                 Delay::from(Duration::ZERO).await;
             }
             on_event(event);
-            if n == 0 && self.delay_ms == 0 {
-                // The first event goes out at once, as a provider's first token does.
+            if n == 0 && long && self.delay_ms == 0 {
+                // A long answer's first event goes out at once, as a provider's first token does.
                 Delay::from(Duration::ZERO).await;
             }
         }
