@@ -25,7 +25,7 @@ use crate::agent::{Admission, AgentToolOptions};
 use crate::observability::EventType;
 use crate::protocol::child_api::{InspectionReply, StartRequest};
 use crate::protocol::tail::{ChunkKind, OutcomeStatus, RunOutcome, TailLine};
-use crate::protocol::{AgentToolEvent, EventFrame, InterruptedReason};
+use crate::protocol::{EventFrame, InterruptedReason};
 use crate::run::{
     ClearFilter, DetachedOptions, EventDelivery, MilestoneMode, OnMilestones, ProgressSnapshot, RunInfo, RunResult,
 };
@@ -763,8 +763,7 @@ impl ParentEngine {
             match Registry::new(sql).append(run_id, &batch, cursor, now) {
                 Ok(Some(seqs)) => {
                     for (seq, (_, body, _)) in seqs.into_iter().zip(&forwards) {
-                        let event = AgentToolEvent::Chunk { run_id: run_id.to_owned(), body: body.clone() };
-                        let frame = EventFrame::new(frames.parent_tool_call_id.clone(), seq, event);
+                        let frame = EventFrame::chunk(frames.parent_tool_call_id.clone(), seq, run_id, body.clone());
                         actions.push(ParentAction::Broadcast(frame.to_json()));
                     }
                     let signalled =

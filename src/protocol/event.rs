@@ -166,6 +166,11 @@ impl EventFrame {
         Self { kind: FrameType::AgentToolEvent, parent_tool_call_id, sequence, replay: None, event }
     }
 
+    /// A chunk frame of run `run_id`.
+    pub fn chunk(parent_tool_call_id: Option<String>, sequence: i64, run_id: &str, body: String) -> Self {
+        Self::new(parent_tool_call_id, sequence, AgentToolEvent::Chunk { run_id: run_id.to_owned(), body })
+    }
+
     /// The same frame marked as replayed.
     pub fn replayed(mut self) -> Self {
         self.replay = Some(true);

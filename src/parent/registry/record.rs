@@ -343,10 +343,6 @@ impl RunRecord {
 
     /// A chunk frame of this run.
     pub fn chunk_frame(&self, seq: i64, body: String) -> EventFrame {
-        EventFrame::new(
-            self.parent_tool_call_id.clone(),
-            seq,
-            AgentToolEvent::Chunk { run_id: self.run_id.clone(), body },
-        )
+        EventFrame::chunk(self.parent_tool_call_id.clone(), seq, &self.run_id, body)
     }
 }
