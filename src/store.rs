@@ -166,6 +166,35 @@ pub(crate) mod sqlite {
     }
 }
 
+/// Creates a store's tables. A store with no tables at all (a Durable Object's first
+/// activation, or one whose storage was just deleted) gets every statement of `schemas` in one
+/// batch: their `CREATE`s already have every column, so there is nothing to check. Any other
+/// store gets `upgrade`, which creates what is missing and adds the columns later versions
+/// introduced to tables an earlier one created. Each schema ends its last statement with `;`.
+pub fn migrate(
+    sql: &(impl Sql + ?Sized),
+    schemas: &[&str],
+    upgrade: impl FnOnce() -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
+    // A store that cannot say (an error) takes the path that is right for every store.
+    if has_no_tables(sql).unwrap_or(false) {
+        sql.batch(&schemas.concat())
+    } else {
+        upgrade()
+    }
+}
+
+/// Whether the store has no tables of its own: SQLite's (`sqlite_…`) and the Durable Object
+/// runtime's (`_cf_…`) do not count.
+pub fn has_no_tables(sql: &(impl Sql + ?Sized)) -> Result<bool, StoreError> {
+    let row = sql.one(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' \
+         AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' AND name NOT LIKE '\\_cf\\_%' ESCAPE '\\'",
+        &[],
+    )?;
+    Ok(row.and_then(|r| r.int(0)) == Some(0))
+}
+
 /// Adds the `columns` (name, SQL definition) that `table` lacks: the schema of a table an
 /// earlier version created grows in place, keeping its rows.
 pub fn ensure_columns(sql: &(impl Sql + ?Sized), table: &str, columns: &[(&str, &str)]) -> Result<(), StoreError> {
@@ -185,11 +214,28 @@ pub mod meta {
     use super::{Sql, StoreError, Value};
 
     /// The table.
-    pub const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS agent_tool_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)";
+    pub const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS agent_tool_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);";
 
     /// Reads a key.
     pub fn get(sql: &(impl Sql + ?Sized), key: &str) -> Result<Option<String>, StoreError> {
         Ok(sql.one("SELECT value FROM agent_tool_meta WHERE key = ?", &[Value::from(key)])?.and_then(|r| r.text(0)))
+    }
+
+    /// Writes several keys in one statement.
+    pub fn set_all(sql: &(impl Sql + ?Sized), entries: &[(&str, &str)]) -> Result<(), StoreError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let rows = vec!["(?, ?)"; entries.len()].join(", ");
+        let params: Vec<Value> = entries.iter().flat_map(|(k, v)| [Value::from(*k), Value::from(*v)]).collect();
+        sql.exec(
+            &format!(
+                "INSERT INTO agent_tool_meta (key, value) VALUES {rows} \
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+            ),
+            &params,
+        )?;
+        Ok(())
     }
 
     /// Writes a key.
@@ -211,5 +257,86 @@ pub mod meta {
         set(&db, "name", "a").unwrap();
         set(&db, "name", "b").unwrap();
         assert_eq!(get(&db, "name").unwrap().as_deref(), Some("b"));
+    }
+
+    #[cfg(all(test, not(target_arch = "wasm32")))]
+    #[test]
+    fn set_all_writes_every_key_in_one_statement_and_replaces_old_values() {
+        let db = super::sqlite::memory();
+        db.batch(SCHEMA).unwrap();
+        set(&db, "name", "old").unwrap();
+        set_all(&db, &[("name", "n"), ("run_id", "r")]).unwrap();
+        set_all(&db, &[]).unwrap();
+        assert_eq!(get(&db, "name").unwrap().as_deref(), Some("n"));
+        assert_eq!(get(&db, "run_id").unwrap().as_deref(), Some("r"));
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod migrate_tests {
+    use super::sqlite::memory;
+    use super::{has_no_tables, migrate, Sql};
+    use crate::child::runs::{ChildRuns, SCHEMAS as CHILD};
+    use crate::parent::engine::{migrate as migrate_parent, SCHEMAS as PARENT};
+
+    fn schemas() -> Vec<&'static str> {
+        PARENT.iter().chain(CHILD.iter()).copied().collect()
+    }
+
+    fn upgrade(db: &rusqlite::Connection) -> Result<(), super::StoreError> {
+        migrate_parent(db)?;
+        ChildRuns::new(db).migrate()
+    }
+
+    /// Every table and index, with the SQL that made it.
+    fn objects(db: &rusqlite::Connection) -> Vec<(String, String)> {
+        db.exec("SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY name", &[])
+            .unwrap()
+            .iter()
+            .map(|r| (r.text(0).unwrap(), r.text(1).unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn a_new_store_gets_in_one_batch_exactly_the_tables_the_upgrade_path_makes() {
+        let fresh = memory();
+        assert!(has_no_tables(&fresh).unwrap());
+        migrate(&fresh, &schemas(), || panic!("a new store takes the one-batch path")).unwrap();
+        assert!(!has_no_tables(&fresh).unwrap());
+
+        let upgraded = memory();
+        upgrade(&upgraded).unwrap();
+        assert_eq!(objects(&fresh), objects(&upgraded));
+        assert!(objects(&fresh).len() >= 10, "{:?}", objects(&fresh));
+    }
+
+    #[test]
+    fn a_store_with_an_earlier_versions_tables_is_upgraded_in_place() {
+        let db = memory();
+        db.batch(
+            "CREATE TABLE agent_tool_child_runs (run_id TEXT PRIMARY KEY, status TEXT NOT NULL, \
+             input_json TEXT, summary TEXT, output_json TEXT, error_message TEXT, started_at INTEGER NOT NULL, \
+             completed_at INTEGER, progress_json TEXT, last_signal_at INTEGER, \
+             event_delivery TEXT NOT NULL DEFAULT 'full'); \
+             INSERT INTO agent_tool_child_runs (run_id, status, started_at) VALUES ('r1', 'completed', 1);",
+        )
+        .unwrap();
+        assert!(!has_no_tables(&db).unwrap());
+        migrate(&db, &schemas(), || upgrade(&db)).unwrap();
+        let row = db.one("SELECT run_id, attempt, attempt_start FROM agent_tool_child_runs", &[]).unwrap().unwrap();
+        assert_eq!((row.text(0).as_deref(), row.int(1), row.int(2)), (Some("r1"), Some(1), Some(0)));
+    }
+
+    #[test]
+    fn a_users_own_table_makes_the_store_not_new() {
+        let db = memory();
+        db.batch("CREATE TABLE notes (id INTEGER PRIMARY KEY);").unwrap();
+        let mut upgraded = false;
+        migrate(&db, &schemas(), || {
+            upgraded = true;
+            upgrade(&db)
+        })
+        .unwrap();
+        assert!(upgraded);
     }
 }

@@ -40,6 +40,10 @@ CREATE TABLE IF NOT EXISTS agent_tool_child_milestones (
 ) WITHOUT ROWID;
 ";
 
+/// The child role's tables (its runs and milestones, and the chat's), as
+/// [`ChildRuns::migrate`] creates them on a new store.
+pub const SCHEMAS: [&str; 2] = [SCHEMA, crate::chat::store::SCHEMA];
+
 /// Columns added since the first schema.
 const ADDED_COLUMNS: &[(&str, &str)] =
     &[("attempt", "INTEGER NOT NULL DEFAULT 1"), ("attempt_start", "INTEGER NOT NULL DEFAULT 0")];
@@ -242,9 +246,11 @@ impl<'a, S: Sql + ?Sized> ChildRuns<'a, S> {
         terminal_only: bool,
         now: i64,
     ) -> Result<(ChildRun, bool), StoreError> {
-        let created = self.sql.exec(
-            "INSERT INTO agent_tool_child_runs (run_id, status, input_json, started_at, event_delivery) \
-             VALUES (?, 'starting', ?, ?, ?) ON CONFLICT (run_id) DO NOTHING RETURNING 1",
+        let created = self.sql.one(
+            &format!(
+                "INSERT INTO agent_tool_child_runs (run_id, status, input_json, started_at, event_delivery) \
+                 VALUES (?, 'starting', ?, ?, ?) ON CONFLICT (run_id) DO NOTHING RETURNING {COLUMNS}"
+            ),
             &[
                 V::from(run_id),
                 V::from(input.to_string()),
@@ -252,8 +258,11 @@ impl<'a, S: Sql + ?Sized> ChildRuns<'a, S> {
                 V::from(if terminal_only { "terminal" } else { "full" }),
             ],
         )?;
+        if let Some(row) = created {
+            return Ok((ChildRun::from_row(&row), true));
+        }
         let run = self.get(run_id)?.ok_or_else(|| StoreError { message: format!("child run {run_id} vanished") })?;
-        Ok((run, !created.is_empty()))
+        Ok((run, false))
     }
 
     /// One run, if known.

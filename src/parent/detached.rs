@@ -195,6 +195,11 @@ const OUTSTANDING_SQL: &str = "SELECT run_id FROM agent_tool_runs WHERE detached
     OR (status IN ('completed','error','aborted') AND finish_delivered_at IS NULL AND finish_attempts < ?) \
     OR (status = 'interrupted' AND give_up_delivered_at IS NULL AND give_up_attempts < ?))";
 
+/// The ledger's own table (the rest of what it reads is the registry's).
+pub const LEDGER_SCHEMA: &str = "CREATE TABLE IF NOT EXISTS agent_tool_milestone_deliveries (\
+    run_id TEXT NOT NULL, name TEXT NOT NULL, delivered_at INTEGER NOT NULL, \
+    PRIMARY KEY (run_id, name)) WITHOUT ROWID;";
+
 impl<'a, S: Sql + ?Sized> Ledger<'a, S> {
     /// The ledger over `sql` (the registry's tables, plus the milestone deliveries).
     pub fn new(sql: &'a S) -> Self {
@@ -203,11 +208,7 @@ impl<'a, S: Sql + ?Sized> Ledger<'a, S> {
 
     /// Its own table. Safe to run on every activation.
     pub fn migrate(&self) -> Result<(), StoreError> {
-        self.sql.batch(
-            "CREATE TABLE IF NOT EXISTS agent_tool_milestone_deliveries (\
-               run_id TEXT NOT NULL, name TEXT NOT NULL, delivered_at INTEGER NOT NULL, \
-               PRIMARY KEY (run_id, name)) WITHOUT ROWID",
-        )
+        self.sql.batch(LEDGER_SCHEMA)
     }
 
     /// Marks a freshly inserted run detached, with its budgets and handlers.

@@ -28,6 +28,7 @@ use crate::protocol::tail::{ChunkKind, OutcomeStatus, RunOutcome, TailLine};
 use crate::protocol::{EventFrame, InterruptedReason};
 use crate::run::{
     ClearFilter, DetachedOptions, EventDelivery, MilestoneMode, OnMilestones, ProgressSnapshot, RunInfo, RunResult,
+    RunStatus,
 };
 use crate::store::{meta, Sql, StoreError};
 
@@ -388,9 +389,10 @@ struct Driver {
     frames: Frames,
 }
 
-/// The parts of a run's row its chunk frames depend on.
+/// The parts of a run's row its chunk frames (and its end) depend on.
 #[derive(Debug, Clone)]
 struct Frames {
+    agent_type: String,
     parent_tool_call_id: Option<String>,
     /// `event_delivery: terminal`: ordinary chunks are not forwarded.
     terminal_only: bool,
@@ -399,6 +401,7 @@ struct Frames {
 impl Frames {
     fn of(record: &RunRecord) -> Self {
         Self {
+            agent_type: record.agent_type.clone(),
             parent_tool_call_id: record.parent_tool_call_id.clone(),
             terminal_only: record.event_delivery == EventDelivery::Terminal,
         }
@@ -431,6 +434,8 @@ enum Watch {
 #[derive(Debug)]
 pub struct ParentEngine {
     class: String,
+    /// This agent's name, once its identity holds it (it never changes).
+    name: std::cell::OnceCell<String>,
     options: AgentToolOptions,
     drivers: HashMap<String, Driver>,
     watching: HashMap<String, (u64, Watch)>,
@@ -449,6 +454,7 @@ impl ParentEngine {
     pub fn new(class: &str, options: AgentToolOptions) -> Self {
         Self {
             class: class.to_owned(),
+            name: std::cell::OnceCell::new(),
             options,
             drivers: HashMap::new(),
             watching: HashMap::new(),
@@ -471,7 +477,18 @@ impl ParentEngine {
     }
 
     fn address(&self, sql: &(impl Sql + ?Sized), run: &RunRecord) -> ChildAddress {
-        child_address(&self.class, &meta::get(sql, "name").ok().flatten().unwrap_or_default(), run)
+        child_address(&self.class, &self.name(sql), run)
+    }
+
+    /// This agent's name from its identity (empty while it has none), read once.
+    fn name(&self, sql: &(impl Sql + ?Sized)) -> String {
+        if let Some(name) = self.name.get() {
+            return name.clone();
+        }
+        match meta::get(sql, "name").ok().flatten() {
+            Some(name) => self.name.get_or_init(|| name).clone(),
+            None => String::new(),
+        }
     }
 
     // ----- dispatch -----------------------------------------------------------------------
@@ -542,12 +559,15 @@ impl ParentEngine {
         };
         let mut actions = Vec::new();
         let detached = dispatch.detached.is_some();
+        let mut record = record;
         if let Some(mut options) = dispatch.detached {
             options.max_budget_ms.get_or_insert(self.options.detached_max_budget_ms);
             options.no_progress_budget_ms.get_or_insert(self.options.detached_no_progress_budget_ms);
             if let Err(e) = Ledger::new(sql).configure(&record.run_id, &options, now) {
                 return (Admitted::Refused(e.to_string()), Vec::new());
             }
+            // The row as configured.
+            record = registry.get(&record.run_id).ok().flatten().unwrap_or(record);
             self.quiet_ticks = 0;
             actions.push(ParentAction::ArmAlarm { at: now + self.cadence() as i64 });
             let live = Ledger::new(sql).live_count().unwrap_or(0);
@@ -557,7 +577,6 @@ impl ParentEngine {
         } else {
             actions.push(ParentAction::ArmAlarm { at: now + self.options.recovery_alarm_ms as i64 });
         }
-        let record = registry.get(&record.run_id).ok().flatten().unwrap_or(record);
         actions.extend(self.retain(sql, now));
         actions.insert(0, ParentAction::Broadcast(record.started_frame().to_json()));
         actions.push(ParentAction::Hook(HookCall::Start(RunInfo::from_record(&record))));
@@ -598,7 +617,7 @@ impl ParentEngine {
             run_id: record.run_id.clone(),
             input,
             parent_class: self.class.clone(),
-            parent_name: meta::get(sql, "name").ok().flatten().unwrap_or_default(),
+            parent_name: self.name(sql),
             child_name: to.name.clone(),
             terminal_only: record.event_delivery == EventDelivery::Terminal,
             // The tail this start is followed by, from where it will start (the platform may
@@ -698,17 +717,30 @@ impl ParentEngine {
             self.drivers.remove(run_id);
             return actions;
         }
-        if registry.mark_running(run_id).and_then(|_| registry.reattach(run_id)).is_err() {
+        // `starting` becomes `running`; an `interrupted` run dispatched again is live again.
+        // Neither changes where the tail starts.
+        let marked = match record.status {
+            RunStatus::Starting => registry.mark_running(run_id).map(drop),
+            RunStatus::Interrupted => registry.reattach(run_id).map(drop),
+            _ => Ok(()),
+        };
+        if marked.is_err() {
             return self.forget(sql, run_id);
         }
-        self.open_tail(sql, run_id, now)
+        self.open_tail_at(sql, &record, now)
     }
 
     fn open_tail(&mut self, sql: &(impl Sql + ?Sized), run_id: &str, now: i64) -> Vec<ParentAction> {
         let Ok(Some(record)) = Registry::new(sql).get(run_id) else { return self.forget(sql, run_id) };
+        self.open_tail_at(sql, &record, now)
+    }
+
+    /// Opens the run's tail after its child cursor (`record` is its row as it is now).
+    fn open_tail_at(&mut self, sql: &(impl Sql + ?Sized), record: &RunRecord, now: i64) -> Vec<ParentAction> {
+        let run_id = record.run_id.as_str();
         let gen = self.gen();
         let no_progress = self.options.reattach_no_progress_timeout_ms as i64;
-        let to = self.address(sql, &record);
+        let to = self.address(sql, record);
         let Some(driver) = self.drivers.get_mut(run_id) else { return Vec::new() };
         driver.gen = gen;
         driver.phase = Phase::Tailing;
@@ -786,11 +818,8 @@ impl ParentEngine {
         }
         if let Some(outcome) = end {
             actions.push(ParentAction::CloseTail { run_id: run_id.to_owned() });
-            let Ok(Some(record)) = Registry::new(sql).get(run_id) else {
-                actions.extend(self.forget(sql, run_id));
-                return actions;
-            };
-            actions.extend(self.conclude(sql, &record, terminal_from(outcome), now));
+            // The finish writes only a live row; a gone one is forgotten.
+            actions.extend(self.conclude_run(sql, run_id, &frames.agent_type, terminal_from(outcome), now));
         } else if rearm {
             actions.push(ParentAction::SetTimer {
                 run_id: run_id.to_owned(),
@@ -969,9 +998,7 @@ impl ParentEngine {
             actions.extend(self.recovery_row_inspected(run_id, &result));
         }
         let record = match Registry::new(sql).get(run_id) {
-            Ok(Some(record)) if record.status.is_live() || record.status == crate::run::RunStatus::Interrupted => {
-                record
-            }
+            Ok(Some(record)) if record.status.is_live() || record.status == RunStatus::Interrupted => record,
             // Concluded meanwhile (a cancel) or cleared: nothing to decide.
             _ => {
                 actions.extend(self.forget(sql, run_id));
@@ -1064,10 +1091,22 @@ impl ParentEngine {
         terminal: Terminal,
         now: i64,
     ) -> Vec<ParentAction> {
-        self.drivers.remove(&record.run_id);
+        self.conclude_run(sql, &record.run_id, &record.agent_type, terminal, now)
+    }
+
+    /// [`Self::conclude`] by the run's id and agent type (its row is read by the finish).
+    fn conclude_run(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        agent_type: &str,
+        terminal: Terminal,
+        now: i64,
+    ) -> Vec<ParentAction> {
+        self.drivers.remove(run_id);
         let registry = Registry::new(sql);
-        let mut actions = vec![ParentAction::CloseTail { run_id: record.run_id.clone() }];
-        match registry.finish(&record.run_id, &terminal, now) {
+        let mut actions = vec![ParentAction::CloseTail { run_id: run_id.to_owned() }];
+        match registry.finish(run_id, &terminal, now) {
             Ok(Some(done)) => {
                 if let Some(frame) = done.terminal_frame() {
                     actions.push(ParentAction::Broadcast(frame.to_json()));
@@ -1087,13 +1126,11 @@ impl ParentEngine {
                 }
                 actions.push(ParentAction::Resolve { run_id: done.run_id.clone(), result });
             }
-            Ok(None) => actions.extend(self.forget(sql, &record.run_id)),
+            Ok(None) => actions.extend(self.forget(sql, run_id)),
             Err(e) => {
-                let result = RunResult {
-                    status: terminal.status(),
-                    ..RunResult::refused(&record.run_id, &record.agent_type, e.to_string())
-                };
-                actions.push(ParentAction::Resolve { run_id: record.run_id.clone(), result });
+                let result =
+                    RunResult { status: terminal.status(), ..RunResult::refused(run_id, agent_type, e.to_string()) };
+                actions.push(ParentAction::Resolve { run_id: run_id.to_owned(), result });
             }
         }
         actions
@@ -1482,7 +1519,7 @@ impl ParentEngine {
     ) -> Vec<ParentAction> {
         let Ok(Some(outcome)) = result.map(|i| i.and_then(|i| i.outcome())) else { return Vec::new() };
         let Ok(Some(record)) = Registry::new(sql).get(run_id) else { return Vec::new() };
-        if record.status != crate::run::RunStatus::Interrupted || self.drivers.contains_key(run_id) {
+        if record.status != RunStatus::Interrupted || self.drivers.contains_key(run_id) {
             return Vec::new();
         }
         let wanted = match watch {
@@ -1629,6 +1666,10 @@ impl Driver {
     }
 }
 
+/// The parent role's tables (the registry, the ledger, the identity), as [`migrate`] creates
+/// them on a new store.
+pub const SCHEMAS: [&str; 3] = [super::registry::SCHEMA, super::detached::LEDGER_SCHEMA, meta::SCHEMA];
+
 /// Creates the parent role's tables if missing (the registry, the ledger, the identity).
 pub fn migrate(sql: &(impl Sql + ?Sized)) -> Result<(), StoreError> {
     Registry::new(sql).migrate()?;
@@ -1647,10 +1688,7 @@ pub fn child_address(parent_class: &str, parent_name: &str, run: &RunRecord) -> 
 pub fn current_result(sql: &(impl Sql + ?Sized), run_id: &str, agent_type: &str) -> RunResult {
     match Registry::new(sql).get(run_id) {
         Ok(Some(record)) => RunResult::from_record(&record),
-        _ => RunResult {
-            status: crate::run::RunStatus::Aborted,
-            ..RunResult::refused(run_id, agent_type, "the run was cleared")
-        },
+        _ => RunResult { status: RunStatus::Aborted, ..RunResult::refused(run_id, agent_type, "the run was cleared") },
     }
 }
 

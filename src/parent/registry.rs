@@ -254,14 +254,16 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
     pub fn insert(&self, run: &NewRun, now: i64) -> Result<Inserted, RegistryError> {
         // A cleared run id that is dispatched again continues its old numbering, its `started`
         // frame included: a client that saw the old frames must not take the new ones for them.
-        let written = self.sql.exec(
-            "INSERT INTO agent_tool_runs (run_id, parent_tool_call_id, agent_type, input_preview, \
-             status, display_json, display_order, started_at, event_delivery, child_binding, input_json, \
-             started_seq, next_seq) \
-             VALUES (?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, \
-               COALESCE((SELECT next_seq FROM agent_tool_tombstones WHERE run_id = ?1), 0), \
-               COALESCE((SELECT next_seq FROM agent_tool_tombstones WHERE run_id = ?1), 0) + 1) \
-             ON CONFLICT (run_id) DO NOTHING RETURNING run_id",
+        let written = self.sql.one(
+            &format!(
+                "INSERT INTO agent_tool_runs (run_id, parent_tool_call_id, agent_type, input_preview, \
+                 status, display_json, display_order, started_at, event_delivery, child_binding, input_json, \
+                 started_seq, next_seq) \
+                 VALUES (?, ?, ?, ?, 'starting', ?, ?, ?, ?, ?, ?, \
+                   COALESCE((SELECT next_seq FROM agent_tool_tombstones WHERE run_id = ?1), 0), \
+                   COALESCE((SELECT next_seq FROM agent_tool_tombstones WHERE run_id = ?1), 0) + 1) \
+                 ON CONFLICT (run_id) DO NOTHING RETURNING {COLUMNS}"
+            ),
             &[
                 V::from(&run.run_id),
                 V::from(run.parent_tool_call_id.clone()),
@@ -275,12 +277,12 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
                 V::from(run.input.to_string()),
             ],
         )?;
+        if let Some(row) = written {
+            return Ok(Inserted::New(RunRecord::from_row(&row)));
+        }
         let record = self
             .get(&run.run_id)?
             .ok_or_else(|| StoreError { message: format!("run {} vanished right after insert", run.run_id) })?;
-        if !written.is_empty() {
-            return Ok(Inserted::New(record));
-        }
         if record.agent_type != run.agent_type {
             return Err(RegistryError::AgentTypeMismatch {
                 run_id: run.run_id.clone(),
@@ -465,7 +467,11 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
     /// updated row when it was written (its `terminal_seq` names the terminal frame), `None`
     /// when the row was already final or is unknown.
     pub fn finish(&self, run_id: &str, terminal: &Terminal, now: i64) -> Result<Option<RunRecord>, StoreError> {
-        if let Some(record) = self.get(run_id)?.filter(|r| r.status == RunStatus::Interrupted) {
+        let interrupted = self.sql.one(
+            &format!("SELECT {COLUMNS} FROM agent_tool_runs WHERE run_id = ? AND status = 'interrupted'"),
+            &[V::from(run_id)],
+        )?;
+        if let Some(record) = interrupted.as_ref().map(RunRecord::from_row) {
             // Its clients saw the interruption: a late client must too, before what replaces it.
             self.keep_terminal_frame(&record)?;
         }

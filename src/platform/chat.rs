@@ -18,7 +18,6 @@ use crate::chat::store::{validate_message, Messages, OpenStreams, StreamLog};
 use crate::chat::turn::{run_turn, DynModel, DynToolBox, TurnOptions, TurnOutcome};
 use crate::protocol::rpc::{self, ClientFrame, FrameError, RpcRequest, RpcResponse};
 use crate::protocol::tail::ChunkKind;
-use crate::store::Sql;
 
 /// Tag of every client socket.
 pub const CLIENT_TAG: &str = "agent-client";
@@ -139,12 +138,10 @@ impl Drop for ActiveGuard<'_> {
 }
 
 impl Chat {
-    /// The chat over this agent's SQL (tables created if missing). A turn that a restart cut
-    /// short is saved as the partial message it had streamed.
+    /// The chat over this agent's SQL (its tables are the host's to create: see
+    /// `host::migrate`). A turn that a restart cut short is saved as the partial message it had
+    /// streamed.
     pub fn new(sql: DoSql) -> Self {
-        if let Err(e) = sql.batch(crate::chat::store::SCHEMA) {
-            worker::console_error!("agent-tools: chat schema failed: {e}");
-        }
         if let Err(e) = OpenStreams::new(&sql).recover(now_ms()) {
             worker::console_error!("agent-tools: recovering interrupted chat streams failed: {e}");
         }
@@ -218,6 +215,17 @@ impl Chat {
     /// Sends `text` to every client except `except` and those still resuming.
     pub fn broadcast(&self, state: &State, text: &str, except: Option<&str>) {
         self.broadcast_to(&state.get_websockets_with_tag(CLIENT_TAG), text, except);
+    }
+
+    /// Sends the transcript to every chat client but `except`; with none attached (a child run
+    /// nobody drilled into), the messages are not even read.
+    pub fn broadcast_transcript(&self, state: &State, except: Option<&str>) {
+        let sockets = state.get_websockets_with_tag(CLIENT_TAG);
+        if sockets.is_empty() {
+            return;
+        }
+        let frame = json!({ "type": "cf_agent_chat_messages", "messages": self.messages() });
+        self.broadcast_to(&sockets, &frame.to_string(), except);
     }
 
     fn broadcast_to(&self, sockets: &[WebSocket], text: &str, except: Option<&str>) {
@@ -367,8 +375,7 @@ impl Chat {
             validate_message(m)?;
         }
         Messages::new(&self.sql).persist_client(messages, now_ms()).map_err(|e| e.to_string())?;
-        let frame = json!({ "type": "cf_agent_chat_messages", "messages": self.messages() });
-        self.broadcast(state, &frame.to_string(), Some(connection));
+        self.broadcast_transcript(state, Some(connection));
         Ok(())
     }
 
@@ -557,8 +564,7 @@ impl Chat {
             }
         }
         self.pending.borrow_mut().clear();
-        let transcript = json!({ "type": "cf_agent_chat_messages", "messages": self.messages() });
-        self.broadcast(state, &transcript.to_string(), spec.sender.as_deref());
+        self.broadcast_transcript(state, spec.sender.as_deref());
         let id = &spec.request_id;
         let done = match &end {
             ChatEnd::Completed => json!({ "type": RESPONSE, "id": id, "body": "", "done": true }),

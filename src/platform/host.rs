@@ -528,10 +528,16 @@ impl<A: Agent> AgentHost<A> {
     }
 }
 
+/// Creates every table an agent's object uses (each object can be a parent, a child or both):
+/// on a new object in one batch, else role by role with the columns added since.
 pub(crate) fn migrate(sql: &DoSql) -> Result<(), crate::store::StoreError> {
-    crate::parent::engine::migrate(sql)?;
-    ChildRuns::new(sql).migrate()?;
-    sql.batch(HOST_SCHEMA)
+    let [registry, ledger, meta] = crate::parent::engine::SCHEMAS;
+    let [child, chat] = crate::child::runs::SCHEMAS;
+    crate::store::migrate(sql, &[registry, ledger, meta, child, chat, HOST_SCHEMA], || {
+        crate::parent::engine::migrate(sql)?;
+        ChildRuns::new(sql).migrate()?;
+        sql.batch(HOST_SCHEMA)
+    })
 }
 
 /// Checks that every child class an agent's tools dispatch has its Durable Object binding.

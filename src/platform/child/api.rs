@@ -82,18 +82,18 @@ impl<A: Agent> AgentHost<A> {
         if start.run_id.is_empty() {
             return json_error(400, "start request without a runId");
         }
-        for (key, value) in [
+        let identity: Vec<(&str, &str)> = [
             ("parent_class", &start.parent_class),
             ("parent_name", &start.parent_name),
             ("run_id", &start.run_id),
             ("name", &start.child_name),
-        ] {
-            if value.is_empty() {
-                continue;
-            }
-            if let Err(e) = meta::set(&self.0.sql, key, value) {
-                return json_error(500, e.to_string());
-            }
+        ]
+        .into_iter()
+        .filter(|(_, value)| !value.is_empty())
+        .map(|(key, value)| (key, value.as_str()))
+        .collect();
+        if let Err(e) = meta::set_all(&self.0.sql, &identity) {
+            return json_error(500, e.to_string());
         }
         let result = self.0.child.borrow_mut().start(&self.0.sql, &start, now_ms());
         match result {

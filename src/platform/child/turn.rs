@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use futures::future::select;
-use serde_json::{json, Value};
+use serde_json::Value;
 use worker::{Delay, Env};
 
 use crate::agent::Agent;
@@ -119,8 +119,7 @@ impl<A: Agent> Turn<A> {
         let agent = &inner.agent;
         let user = agent.format_agent_tool_input(&self.input, &self.run_id);
         Messages::new(&inner.sql).upsert(&user, now_ms()).map_err(|e| e.to_string())?;
-        let transcript = json!({ "type": "cf_agent_chat_messages", "messages": inner.chat.messages() });
-        inner.chat.broadcast(&inner.state, &transcript.to_string(), None);
+        inner.chat.broadcast_transcript(&inner.state, None);
         let model = agent.model(&inner.env, Some(&self.input)).map_err(|e| e.to_string())?;
         let tools = HostTools { host, request_id: &self.run_id, turn: Some(self) };
         // The turn builds its chunks from a fixed set of types, never a reserved one: no check.
