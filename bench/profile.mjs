@@ -1,17 +1,20 @@
 // A CPU profile of the Worker's isolate during one S2 run (one Summarizer run of N chunks on the
-// offline model, dispatch → result), taken through wrangler dev's inspector, summarized by
-// function. Not a test and not part of the benchmark: it is how the per-chunk costs the README
-// names under Benchmarks were found. See the README for the commands that start the Worker.
+// offline model, dispatch → result), or with `runs=N` during N sequential S1 runs (one chunk
+// each, every one a new child object), taken through wrangler dev's inspector, summarized by
+// function. Not a test and not part of the benchmark: it is how the costs the README names
+// under Benchmarks were found. See the README for the commands that start the Worker.
 //
-//   node bench/profile.mjs <worker port> <inspector port> [chunks=10000] [out.cpuprofile]
+//   node bench/profile.mjs <worker port> <inspector port> [chunks=10000 | runs=N] [out.cpuprofile]
 import { writeFileSync } from "node:fs";
 import WebSocket from "ws";
 
 const [port, inspector] = [process.argv[2], process.argv[3]];
-const chunks = Number(process.argv[4] ?? 10_000);
+const mode = process.argv[4] ?? "10000";
+const runs = mode.startsWith("runs=") ? Number(mode.slice(5)) : 0;
+const chunks = runs ? 1 : Number(mode);
 const out = process.argv[5];
 if (!port || !inspector) {
-  console.error("usage: node bench/profile.mjs <worker port> <inspector port> [chunks] [out.cpuprofile]");
+  console.error("usage: node bench/profile.mjs <worker port> <inspector port> [chunks | runs=N] [out.cpuprofile]");
   process.exit(2);
 }
 
@@ -62,7 +65,15 @@ await command("Profiler.enable");
 await command("Profiler.setSamplingInterval", { interval: 50 });
 await run(100, "warm-up");
 await command("Profiler.start");
-const measured = await run(chunks, "measured");
+let measured;
+if (runs) {
+  const times = [];
+  for (let i = 0; i < runs; i++) times.push((await run(1, `s1-${Date.now()}-${i}`)).ms);
+  times.sort((a, b) => a - b);
+  measured = { runs, medianMs: times[runs >> 1], p90Ms: times[Math.floor(runs * 0.9)] };
+} else {
+  measured = await run(chunks, "measured");
+}
 const { result } = await command("Profiler.stop");
 const profile = result.profile;
 if (out) writeFileSync(out, JSON.stringify(profile));
@@ -93,7 +104,7 @@ const table = (title, map, rows) => {
     console.log(`${(micros / 1000).toFixed(1).padStart(8)} ms ${share} %  ${label.slice(0, 150)}`);
   }
 };
-console.log(`run of ${chunks} chunks: ${JSON.stringify(measured)}; ${(total / 1000).toFixed(0)} ms sampled`);
+console.log(`${runs ? `${runs} runs of one chunk` : `run of ${chunks} chunks`}: ${JSON.stringify(measured)}; ${(total / 1000).toFixed(0)} ms sampled`);
 table("self time", bySelf, 30);
 table("inclusive time (this crate's functions and the platform's)", new Map(
   [...byInclusive].filter(([label]) => /agent_tools|worker::|exec|\(idle\)|\(program\)|garbage/.test(label)),

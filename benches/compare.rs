@@ -328,23 +328,30 @@ async fn main() {
         println!("{:<16} {:>8} {:>8}", "", "median", "p90");
         for &side in &sides {
             let t = start(side).await;
+            let cpu = || t.worker.workerd_cpu_ms().unwrap_or(f64::NAN);
+            let before = cpu();
             let s = s1(&t, 200).await;
-            println!("{:<16} {:>8.2} {:>8.2}", side.label(), s.median, s.p90);
+            let s1_cpu = (cpu() - before) / 205.0;
+            println!("{:<16} {:>8.2} {:>8.2}   workerd CPU {s1_cpu:.2} ms a run", side.label(), s.median, s.p90);
             if side == Side::Rust {
                 let bare = bare_ping(&t, 200, "ping").await;
                 println!(
                     "{:<16} {:>8.2} {:>8.2}   (client → parent → child object → back)",
                     "bare round trip", bare.median, bare.p90
                 );
+                let before = cpu();
                 let fresh = bare_ping(&t, 200, "ping-new").await;
+                let fresh_cpu = (cpu() - before) / 205.0;
                 println!(
-                    "{:<16} {:>8.2} {:>8.2}   (the same, to a child object created by the call)",
+                    "{:<16} {:>8.2} {:>8.2}   (the same, to a child object created by the call); workerd CPU \
+                     {fresh_cpu:.2} ms a call",
                     "bare, new child", fresh.median, fresh.p90
                 );
                 println!(
-                    "S1 / bare round trip: {:.2}; S1 / bare with a new child: {:.2}",
+                    "S1 / bare round trip: {:.2}; S1 / bare with a new child: {:.2} (workerd CPU: {:.2})",
                     s.median / bare.median,
-                    s.median / fresh.median
+                    s.median / fresh.median,
+                    s1_cpu / fresh_cpu
                 );
                 let mut client = t.client(&unique("rpc")).await;
                 let started = Instant::now();

@@ -316,6 +316,32 @@ impl Worker {
             .max()
     }
 
+    /// The CPU time (user + system, ms) wrangler's workerd processes have used so far: the
+    /// work a benchmark step cost, without the time a busy machine kept it waiting.
+    #[allow(dead_code)]
+    pub fn workerd_cpu_ms(&self) -> Option<f64> {
+        let group = self.child.as_ref()?.id();
+        let out = Command::new("pgrep").args(["-g", &group.to_string(), "workerd"]).output().ok()?;
+        let ticks_per_s: f64 = Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(100.0);
+        let ticks = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|pid| std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).ok())
+            .filter_map(|stat| {
+                // Fields after the command name (which may hold spaces): utime and stime are
+                // the 12th and 13th.
+                let rest = &stat[stat.rfind(')')? + 2..];
+                let fields: Vec<&str> = rest.split_whitespace().collect();
+                Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+            })
+            .sum::<u64>();
+        Some(ticks as f64 * 1000.0 / ticks_per_s)
+    }
+
     /// Keeps the temp dir (and so the persisted state) alive beyond this worker.
     pub fn take_temp(&mut self) -> Option<tempfile::TempDir> {
         self._temp.take()
