@@ -53,12 +53,14 @@ impl<A: Agent> AgentHost<A> {
                 }
                 ChildAction::ChatSend { run_id, bodies } => self.0.chat.send(&self.0.state, &run_id, &bodies),
                 ChildAction::FlushSoon { run_id } => {
-                    // Once the turn yields: what it emitted meanwhile goes out as one batch.
+                    // Once the turn yields: what it emitted meanwhile goes out as one batch. A
+                    // spawned task is first polled right after the running one yields, before
+                    // any timer: a turn that yields on a timer (a paced or long offline answer,
+                    // or a provider's next read) does not get to emit more first. (A `Delay` here
+                    // would arm its timer only when first polled, after the turn's own, and the
+                    // turn's first chunk waited for the next 255.)
                     let host = self.clone();
-                    self.0.state.wait_until(async move {
-                        Delay::from(Duration::ZERO).await;
-                        host.child_flush_chunks(&run_id);
-                    });
+                    self.0.state.wait_until(async move { host.child_flush_chunks(&run_id) });
                 }
                 ChildAction::FlushAt { run_id, at } => {
                     let host = self.clone();
