@@ -112,15 +112,18 @@ fn completed(result: &Value) -> usize {
     result.as_array().map_or(0, |r| r.iter().filter(|r| r["status"] == "completed").count())
 }
 
+/// Calls made before a series' measured ones (not counted in its times).
+const WARM_UPS: usize = 5;
+
 /// S1: `n` sequential awaited runs of one chunk.
 async fn s1(t: &Target, n: usize) -> Stats {
     let mut client = t.client(&unique("s1")).await;
     let mut times = Vec::new();
-    for i in 0..n + 5 {
+    for i in 0..n + WARM_UPS {
         let started = Instant::now();
         let result = client.call("research", t.research(&[format!("s1 {i}")], 1)).await.expect("S1");
         assert_eq!(completed(&result), 1, "{}: {result}", t.side.label());
-        if i >= 5 {
+        if i >= WARM_UPS {
             times.push(ms(started));
         }
         client.frames.clear();
@@ -133,10 +136,10 @@ async fn s1(t: &Target, n: usize) -> Stats {
 async fn bare_ping(t: &Target, n: usize, op: &str) -> Stats {
     let mut client = t.client(&unique("ping")).await;
     let mut times = Vec::new();
-    for i in 0..n + 5 {
+    for i in 0..n + WARM_UPS {
         let started = Instant::now();
         client.call("bench", json!([{ "op": op }])).await.expect("ping");
-        if i >= 5 {
+        if i >= WARM_UPS {
             times.push(ms(started));
         }
     }
@@ -331,9 +334,11 @@ async fn main() {
         for &side in &sides {
             let t = start(side).await;
             let cpu = || t.worker.workerd_cpu_ms().unwrap_or(f64::NAN);
+            // Each series makes 200 measured calls after 5 warm-ups; the CPU counts all of them.
+            let calls = (200 + WARM_UPS) as f64;
             let before = cpu();
             let s = s1(&t, 200).await;
-            let s1_cpu = (cpu() - before) / 205.0;
+            let s1_cpu = (cpu() - before) / calls;
             println!("{:<16} {:>8.2} {:>8.2}   workerd CPU {s1_cpu:.2} ms a run", side.label(), s.median, s.p90);
             if side == Side::Rust {
                 let bare = bare_ping(&t, 200, "ping").await;
@@ -343,7 +348,7 @@ async fn main() {
                 );
                 let before = cpu();
                 let fresh = bare_ping(&t, 200, "ping-new").await;
-                let fresh_cpu = (cpu() - before) / 205.0;
+                let fresh_cpu = (cpu() - before) / calls;
                 println!(
                     "{:<16} {:>8.2} {:>8.2}   (the same, to a child object created by the call); workerd CPU \
                      {fresh_cpu:.2} ms a call",
@@ -380,30 +385,23 @@ async fn main() {
                     continue; // about 10 s per 10 000 chunks: 100 000 would take minutes
                 }
                 let t = start(side).await;
-                let (first, done, frames) = s2(&t, chunks).await;
-                println!(
-                    "{:<16} {:>7} {:>11.0} {:>11.0} {:>10.0} {:>9} {:>13.1}%",
-                    side.label(),
-                    chunks,
-                    first,
-                    done,
-                    frames as f64 / (done / 1000.0),
-                    mib(t.worker.workerd_memory_kib()),
-                    100.0 * first / done
-                );
+                let row = |label: &str, (first, done, frames): (f64, f64, usize), peak: String| {
+                    println!(
+                        "{:<16} {:>7} {:>11.0} {:>11.0} {:>10.0} {:>9} {:>13.1}%",
+                        label,
+                        chunks,
+                        first,
+                        done,
+                        frames as f64 / (done / 1000.0),
+                        peak,
+                        100.0 * first / done
+                    );
+                };
+                row(side.label(), s2(&t, chunks).await, mib(t.worker.workerd_memory_kib()));
                 // The same run again in the now warm runtime: the first run's first chunk also
                 // waited for the engine to compile each function on its path at its first call.
                 let (first, done, frames) = s2(&t, chunks).await;
-                println!(
-                    "{:<16} {:>7} {:>11.0} {:>11.0} {:>10.0} {:>9} {:>13.1}%",
-                    "  again, warm",
-                    chunks,
-                    first,
-                    done,
-                    frames as f64 / (done / 1000.0),
-                    "",
-                    100.0 * first / done
-                );
+                row("  again, warm", (first, done, frames), String::new());
                 if side == Side::Rust && chunks == 10_000 {
                     let raw = bare_blast(&t, 20_000).await;
                     println!(

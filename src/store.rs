@@ -240,12 +240,7 @@ pub mod meta {
 
     /// Writes a key.
     pub fn set(sql: &(impl Sql + ?Sized), key: &str, value: &str) -> Result<(), StoreError> {
-        sql.exec(
-            "INSERT INTO agent_tool_meta (key, value) VALUES (?, ?) \
-             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            &[Value::from(key), Value::from(value)],
-        )?;
-        Ok(())
+        set_all(sql, &[(key, value)])
     }
 
     #[cfg(all(test, not(target_arch = "wasm32")))]
