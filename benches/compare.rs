@@ -8,17 +8,21 @@
 //!   round trip client → parent object → child object (one fetch) and back; wall time and the
 //!   CPU time workerd spent.
 //! - S2: one run of N text chunks, dispatch → terminal frame at the client; the first chunk's
-//!   time; workerd's peak RSS; in a fresh runtime, then again once it is warm; the warm run
-//!   against the raw rate at which a Durable Object sends frames.
+//!   time; workerd's CPU time; its peak RSS, and its RSS before the run (the runtime's floor);
+//!   in a fresh runtime, then again once it is warm; the warm run against the raw rate at
+//!   which a Durable Object sends frames.
 //! - S3: a new client's connect → last replay frame, with R finished runs × C chunks retained;
 //!   against reading those frames from SQLite and sending them with no engine.
 //! - S4: N concurrent awaited runs × 10 chunks, wall time.
 //! - S5: N detached runs × 10 chunks: each dispatch's round trip, and the time until every
 //!   terminal frame reached the client.
+//! - memory: workerd's resident memory step by step in one fresh runtime (its floor, a client,
+//!   one run, two runs of 10 000 chunks, 200 runs of one chunk, 200 bare new objects), with
+//!   the Worker's WebAssembly memory.
 //! - the bundle: `wrangler deploy --dry-run`, gzip.
 //!
 //! `BENCH_ONLY=rust` (or `ts`) measures one side; `BENCH_QUICK=1` the small sizes only;
-//! `BENCH_SCENARIOS=S2,S3` (any of S1–S5 and `bundle`) only those scenarios.
+//! `BENCH_SCENARIOS=S2,S3` (any of S1–S5, `memory` and `bundle`) only those scenarios.
 
 #[path = "../tests/e2e/harness.rs"]
 #[allow(dead_code)]
@@ -144,6 +148,17 @@ async fn bare_ping(t: &Target, n: usize, op: &str) -> Stats {
         }
     }
     stats(times)
+}
+
+/// One step of the memory scenario.
+#[derive(Clone, Copy)]
+enum MemStep {
+    Nothing,
+    Connect,
+    /// `runs` sequential runs of `chunks` chunks each.
+    Runs(usize, u64),
+    /// `n` bare child objects, each created by one fetch.
+    BareObjects(usize),
 }
 
 /// S2: one run of `chunks` deltas: (first chunk ms, terminal frame ms, frames).
@@ -375,8 +390,8 @@ async fn main() {
              the same run again in it; peak memory after the first)"
         );
         println!(
-            "{:<16} {:>7} {:>11} {:>11} {:>10} {:>9} {:>14}",
-            "", "N", "first ms", "done ms", "frames/s", "peak MiB", "first / done"
+            "{:<16} {:>7} {:>11} {:>11} {:>10} {:>9} {:>14} {:>9} {:>10}",
+            "", "N", "first ms", "done ms", "frames/s", "peak MiB", "first / done", "CPU ms", "start MiB"
         );
         let sizes: &[u64] = if quick { &[1_000, 10_000] } else { &[1_000, 10_000, 100_000] };
         for &chunks in sizes {
@@ -385,23 +400,33 @@ async fn main() {
                     continue; // about 10 s per 10 000 chunks: 100 000 would take minutes
                 }
                 let t = start(side).await;
-                let row = |label: &str, (first, done, frames): (f64, f64, usize), peak: String| {
-                    println!(
-                        "{:<16} {:>7} {:>11.0} {:>11.0} {:>10.0} {:>9} {:>13.1}%",
-                        label,
-                        chunks,
-                        first,
-                        done,
-                        frames as f64 / (done / 1000.0),
-                        peak,
-                        100.0 * first / done
-                    );
-                };
-                row(side.label(), s2(&t, chunks).await, mib(t.worker.workerd_memory_kib()));
+                // The runtime's memory before any run: the floor the run's peak stands on.
+                let floor = mib(t.worker.workerd_memory_kib());
+                let cpu = || t.worker.workerd_cpu_ms().unwrap_or(f64::NAN);
+                let row =
+                    |label: &str, (first, done, frames): (f64, f64, usize), cpu_ms: f64, peak: &str, floor: &str| {
+                        println!(
+                            "{:<16} {:>7} {:>11.0} {:>11.0} {:>10.0} {:>9} {:>13.1}% {:>9.0} {:>10}",
+                            label,
+                            chunks,
+                            first,
+                            done,
+                            frames as f64 / (done / 1000.0),
+                            peak,
+                            100.0 * first / done,
+                            cpu_ms,
+                            floor
+                        );
+                    };
+                let before = cpu();
+                let fresh = s2(&t, chunks).await;
+                let fresh_cpu = cpu() - before;
+                row(side.label(), fresh, fresh_cpu, &mib(t.worker.workerd_memory_kib()), &floor);
                 // The same run again in the now warm runtime: the first run's first chunk also
                 // waited for the engine to compile each function on its path at its first call.
+                let before = cpu();
                 let (first, done, frames) = s2(&t, chunks).await;
-                row("  again, warm", (first, done, frames), String::new());
+                row("  again, warm", (first, done, frames), cpu() - before, "", "");
                 if side == Side::Rust && chunks == 10_000 {
                     let raw = bare_blast(&t, 20_000).await;
                     println!(
@@ -506,6 +531,72 @@ async fn main() {
             let t = start(side).await;
             let (rtt, all) = s5(&t, 100).await;
             println!("{:<16} {:>16.2} {:>14.2} {:>18.0}", side.label(), rtt.median, rtt.p90, all);
+        }
+    }
+
+    if wants("memory") {
+        // Where a runtime's memory goes: its floor, a client, one run, S2's runs at 10 000, then
+        // many objects (every run's child is one).
+        println!(
+            "\nmemory: workerd's resident memory (peak / now, MiB) step by step in one fresh runtime; the \
+             Worker's WebAssembly memory after each step"
+        );
+        println!("{:<16} {:<40} {:>6} {:>6} {:>9}", "", "after", "peak", "now", "wasm MiB");
+        const OBJECTS: usize = 200;
+        for &side in &sides {
+            let t = start(side).await;
+            let mut client: Option<Client> = None;
+            let mut steps = vec![
+                ("the runtime started", MemStep::Nothing),
+                ("a client connected (its parent object)", MemStep::Connect),
+                ("one run of 1 chunk (a child object)", MemStep::Runs(1, 1)),
+                ("one run of 10 000 chunks", MemStep::Runs(1, 10_000)),
+                ("another run of 10 000 chunks", MemStep::Runs(1, 10_000)),
+                ("200 runs of 1 chunk (200 child objects)", MemStep::Runs(OBJECTS, 1)),
+            ];
+            if side == Side::Rust {
+                steps.push(("200 bare new objects (one fetch each)", MemStep::BareObjects(OBJECTS)));
+            }
+            let mut last_now = 0;
+            for (i, (step, what)) in steps.into_iter().enumerate() {
+                match what {
+                    MemStep::Nothing => {}
+                    MemStep::Connect => client = Some(t.client(&unique("mem")).await),
+                    MemStep::Runs(runs, chunks) => {
+                        let c = client.as_mut().expect("connected");
+                        for r in 0..runs {
+                            let result = c.call("research", t.research(&[format!("mem {i} {r}")], chunks)).await;
+                            assert_eq!(completed(&result.expect("memory run")), 1, "{}", t.side.label());
+                            c.frames.clear();
+                        }
+                    }
+                    MemStep::BareObjects(n) => {
+                        let c = client.as_mut().expect("connected");
+                        for _ in 0..n {
+                            c.call("bench", json!([{ "op": "ping-new" }])).await.expect("ping-new");
+                        }
+                    }
+                }
+                let (peak, now) = t.worker.workerd_memory_kib().unwrap_or((0, 0));
+                let wasm = match (side, client.as_mut()) {
+                    (Side::Rust, Some(c)) => c
+                        .call("bench", json!([{ "op": "memory" }]))
+                        .await
+                        .ok()
+                        .and_then(|v| v["bytes"].as_f64())
+                        .map_or("?".into(), |b| format!("{:.1}", b / 1048576.0)),
+                    _ => String::new(),
+                };
+                let per_object = match what {
+                    MemStep::Runs(n, _) | MemStep::BareObjects(n) if n >= OBJECTS => {
+                        format!("   {:.2} MiB each", (now.saturating_sub(last_now)) as f64 / 1024.0 / n as f64)
+                    }
+                    _ => String::new(),
+                };
+                last_now = now;
+                let label = if i == 0 { side.label() } else { "" };
+                println!("{label:<16} {step:<40} {:>6} {:>6} {wasm:>9}{per_object}", peak / 1024, now / 1024);
+            }
         }
     }
 

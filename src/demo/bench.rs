@@ -8,7 +8,9 @@
 //!   looked up once);
 //! - `{op: "seed", n, bytes}` then `{op: "read"}`: `n` rows of `bytes` in a table of the
 //!   benchmark's own, then all of them read from SQLite and sent, as a replay would, with no
-//!   engine in between.
+//!   engine in between;
+//! - `{op: "memory"}`: the size of the isolate's WebAssembly memory (one instance serves every
+//!   object of the Worker), in bytes.
 
 use serde_json::{json, Value};
 use worker::SqlStorageValue;
@@ -100,6 +102,14 @@ pub(crate) async fn bench(host: &AgentHost<Assistant>, arg: Value) -> Result<Val
             }
             Ok(json!({ "sent": rows.len() }))
         }
-        _ => Err("bench expects {op: \"ping\" | \"ping-new\" | \"rpc\" | \"blast\" | \"seed\" | \"read\"}".into()),
+        Some("memory") => {
+            use worker::wasm_bindgen::JsCast;
+            let memory: js_sys::WebAssembly::Memory = worker::wasm_bindgen::memory().unchecked_into();
+            Ok(json!({ "bytes": js_sys::ArrayBuffer::from(memory.buffer()).byte_length() }))
+        }
+        _ => {
+            Err("bench expects {op: \"ping\" | \"ping-new\" | \"rpc\" | \"blast\" | \"seed\" | \"read\" | \"memory\"}"
+                .into())
+        }
     }
 }
