@@ -195,6 +195,12 @@ pub fn has_no_tables(sql: &(impl Sql + ?Sized)) -> Result<bool, StoreError> {
     Ok(row.and_then(|r| r.int(0)) == Some(0))
 }
 
+/// Whether the store has a table named `name`.
+pub fn has_table(sql: &(impl Sql + ?Sized), name: &str) -> Result<bool, StoreError> {
+    let row = sql.one("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?", &[name.into()])?;
+    Ok(row.and_then(|r| r.int(0)).is_some_and(|n| n > 0))
+}
+
 /// Adds the `columns` (name, SQL definition) that `table` lacks: the schema of a table an
 /// earlier version created grows in place, keeping its rows.
 pub fn ensure_columns(sql: &(impl Sql + ?Sized), table: &str, columns: &[(&str, &str)]) -> Result<(), StoreError> {
@@ -270,7 +276,7 @@ pub mod meta {
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod migrate_tests {
     use super::sqlite::memory;
-    use super::{has_no_tables, migrate, Sql};
+    use super::{has_no_tables, has_table, migrate, Sql};
     use crate::child::runs::{ChildRuns, SCHEMAS as CHILD};
     use crate::parent::engine::{migrate as migrate_parent, SCHEMAS as PARENT};
 
@@ -320,6 +326,23 @@ mod migrate_tests {
         migrate(&db, &schemas(), || upgrade(&db)).unwrap();
         let row = db.one("SELECT run_id, attempt, attempt_start FROM agent_tool_child_runs", &[]).unwrap().unwrap();
         assert_eq!((row.text(0).as_deref(), row.int(1), row.int(2)), (Some("r1"), Some(1), Some(0)));
+    }
+
+    #[test]
+    fn a_store_made_role_by_role_has_the_tables_of_one_made_at_once() {
+        // What a child object makes at once, then the parent role's tables at its first
+        // dispatch: the same tables and indexes as a new store made with all of them.
+        let [registry, ledger, meta] = PARENT;
+        let by_role = memory();
+        migrate(&by_role, &[&[meta][..], &CHILD[..]].concat(), || panic!("new")).unwrap();
+        assert!(!has_table(&by_role, "agent_tool_runs").unwrap());
+        assert!(has_table(&by_role, "agent_tool_child_runs").unwrap());
+        by_role.batch(&[registry, ledger].concat()).unwrap();
+        assert!(has_table(&by_role, "agent_tool_runs").unwrap());
+
+        let at_once = memory();
+        migrate(&at_once, &schemas(), || panic!("new")).unwrap();
+        assert_eq!(objects(&by_role), objects(&at_once));
     }
 
     #[test]

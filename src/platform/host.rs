@@ -44,6 +44,9 @@ pub(crate) struct Inner<A: Agent> {
     /// request is answered with it.
     pub(crate) config_error: Option<String>,
     // ----- the parent role
+    /// Whether the parent role's tables exist here: an object makes them with its first parent
+    /// work ([`AgentHost::parent_sql`]), so a child that never dispatches never has them.
+    pub(crate) parent_tables: Cell<bool>,
     /// The decisions about the runs this agent dispatches.
     pub(crate) parent: RefCell<ParentEngine>,
     /// Callers waiting for a run's result, by run id.
@@ -108,7 +111,9 @@ impl<A: Agent> AgentHost<A> {
     pub fn new(state: State, env: Env) -> Self {
         let sql = DoSql(state.storage().sql());
         let agent = A::default();
-        let mut config_error = migrate(&sql).err().map(|e| {
+        let migrated = migrate(&sql);
+        let parent_tables = matches!(migrated, Ok(true));
+        let mut config_error = migrated.err().map(|e| {
             format!(
                 "{}: its SQLite storage failed ({e}); list {:?} in a [[migrations]] new_sqlite_classes of wrangler.toml",
                 A::CLASS,
@@ -139,6 +144,7 @@ impl<A: Agent> AgentHost<A> {
             child: RefCell::new(ChildEngine::new(options.recovery)),
             options,
             config_error,
+            parent_tables: Cell::new(parent_tables),
             waiters: RefCell::new(HashMap::new()),
             tails: RefCell::new(HashMap::new()),
             started_tails: RefCell::new(HashMap::new()),
@@ -218,7 +224,20 @@ impl<A: Agent> AgentHost<A> {
     }
 
     pub(crate) fn registry(&self) -> Registry<'_, DoSql> {
-        Registry::new(&self.0.sql)
+        Registry::new(self.parent_sql())
+    }
+
+    /// The storage for the parent role's work, its tables made first if this object has none
+    /// yet (a new object makes them with its first dispatch, or the first read of its runs).
+    pub(crate) fn parent_sql(&self) -> &DoSql {
+        if !self.0.parent_tables.get() {
+            let [registry, ledger, _meta] = crate::parent::engine::SCHEMAS;
+            match self.0.sql.batch(&[registry, ledger].concat()) {
+                Ok(()) => self.0.parent_tables.set(true),
+                Err(e) => worker::console_error!("agent-tools: creating the run registry failed: {e}"),
+            }
+        }
+        &self.0.sql
     }
 
     pub(crate) fn runs(&self) -> ChildRuns<'_, DoSql> {
@@ -407,8 +426,11 @@ impl<A: Agent> AgentHost<A> {
             return Response::ok("");
         }
         self.0.alarm_at.set(None);
-        let actions = self.0.parent.borrow_mut().alarm(&self.0.sql, super::now_ms());
-        self.carry_out(actions);
+        // With no registry there is nothing to recover, deliver or clear.
+        if self.0.parent_tables.get() {
+            let actions = self.0.parent.borrow_mut().alarm(&self.0.sql, super::now_ms());
+            self.carry_out(actions);
+        }
         self.run_due_tasks().await;
         if let Some(at) = self.next_task_at() {
             self.arm_alarm_at(at.max(super::now_ms())).await;
@@ -523,21 +545,34 @@ impl<A: Agent> AgentHost<A> {
 
     /// The first event of a fresh instance starts recovery once (in the background).
     pub(crate) fn ensure_recovery(&self) {
-        let actions = self.0.parent.borrow_mut().wake(&self.0.sql, super::now_ms());
-        self.carry_out(actions);
+        // An object with no registry has no runs to recover.
+        if self.0.parent_tables.get() {
+            let actions = self.0.parent.borrow_mut().wake(&self.0.sql, super::now_ms());
+            self.carry_out(actions);
+        }
     }
 }
 
-/// Creates every table an agent's object uses (each object can be a parent, a child or both):
-/// on a new object in one batch, else role by role with the columns added since.
-pub(crate) fn migrate(sql: &DoSql) -> Result<(), crate::store::StoreError> {
-    let [registry, ledger, meta] = crate::parent::engine::SCHEMAS;
+/// Creates the tables every agent's object uses (its identity, the child role's runs, the
+/// chat, scheduled work): on a new object in one batch, else role by role with the columns
+/// added since. The parent role's tables (its registry and ledger) come with the object's first
+/// parent work ([`AgentHost::parent_sql`]), or here when an earlier instance made them: the
+/// answer is whether they exist.
+pub(crate) fn migrate(sql: &DoSql) -> Result<bool, crate::store::StoreError> {
+    let [_registry, _ledger, meta] = crate::parent::engine::SCHEMAS;
     let [child, chat] = crate::child::runs::SCHEMAS;
-    crate::store::migrate(sql, &[registry, ledger, meta, child, chat, HOST_SCHEMA], || {
-        crate::parent::engine::migrate(sql)?;
+    let mut parent_tables = false;
+    crate::store::migrate(sql, &[meta, child, chat, HOST_SCHEMA], || {
+        parent_tables = crate::store::has_table(sql, "agent_tool_runs")?;
+        if parent_tables {
+            crate::parent::engine::migrate(sql)?;
+        } else {
+            sql.batch(meta)?;
+        }
         ChildRuns::new(sql).migrate()?;
         sql.batch(HOST_SCHEMA)
-    })
+    })?;
+    Ok(parent_tables)
 }
 
 /// Checks that every child class an agent's tools dispatch has its Durable Object binding.

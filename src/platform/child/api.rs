@@ -126,9 +126,11 @@ impl<A: Agent> AgentHost<A> {
     /// and messages), after stopping any live turn. The instance is left empty, with its tables
     /// in place.
     async fn clear(&self) -> worker::Result<Response> {
-        // A child with agent tools of its own clears its children first.
-        if let Err(e) = self.clear_agent_tool_runs(&ClearFilter::default()).await {
-            worker::console_error!("agent-tools: clearing the runs of a cleared child failed: {e}");
+        // A child that dispatched runs of its own clears its children first.
+        if self.0.parent_tables.get() {
+            if let Err(e) = self.clear_agent_tool_runs(&ClearFilter::default()).await {
+                worker::console_error!("agent-tools: clearing the runs of a cleared child failed: {e}");
+            }
         }
         let mut live: Vec<_> = self.0.turns.borrow().values().cloned().collect();
         live.extend(self.0.chat.active().map(|chat| chat.cancel)); // a drill-in chat turn
@@ -146,8 +148,9 @@ impl<A: Agent> AgentHost<A> {
         self.0.state.storage().delete_all().await?;
         self.0.chat.reset();
         self.0.child.borrow_mut().reset();
-        if let Err(e) = crate::platform::host::migrate(&self.0.sql) {
-            return json_error(500, e.to_string());
+        match crate::platform::host::migrate(&self.0.sql) {
+            Ok(parent_tables) => self.0.parent_tables.set(parent_tables),
+            Err(e) => return json_error(500, e.to_string()),
         }
         Response::from_json(&json!({ "cleared": true }))
     }

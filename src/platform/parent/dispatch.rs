@@ -48,7 +48,7 @@ impl<A: Agent> AgentHost<A> {
             }
             let dispatch = Dispatch { new: new.clone(), detached: None };
             let (admitted, actions) =
-                self.0.parent.borrow_mut().dispatch(&self.0.sql, dispatch, options.input.clone(), now_ms());
+                self.0.parent.borrow_mut().dispatch(self.parent_sql(), dispatch, options.input.clone(), now_ms());
             match admitted {
                 Admitted::Refused(problem) => return RunResult::refused(run_id, child.class, problem),
                 Admitted::Finished(result) => return result,
@@ -71,13 +71,13 @@ impl<A: Agent> AgentHost<A> {
                     futures::pin_mut!(rx, stop);
                     let rx = match select(rx, stop).await {
                         Either::Left((result, _)) => {
-                            return result.unwrap_or_else(|_| current_result(&self.0.sql, &run_id, child.class))
+                            return result.unwrap_or_else(|_| current_result(self.parent_sql(), &run_id, child.class))
                         }
                         Either::Right((_, rx)) => rx,
                     };
                     let reason = signal.reason().unwrap_or_else(|| "cancelled by the caller".into());
                     self.cancel_agent_tool(&run_id, Some(reason)).await;
-                    return rx.await.unwrap_or_else(|_| current_result(&self.0.sql, &run_id, child.class));
+                    return rx.await.unwrap_or_else(|_| current_result(self.parent_sql(), &run_id, child.class));
                 }
             }
         }
@@ -198,7 +198,8 @@ impl<A: Agent> AgentHost<A> {
         };
         let run_id = new.run_id.clone();
         let dispatch = Dispatch { new, detached: Some(detached) };
-        let (admitted, actions) = self.0.parent.borrow_mut().dispatch(&self.0.sql, dispatch, options.input, now_ms());
+        let (admitted, actions) =
+            self.0.parent.borrow_mut().dispatch(self.parent_sql(), dispatch, options.input, now_ms());
         let running = |status: RunStatus| DetachedHandle {
             run_id: run_id.clone(),
             agent_type: child.class.to_owned(),
@@ -220,7 +221,7 @@ impl<A: Agent> AgentHost<A> {
     /// Cancels a run: the child stops its turn, the run ends `aborted`, and a caller waiting on
     /// it gets the result at once. Idempotent: an unknown or finished run is left as it is.
     pub async fn cancel_agent_tool(&self, run_id: &str, reason: Option<String>) {
-        let actions = self.0.parent.borrow_mut().cancel(&self.0.sql, run_id, reason, now_ms());
+        let actions = self.0.parent.borrow_mut().cancel(self.parent_sql(), run_id, reason, now_ms());
         self.carry_out(actions);
     }
 
@@ -228,7 +229,7 @@ impl<A: Agent> AgentHost<A> {
     /// agent's rows and frames. Cleared runs never replay again. Returns the cleared run ids.
     pub async fn clear_agent_tool_runs(&self, filter: &ClearFilter) -> Result<Vec<String>, String> {
         let (cleared, actions) =
-            self.0.parent.borrow_mut().clear(&self.0.sql, filter, now_ms()).map_err(|e| e.to_string())?;
+            self.0.parent.borrow_mut().clear(self.parent_sql(), filter, now_ms()).map_err(|e| e.to_string())?;
         self.carry_out(actions);
         Ok(cleared)
     }

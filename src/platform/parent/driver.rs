@@ -26,7 +26,7 @@ use crate::protocol::InterruptedReason;
 impl<A: Agent> AgentHost<A> {
     /// Feeds what happened to the parent engine and carries out what it says.
     pub(crate) fn feed(&self, event: ParentEvent) {
-        let actions = self.0.parent.borrow_mut().handle(&self.0.sql, event, now_ms());
+        let actions = self.0.parent.borrow_mut().handle(self.parent_sql(), event, now_ms());
         self.carry_out(actions);
     }
 
