@@ -1670,6 +1670,17 @@ impl Driver {
 /// them on a new store.
 pub const SCHEMAS: [&str; 3] = [super::registry::SCHEMA, super::detached::LEDGER_SCHEMA, meta::SCHEMA];
 
+/// Makes the parent role's own tables (the registry and the ledger) on a store that has none:
+/// what an object does at its first parent work, every column already there.
+pub fn create_tables(sql: &(impl Sql + ?Sized)) -> Result<(), StoreError> {
+    sql.batch(&[super::registry::SCHEMA, super::detached::LEDGER_SCHEMA].concat())
+}
+
+/// Whether the store has the parent role's tables (an earlier instance made them).
+pub fn has_tables(sql: &(impl Sql + ?Sized)) -> Result<bool, StoreError> {
+    crate::store::has_table(sql, "agent_tool_runs")
+}
+
 /// Creates the parent role's tables if missing (the registry, the ledger, the identity).
 pub fn migrate(sql: &(impl Sql + ?Sized)) -> Result<(), StoreError> {
     Registry::new(sql).migrate()?;

@@ -231,8 +231,7 @@ impl<A: Agent> AgentHost<A> {
     /// yet (a new object makes them with its first dispatch, or the first read of its runs).
     pub(crate) fn parent_sql(&self) -> &DoSql {
         if !self.0.parent_tables.get() {
-            let [registry, ledger, _meta] = crate::parent::engine::SCHEMAS;
-            match self.0.sql.batch(&[registry, ledger].concat()) {
+            match crate::parent::engine::create_tables(&self.0.sql) {
                 Ok(()) => self.0.parent_tables.set(true),
                 Err(e) => worker::console_error!("agent-tools: creating the run registry failed: {e}"),
             }
@@ -563,7 +562,7 @@ pub(crate) fn migrate(sql: &DoSql) -> Result<bool, crate::store::StoreError> {
     let [child, chat] = crate::child::runs::SCHEMAS;
     let mut parent_tables = false;
     crate::store::migrate(sql, &[meta, child, chat, HOST_SCHEMA], || {
-        parent_tables = crate::store::has_table(sql, "agent_tool_runs")?;
+        parent_tables = crate::parent::engine::has_tables(sql)?;
         if parent_tables {
             crate::parent::engine::migrate(sql)?;
         } else {

@@ -126,11 +126,9 @@ impl<A: Agent> AgentHost<A> {
     /// and messages), after stopping any live turn. The instance is left empty, with its tables
     /// in place.
     async fn clear(&self) -> worker::Result<Response> {
-        // A child that dispatched runs of its own clears its children first.
-        if self.0.parent_tables.get() {
-            if let Err(e) = self.clear_agent_tool_runs(&ClearFilter::default()).await {
-                worker::console_error!("agent-tools: clearing the runs of a cleared child failed: {e}");
-            }
+        // A child with agent tools of its own clears its children first.
+        if let Err(e) = self.clear_agent_tool_runs(&ClearFilter::default()).await {
+            worker::console_error!("agent-tools: clearing the runs of a cleared child failed: {e}");
         }
         let mut live: Vec<_> = self.0.turns.borrow().values().cloned().collect();
         live.extend(self.0.chat.active().map(|chat| chat.cancel)); // a drill-in chat turn

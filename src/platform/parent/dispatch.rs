@@ -228,6 +228,10 @@ impl<A: Agent> AgentHost<A> {
     /// Removes retained runs: cancels the live ones, deletes each child's storage and this
     /// agent's rows and frames. Cleared runs never replay again. Returns the cleared run ids.
     pub async fn clear_agent_tool_runs(&self, filter: &ClearFilter) -> Result<Vec<String>, String> {
+        // An object with no registry has no runs: nothing to clear, and no tables to make for it.
+        if !self.0.parent_tables.get() {
+            return Ok(Vec::new());
+        }
         let (cleared, actions) =
             self.0.parent.borrow_mut().clear(self.parent_sql(), filter, now_ms()).map_err(|e| e.to_string())?;
         self.carry_out(actions);
