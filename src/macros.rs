@@ -35,6 +35,21 @@
 /// # fn main() {}
 /// ```
 ///
+/// A class name must be ASCII (its URL segment is its kebab-case, made with ASCII's case rules,
+/// which are JavaScript's on ASCII); any other does not build:
+///
+/// ```compile_fail,E0080
+/// use agent_tools::prelude::*;
+///
+/// #[derive(Default)]
+/// pub struct Résumé;
+/// impl Agent for Résumé {}
+///
+/// // error[E0080]: evaluation panicked: durable_object!: the class name `Résumé` must be ASCII
+/// agent_tools::durable_object!(Résumé, unchecked);
+/// # fn main() {}
+/// ```
+///
 /// Without the check, a missing binding is a clear error on the first request instead. The
 /// agent type must implement [`Agent`](crate::Agent) and `Default`, and the Worker crate must
 /// depend on `worker` (the generated code uses `#[worker::durable_object]`).
@@ -86,6 +101,10 @@ macro_rules! durable_object {
         };
     };
     (@class $name:ident, [$($binding:tt)*]) => {
+        const _: () = ::core::assert!(
+            ::core::primitive::str::is_ascii(::core::stringify!($name)),
+            ::core::concat!("durable_object!: the class name `", ::core::stringify!($name), "` must be ASCII")
+        );
         impl $crate::AgentClass for $name {
             const CLASS: &'static str = ::core::stringify!($name);
             const BINDING: &'static str = $($binding)*;

@@ -6,10 +6,15 @@
 
 /// `Assistant` → `assistant`, `ResearchAgent` → `research-agent`, `MCPAgent` → `m-c-p-agent`,
 /// `CHAT_AGENT` → `chat-agent` (the TypeScript SDK's rule, including its quirks).
+///
+/// Class names are ASCII ([`crate::durable_object!`] refuses any other at compile time), and on
+/// ASCII the SDK's `toUpperCase`/`toLowerCase` are ASCII's case rules; using those keeps
+/// Unicode's case tables (≈ 28 KB of data) out of the Worker.
 pub fn kebab_case(name: &str) -> String {
-    let upper = name.to_uppercase();
-    if name == upper && name != name.to_lowercase() {
-        return name.to_lowercase().replace('_', "-");
+    let has_lower = name.bytes().any(|b| b.is_ascii_lowercase());
+    let has_upper = name.bytes().any(|b| b.is_ascii_uppercase());
+    if has_upper && !has_lower {
+        return name.to_ascii_lowercase().replace('_', "-");
     }
     let mut out = String::with_capacity(name.len() + 4);
     for c in name.chars() {

@@ -681,6 +681,17 @@ mod tests {
     fn numbers_arrays_and_objects() {
         assert!(validate(&json!({"multipleOf": 0.5}), &json!(2.5)).is_ok());
         assert_eq!(validate(&json!({"multipleOf": 3}), &json!(7)), Err("input: must be a multiple of 3".into()));
+        // Each bound is named in its message.
+        for (schema, good, bad, message) in [
+            (json!({"minimum": 2}), json!(2), json!(1.5), "must be at least 2"),
+            (json!({"maximum": 0.25}), json!(0.25), json!(1), "must be at most 0.25"),
+            (json!({"exclusiveMinimum": -1.5}), json!(-1.4), json!(-1.5), "must be greater than -1.5"),
+            (json!({"exclusiveMaximum": 10}), json!(9.9), json!(10), "must be less than 10"),
+            (json!({"multipleOf": 0.5}), json!(1.5), json!(0.7), "must be a multiple of 0.5"),
+        ] {
+            assert!(validate(&schema, &good).is_ok(), "{schema} accepts {good}");
+            assert_eq!(validate(&schema, &bad), Err(format!("input: {message}")), "{schema}: {bad}");
+        }
         assert!(validate(&json!({"type": "integer", "format": "uint8"}), &json!(255)).is_ok());
         assert_eq!(
             validate(&json!({"type": "integer", "format": "uint8"}), &json!(256)),

@@ -8,6 +8,8 @@ use std::collections::{HashMap, HashSet};
 use futures::future::{select, Either};
 use futures::lock::Mutex;
 use serde_json::{json, Map, Value};
+use wasm_bindgen::JsValue;
+use worker::worker_sys::ext::WebSocketExt;
 use worker::{State, WebSocket, WebSocketIncomingMessage};
 
 use super::{now_ms, random_id, DoSql};
@@ -24,20 +26,26 @@ pub const CLIENT_TAG: &str = "agent-client";
 
 const RESPONSE: &str = "cf_agent_use_chat_response";
 
-/// Accepts a client socket, giving it a connection id that survives hibernation.
+/// Accepts a client socket, giving it a connection id that survives hibernation: its
+/// attachment is `{ id }`, built and read as a JS object (through `worker`'s
+/// `serialize_attachment`, every socket's id would go through `serde_wasm_bindgen`).
 pub fn accept(state: &State, ws: &WebSocket) -> String {
     let id = random_id();
     state.accept_websocket_with_tags(ws, &[CLIENT_TAG]);
-    let _ = ws.serialize_attachment(json!({ "id": id }));
+    let attachment = js_sys::Object::new();
+    let _ = js_sys::Reflect::set(&attachment, &JsValue::from_str("id"), &JsValue::from_str(&id));
+    let _ = ws.as_ref().serialize_attachment(attachment.into());
     id
 }
 
-/// The connection id given by [`accept`].
+/// The connection id given by [`accept`] (empty for a socket with none).
 pub fn connection_id(ws: &WebSocket) -> String {
-    ws.deserialize_attachment::<Value>()
+    ws.as_ref()
+        .deserialize_attachment()
         .ok()
-        .flatten()
-        .and_then(|v| v.get("id").and_then(Value::as_str).map(str::to_owned))
+        .filter(|a| a.is_object())
+        .and_then(|a| js_sys::Reflect::get(&a, &JsValue::from_str("id")).ok())
+        .and_then(|id| id.as_string())
         .unwrap_or_default()
 }
 

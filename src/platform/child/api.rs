@@ -10,7 +10,7 @@ use worker::{Method, Request, Response};
 
 use crate::agent::Agent;
 use crate::child::engine::{TailError, TailStart};
-use crate::platform::{json_error, now_ms, AgentHost};
+use crate::platform::{json_error, now_ms, parse_json, AgentHost};
 use crate::protocol::child_api::{CancelRequest, StartRequest};
 use crate::run::ClearFilter;
 use crate::store::meta;
@@ -31,7 +31,7 @@ impl<A: Agent> AgentHost<A> {
         let query: HashMap<String, String> = url.query_pairs().into_owned().collect();
         let run_id = query.get("runId").cloned().unwrap_or_default();
         match (req.method(), url.path()) {
-            (Method::Post, "/_agent_tools/start") => match req.json::<StartRequest>().await {
+            (Method::Post, "/_agent_tools/start") => match parse_json::<StartRequest>(req.text().await) {
                 Ok(start) => match start.tail_after {
                     // Started, then the tail in the same response (or the start's error).
                     Some(after) => {
@@ -61,7 +61,7 @@ impl<A: Agent> AgentHost<A> {
                     Err(e) => json_error(500, e.to_string()),
                 }
             }
-            (Method::Post, "/_agent_tools/cancel") => match req.json::<CancelRequest>().await {
+            (Method::Post, "/_agent_tools/cancel") => match parse_json::<CancelRequest>(req.text().await) {
                 Ok(cancel) => {
                     let result = self.0.child.borrow_mut().cancel(&self.0.sql, &cancel.run_id, cancel.reason, now_ms());
                     match result {

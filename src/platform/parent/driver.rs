@@ -18,7 +18,7 @@ use crate::observability::{EventType, ObservabilityEvent};
 use crate::parent::engine::{
     ChildAddress, Delivery, HookCall, ParentAction, ParentEvent, StartError, TailOpenError, INSPECT_TIMEOUT_MS,
 };
-use crate::platform::{now_ms, AgentHost};
+use crate::platform::{now_ms, parse_json, AgentHost};
 use crate::protocol::child_api::{self, CancelRequest, InspectionReply};
 use crate::protocol::tail::LineSplitter;
 use crate::protocol::InterruptedReason;
@@ -228,7 +228,7 @@ impl<A: Agent> AgentHost<A> {
             Either::Left(_) => return Err(InterruptedReason::InspectFailed),
             Either::Right(_) => return Err(InterruptedReason::InspectTimeout),
         };
-        resp.json::<Option<InspectionReply>>().await.map_err(|_| InterruptedReason::InspectFailed)
+        parse_json::<Option<InspectionReply>>(resp.text().await).map_err(|_| InterruptedReason::InspectFailed)
     }
 
     /// Reads a child's tail until it ends or the engine closes it, feeding every read's lines.
