@@ -19,7 +19,7 @@ use serde_json::Value;
 pub use record::{EventDelivery, NewRun, RunRecord, RunStatus, Terminal};
 
 use crate::protocol::tail::ChunkKind;
-use crate::protocol::{EventFrame, InterruptedReason};
+use crate::protocol::{AgentToolEvent, EventFrame, InterruptedReason, StoredEvent};
 use crate::store::{Sql, StoreError, Value as V};
 use record::COLUMNS;
 
@@ -708,7 +708,8 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
                 }
                 if r.int(2) == Some(1) {
                     // An earlier terminal a later result replaced, as it was sent.
-                    if let Ok(event) = serde_json::from_str(&body) {
+                    if let Some(event) = StoredEvent::new(body) {
+                        let event = AgentToolEvent::Stored(event);
                         frames.push(EventFrame::new(current.run.parent_tool_call_id.clone(), seq, event));
                     }
                 } else {
@@ -785,7 +786,7 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
         Ok(rows
             .iter()
             .filter_map(|r| {
-                let event = serde_json::from_str(&r.text(1)?).ok()?;
+                let event = AgentToolEvent::Stored(StoredEvent::new(r.text(1)?)?);
                 Some(EventFrame::new(run.parent_tool_call_id.clone(), r.int(0)?, event))
             })
             .collect())

@@ -115,19 +115,46 @@ pub enum AgentToolEvent {
         #[serde(skip_serializing_if = "Option::is_none")]
         child_still_running: Option<bool>,
     },
+    /// An event kept as it was first sent (a soft terminal a later one replaced), sent again
+    /// byte for byte. Kept as its JSON text, not parsed back into its variant: the derived parse
+    /// of this internally tagged enum is ≈ 25 KB of the Worker, for a frame only replay reads.
+    #[serde(untagged)]
+    Stored(StoredEvent),
+}
+
+/// The JSON text of an event as it was first sent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct StoredEvent(Box<serde_json::value::RawValue>);
+
+impl StoredEvent {
+    /// The event `text` is, if it is JSON.
+    pub fn new(text: String) -> Option<Self> {
+        serde_json::value::RawValue::from_string(text).ok().map(Self)
+    }
+}
+
+impl PartialEq for StoredEvent {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.get() == other.0.get()
+    }
 }
 
 impl AgentToolEvent {
     /// The run this event is about.
     #[cfg(test)]
-    pub fn run_id(&self) -> &str {
+    pub fn run_id(&self) -> String {
         match self {
             Self::Started { run_id, .. }
             | Self::Chunk { run_id, .. }
             | Self::Finished { run_id, .. }
             | Self::Error { run_id, .. }
             | Self::Aborted { run_id, .. }
-            | Self::Interrupted { run_id, .. } => run_id,
+            | Self::Interrupted { run_id, .. } => run_id.clone(),
+            Self::Stored(event) => serde_json::from_str::<serde_json::Value>(event.0.get())
+                .ok()
+                .and_then(|e| e.get("runId")?.as_str().map(str::to_owned))
+                .unwrap_or_default(),
         }
     }
 }

@@ -12,4 +12,4 @@ pub mod event;
 pub mod rpc;
 pub mod tail;
 
-pub use event::{AgentToolEvent, EventFrame, InterruptedReason};
+pub use event::{AgentToolEvent, EventFrame, InterruptedReason, StoredEvent};

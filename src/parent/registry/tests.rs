@@ -196,7 +196,7 @@ fn replay_repeats_the_live_sequences() {
                 AgentToolEvent::Chunk { body, .. } => body.clone(),
                 other => serde_json::to_value(other).unwrap()["kind"].as_str().unwrap().to_owned(),
             };
-            (f.event.run_id().to_owned(), f.sequence, body)
+            (f.event.run_id(), f.sequence, body)
         })
         .collect();
     let expect = vec![
@@ -308,6 +308,21 @@ fn an_interrupted_run_is_reattached_without_reusing_its_frame() {
     assert_eq!(reg.append("r", &[stored("{}")], Some(0), 3).unwrap(), Some(vec![interrupted.next_seq]));
     reg.finish("r", &Terminal::Error { message: "x".into() }, 4).unwrap();
     assert!(!reg.reattach("r").unwrap(), "never from a hard terminal");
+    // The replaced `interrupted` frame is replayed at its sequence, byte for byte as it was sent.
+    let sent = interrupted.terminal_frame().expect("interrupted has a frame");
+    let kinds: Vec<(i64, String)> = reg
+        .replay()
+        .unwrap()
+        .iter()
+        .map(|f| (f.sequence, serde_json::to_value(&f.event).unwrap()["kind"].as_str().unwrap_or_default().to_owned()))
+        .collect();
+    let at = |seq: i64| reg.replay().unwrap().into_iter().find(|f| f.sequence == seq).map(|f| f.event);
+    assert_eq!(
+        serde_json::to_string(&at(sent.sequence).expect("replayed")).unwrap(),
+        serde_json::to_string(&sent.event).unwrap(),
+        "{kinds:?}"
+    );
+    assert_eq!(kinds.last().map(|(_, k)| k.as_str()), Some("error"), "{kinds:?}");
 }
 
 #[test]
