@@ -7,8 +7,8 @@
 //! Implemented (draft 2020-12, and what `schemars` derives):
 //! - any value: `type` (one or several), `enum`, `const`, `allOf`, `anyOf`, `oneOf`, `not`,
 //!   `if`/`then`/`else`, local `$ref`s (`#/$defs/…`, `#/definitions/…`, `#`), `nullable`;
-//! - strings: `minLength`, `maxLength` (in characters), `pattern` (a `regex-lite` regular
-//!   expression, unanchored as the spec says), `format` (`date-time`, `date`, `time`, `email`,
+//! - strings: `minLength`, `maxLength` (in characters), `pattern` (unanchored, as the spec
+//!   says; see `Pattern` for its dialect), `format` (`date-time`, `date`, `time`, `email`,
 //!   `uri`, `uuid`, `ipv4`, `ipv6`, `hostname`);
 //! - numbers: `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum`, `multipleOf`, and
 //!   the integer formats `schemars` emits (`int8` … `uint64`, `int`, `uint`; `float`/`double`
@@ -273,8 +273,48 @@ fn check_node(root: &Value, schema: &Value, path: &str, depth: usize) -> Result<
     Ok(())
 }
 
-fn regex(pattern: &str) -> Result<regex_lite::Regex, String> {
-    regex_lite::Regex::new(pattern).map_err(|e| format!("pattern {pattern:?} does not compile: {e}"))
+fn regex(pattern: &str) -> Result<Pattern, String> {
+    Pattern::new(pattern).map_err(|e| format!("pattern {pattern:?} does not compile: {e}"))
+}
+
+/// A compiled `pattern` (or `patternProperties` key). In a Worker it is JavaScript's `RegExp`
+/// with the `u` flag: ECMA-262, the dialect JSON Schema names (and the one the TypeScript SDK's
+/// schemas run in), with no regex engine in the Worker's code. Natively (the unit tests) it is
+/// `regex-lite`, which agrees with it on the syntax tool schemas use (classes, repetition,
+/// anchors, groups, alternation, ASCII `\d` and `\w`); lookaround and backreferences compile
+/// only in a Worker.
+pub(crate) struct Pattern(
+    #[cfg(target_arch = "wasm32")] js_sys::RegExp,
+    #[cfg(not(target_arch = "wasm32"))] regex_lite::Regex,
+);
+
+impl Pattern {
+    #[cfg(target_arch = "wasm32")]
+    fn new(pattern: &str) -> Result<Self, String> {
+        use wasm_bindgen::{JsCast, JsValue};
+        // `RegExp::new` would throw through the Worker on a bad pattern; `Reflect.construct`
+        // catches it.
+        let args = js_sys::Array::of2(&JsValue::from_str(pattern), &JsValue::from_str("u"));
+        js_sys::Reflect::construct(&js_sys::RegExp::new("", "").constructor(), &args)
+            .map(|r| Self(r.unchecked_into()))
+            .map_err(|e| match e.dyn_ref::<js_sys::Error>() {
+                Some(e) => String::from(e.message()),
+                None => "not a regular expression".to_owned(),
+            })
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn new(pattern: &str) -> Result<Self, String> {
+        regex_lite::Regex::new(pattern).map(Self).map_err(|e| e.to_string())
+    }
+
+    /// Whether `text` has a match anywhere (JSON Schema's patterns are not anchored).
+    fn is_match(&self, text: &str) -> bool {
+        #[cfg(target_arch = "wasm32")]
+        return self.0.test(text);
+        #[cfg(not(target_arch = "wasm32"))]
+        return self.0.is_match(text);
+    }
 }
 
 fn check(root: &Value, schema: &Value, value: &Value, path: &str, depth: usize) -> Result<(), Problem> {
@@ -450,7 +490,7 @@ fn check_object(
         }
     }
     let props = s.get("properties").and_then(Value::as_object);
-    let patterns: Vec<(regex_lite::Regex, &Value)> = match s.get("patternProperties").and_then(Value::as_object) {
+    let patterns: Vec<(Pattern, &Value)> = match s.get("patternProperties").and_then(Value::as_object) {
         Some(p) => match p.iter().map(|(k, v)| regex(k).map(|r| (r, v))).collect::<Result<Vec<_>, _>>() {
             Ok(patterns) => patterns,
             Err(e) => return fail(e),
