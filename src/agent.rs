@@ -181,9 +181,7 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
     /// impl Agent for Planner {
     ///     async fn authorize(&self, host: &AgentHost<Self>, request: &worker::Request) -> Result<(), Refusal> {
     ///         let expected = host.env().secret("ACCESS_TOKEN").map(|s| s.to_string()).ok();
-    ///         let given = request.url().ok().and_then(|u| {
-    ///             u.query_pairs().find(|(k, _)| k == "token").map(|(_, v)| v.into_owned())
-    ///         });
+    ///         let given = agent_tools::RequestUrl::of(request).query("token");
     ///         match expected {
     ///             Some(token) if given.as_deref() != Some(token.as_str()) => Err(Refusal::unauthorized("a valid token is required")),
     ///             _ => Ok(()),

@@ -166,6 +166,7 @@ pub use cancel::{CancelToken, Cancelled};
 pub use parent::detached::DEFAULT_NOTIFY_SOURCE;
 pub use platform::route::{route, Routes, MAX_BODY_BYTES};
 pub use platform::{AgentHost, Turn, TurnOutput};
+pub use routing::RequestUrl;
 pub use run::{
     AgentToolChunk, AgentToolFailure, ClearFilter, DetachedHandle, DetachedOptions, EventDelivery, InterruptedReason,
     Milestone, MilestoneMode, OnMilestones, Progress, ProgressSnapshot, RunInfo, RunInspection, RunOptions, RunResult,

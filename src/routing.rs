@@ -71,6 +71,109 @@ pub fn parse_agent_path(path: &str) -> Option<AgentPath> {
     Some(AgentPath { agent: (*agent).to_owned(), name: (*name).to_owned(), sub, rest })
 }
 
+/// An absolute request URL (`https://host:port/path?query#fragment`) split into its host, path
+/// and query: what the crate's routes read, and what [`crate::Agent::authorize`] usually needs.
+/// The runtime hands every request's URL over already parsed and serialized, so splitting it is
+/// enough; `worker`'s `Request::url()` parses it again with the `url` crate, which is ≈ 15 KiB of
+/// a gzipped Worker that calls it nowhere else.
+///
+/// ```
+/// let url = agent_tools::RequestUrl::new("https://example.org/agents/assistant/alice?token=a+b".into());
+/// assert_eq!((url.host(), url.path()), ("example.org", "/agents/assistant/alice"));
+/// assert_eq!(url.query("token").as_deref(), Some("a b"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestUrl {
+    url: String,
+    /// Where the path starts (the end of `scheme://authority`).
+    path_at: usize,
+    /// Where the query (after its `?`) starts and ends.
+    query: Option<(usize, usize)>,
+}
+
+impl RequestUrl {
+    /// The URL of `request`.
+    pub fn of(request: &worker::Request) -> Self {
+        Self::new(request.inner().url())
+    }
+
+    /// Splits `url`.
+    pub fn new(url: String) -> Self {
+        let authority_at = url.find("://").map_or(0, |i| i + 3);
+        let end = url.find('#').unwrap_or(url.len());
+        let path_at = url[authority_at..end].find(['/', '?']).map_or(end, |i| authority_at + i);
+        let query = url[path_at..end].find('?').map(|i| (path_at + i + 1, end));
+        Self { url, path_at, query }
+    }
+
+    /// The host, without user info or port (`url`'s `host_str`).
+    pub fn host(&self) -> &str {
+        let start = self.url.find("://").map_or(0, |i| i + 3);
+        let authority = &self.url[start..self.path_at];
+        let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        match host.rfind(':') {
+            Some(colon) if !host[colon..].contains(']') => &host[..colon],
+            _ => host,
+        }
+    }
+
+    /// The path, `/` when the URL has none.
+    pub fn path(&self) -> &str {
+        let end = self.query.map_or_else(|| self.url.find('#').unwrap_or(self.url.len()), |(start, _)| start - 1);
+        match &self.url[self.path_at..end] {
+            "" => "/",
+            path => path,
+        }
+    }
+
+    /// The URL with its path replaced by `path` (already encoded), query and fragment kept.
+    pub fn with_path(&self, path: &str) -> String {
+        let rest_at = self.query.map_or_else(|| self.url.find('#').unwrap_or(self.url.len()), |(start, _)| start - 1);
+        format!("{}{}{}", &self.url[..self.path_at], path, &self.url[rest_at..])
+    }
+
+    /// The query's `name=value` pairs, decoded as `application/x-www-form-urlencoded` is
+    /// (`+` is a space; a malformed escape stays as written), as `url`'s `query_pairs` does.
+    pub fn query_pairs(&self) -> impl Iterator<Item = (String, String)> + '_ {
+        let query = self.query.map_or("", |(start, end)| &self.url[start..end]);
+        query.split('&').filter(|pair| !pair.is_empty()).map(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (form_decode(name), form_decode(value))
+        })
+    }
+
+    /// The first value of query parameter `name`.
+    pub fn query(&self, name: &str) -> Option<String> {
+        self.query_pairs().find(|(k, _)| k == name).map(|(_, v)| v)
+    }
+
+    /// The whole URL.
+    pub fn as_str(&self) -> &str {
+        &self.url
+    }
+}
+
+/// One `application/x-www-form-urlencoded` name or value, decoded leniently.
+fn form_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = (bytes[i] == b'%').then(|| s.get(i + 1..i + 3)).flatten();
+        match hex.and_then(|h| u8::from_str_radix(h, 16).ok().filter(|_| h.bytes().all(|b| b.is_ascii_hexdigit()))) {
+            Some(b) => {
+                out.push(b);
+                i += 3;
+            }
+            None => {
+                out.push(if bytes[i] == b'+' { b' ' } else { bytes[i] });
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Decodes `%XX` escapes; `None` for a malformed escape or invalid UTF-8.
 pub fn percent_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
@@ -138,6 +241,60 @@ mod tests {
         assert_eq!(parse_agent_path("/agents/assistant"), None);
         assert_eq!(parse_agent_path("/other/assistant/alice"), None);
         assert_eq!(parse_agent_path("/agents/a/b/sub/c/%ZZ"), None, "bad escapes are refused");
+    }
+
+    #[test]
+    fn request_urls_split_as_url_parses_them() {
+        let u = RequestUrl::new("https://user:pw@example.org:8787/agents/a/b?token=x%20y+z&e=&flag&t=2#frag".into());
+        assert_eq!((u.host(), u.path()), ("example.org", "/agents/a/b"));
+        let pairs: Vec<(String, String)> = u.query_pairs().collect();
+        let want = [("token", "x y z"), ("e", ""), ("flag", ""), ("t", "2")];
+        assert_eq!(pairs, want.map(|(k, v)| (k.to_owned(), v.to_owned())));
+        assert_eq!(u.query("token").as_deref(), Some("x y z"));
+        assert_eq!(u.query("missing"), None);
+        assert_eq!(
+            u.with_path("/agents/c/d%20e"),
+            "https://user:pw@example.org:8787/agents/c/d%20e?token=x%20y+z&e=&flag&t=2#frag"
+        );
+        for (url, host, path, moved) in [
+            (
+                "http://agent-tools.internal/_agent_tools/tail?runId=r&after=3",
+                "agent-tools.internal",
+                "/_agent_tools/tail",
+                "http://agent-tools.internal/n?runId=r&after=3",
+            ),
+            ("http://localhost", "localhost", "/", "http://localhost/n"),
+            ("http://[::1]:8787/x", "[::1]", "/x", "http://[::1]:8787/n"),
+            ("http://h?q=1", "h", "/", "http://h/n?q=1"),
+            ("http://h#f", "h", "/", "http://h/n#f"),
+            ("http://h/p#f?not=query", "h", "/p", "http://h/n#f?not=query"),
+        ] {
+            let u = RequestUrl::new(url.into());
+            assert_eq!((u.host(), u.path(), u.with_path("/n").as_str()), (host, path, moved), "{url}");
+        }
+        assert_eq!(RequestUrl::new("http://h/p#f?not=query".into()).query_pairs().count(), 0);
+        // Malformed escapes stay as written; invalid UTF-8 becomes U+FFFD.
+        let odd = RequestUrl::new("http://h/?a=%zz%4&b=%ff&c=%E2%82%AC".into());
+        let odd: Vec<String> = odd.query_pairs().map(|(_, v)| v).collect();
+        assert_eq!(odd, ["%zz%4", "\u{fffd}", "€"]);
+    }
+
+    #[test]
+    fn request_urls_agree_with_the_url_crate() {
+        for url in [
+            "https://example.org/agents/assistant/alice?token=a%2Bb+c&x=%E2%82%AC&&y",
+            "http://agent-tools.internal/_agent_tools/start",
+            "http://127.0.0.1:8787/agents/assistant/a%20b/sub/researcher/agent-tool%3Ac1/get-messages",
+            "https://u@h.example:443/p/q/?a=1&a=2#top",
+            "http://localhost:8787",
+        ] {
+            let ours = RequestUrl::new(url.into());
+            let theirs = worker::Url::parse(url).unwrap();
+            assert_eq!(Some(ours.host()), theirs.host_str(), "{url}");
+            assert_eq!(ours.path(), theirs.path(), "{url}");
+            let pairs: Vec<(String, String)> = theirs.query_pairs().into_owned().collect();
+            assert_eq!(ours.query_pairs().collect::<Vec<_>>(), pairs, "{url}");
+        }
     }
 
     #[test]

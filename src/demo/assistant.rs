@@ -156,8 +156,7 @@ impl Agent for Assistant {
     /// `Authorization: Bearer …`. Unset (the default), everyone gets in.
     async fn authorize(&self, host: &AgentHost<Self>, request: &worker::Request) -> Result<(), Refusal> {
         let Some(expected) = setting(host.env(), "ACCESS_TOKEN") else { return Ok(()) };
-        let from_query =
-            request.url().ok().and_then(|u| u.query_pairs().find(|(k, _)| k == "token").map(|(_, v)| v.into_owned()));
+        let from_query = agent_tools::RequestUrl::of(request).query("token");
         let from_header = request
             .headers()
             .get("authorization")

@@ -27,7 +27,7 @@ use crate::child::runs::ChildRuns;
 use crate::parent::engine::ParentEngine;
 use crate::parent::registry::{Registry, ReplayCursor};
 use crate::protocol::rpc::RpcResponse;
-use crate::routing::{kebab_case, parse_agent_path, AgentPath};
+use crate::routing::{kebab_case, parse_agent_path, AgentPath, RequestUrl};
 use crate::run::{RunResult, ScheduledTask};
 use crate::store::{meta, Sql};
 use crate::tools::Tools;
@@ -246,7 +246,7 @@ impl<A: Agent> AgentHost<A> {
     /// The answer [`Agent::on_request`] gives by default: a JSON 405 for a method the agent's
     /// own routes do not serve, a JSON 404 for any other path.
     pub fn default_response(&self, request: &Request) -> worker::Result<Response> {
-        let url = request.url()?;
+        let url = RequestUrl::of(request);
         let rest = parse_agent_path(url.path()).map(|p| p.rest).unwrap_or_default();
         if rest.is_empty() || rest == "/get-messages" {
             return json_error(
@@ -266,8 +266,8 @@ impl<A: Agent> AgentHost<A> {
         if let Some(problem) = &self.0.config_error {
             return json_error(500, problem.clone());
         }
-        let url = req.url()?;
-        if url.host_str() == Some(crate::protocol::child_api::HOST) {
+        let url = RequestUrl::of(&req);
+        if url.host() == crate::protocol::child_api::HOST {
             return self.serve_parent(req).await;
         }
         let Some(path) = parse_agent_path(url.path()) else {
@@ -327,8 +327,8 @@ impl<A: Agent> AgentHost<A> {
             Ok(stub) => stub,
             Err(e) => return json_error(502, format!("could not reach {}: {e}", run.agent_type)),
         };
-        let mut url = req.url()?;
-        url.set_path(&format!("/agents/{}/{}{}", sub.agent, crate::routing::percent_encode(&sub.name), path.rest));
+        let child_path = format!("/agents/{}/{}{}", sub.agent, crate::routing::percent_encode(&sub.name), path.rest);
+        let url = RequestUrl::of(&req).with_path(&child_path);
         let mut init = RequestInit::new();
         init.with_method(req.method()).with_headers(req.headers().clone());
         let mut req = req;
@@ -336,7 +336,7 @@ impl<A: Agent> AgentHost<A> {
             let body = req.bytes().await.unwrap_or_default();
             init.with_body(Some(js_sys::Uint8Array::from(body.as_slice()).into()));
         }
-        stub.fetch_with_request(Request::new_with_init(url.as_str(), &init)?).await
+        stub.fetch_with_request(Request::new_with_init(&url, &init)?).await
     }
 
     fn connect(&self, name: &str) -> worker::Result<Response> {

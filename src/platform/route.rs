@@ -5,7 +5,7 @@ use worker::{Env, Method, Request, RequestInit, Response};
 
 use super::json_error;
 use crate::agent::AgentClass;
-use crate::routing::{kebab_case, parse_agent_path};
+use crate::routing::{kebab_case, parse_agent_path, RequestUrl};
 
 /// The largest request body the entry forwards to an agent (1 MiB); a larger one is answered
 /// 413 without reaching it.
@@ -65,7 +65,7 @@ impl Routes {
 
     /// Serves one request.
     pub async fn serve(&self, req: Request, env: &Env) -> worker::Result<Response> {
-        let url = req.url()?;
+        let url = RequestUrl::of(&req);
         // The body is read here, whatever happens next: a body nobody reads makes the runtime's
         // proxy fail later requests ("Can't read from request stream after response has been
         // sent"), and reading it bounds its size before an agent sees it.
@@ -135,5 +135,5 @@ async fn read_body(req: Request) -> worker::Result<Result<(Request, Option<Vec<u
     let mut init = RequestInit::new();
     init.with_method(req.method()).with_headers(headers);
     let body = (!matches!(req.method(), Method::Get | Method::Head)).then_some(kept);
-    Ok(Ok((Request::new_with_init(req.url()?.as_ref(), &init)?, body)))
+    Ok(Ok((Request::new_with_init(&req.inner().url(), &init)?, body)))
 }

@@ -12,6 +12,7 @@ use crate::agent::Agent;
 use crate::child::engine::{TailError, TailStart};
 use crate::platform::{json_error, now_ms, parse_json, AgentHost};
 use crate::protocol::child_api::{CancelRequest, StartRequest};
+use crate::routing::RequestUrl;
 use crate::run::ClearFilter;
 use crate::store::meta;
 
@@ -27,8 +28,8 @@ type BodyStream = Pin<Box<dyn Stream<Item = worker::Result<Vec<u8>>>>>;
 impl<A: Agent> AgentHost<A> {
     /// Serves the parent's internal requests.
     pub(crate) async fn serve_parent(&self, mut req: Request) -> worker::Result<Response> {
-        let url = req.url()?;
-        let query: HashMap<String, String> = url.query_pairs().into_owned().collect();
+        let url = RequestUrl::of(&req);
+        let query: HashMap<String, String> = url.query_pairs().collect();
         let run_id = query.get("runId").cloned().unwrap_or_default();
         match (req.method(), url.path()) {
             (Method::Post, "/_agent_tools/start") => match parse_json::<StartRequest>(req.text().await) {
