@@ -85,8 +85,11 @@ pub fn parse_agent_path(path: &str) -> Option<AgentPath> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestUrl {
     url: String,
-    /// Where the path starts (the end of `scheme://authority`).
+    /// Where the authority starts (after `scheme://`).
+    authority_at: usize,
+    /// Where the path starts (the end of the authority) and ends (at `?`, `#` or the end).
     path_at: usize,
+    path_end: usize,
     /// Where the query (after its `?`) starts and ends.
     query: Option<(usize, usize)>,
 }
@@ -103,13 +106,13 @@ impl RequestUrl {
         let end = url.find('#').unwrap_or(url.len());
         let path_at = url[authority_at..end].find(['/', '?']).map_or(end, |i| authority_at + i);
         let query = url[path_at..end].find('?').map(|i| (path_at + i + 1, end));
-        Self { url, path_at, query }
+        let path_end = query.map_or(end, |(start, _)| start - 1);
+        Self { url, authority_at, path_at, path_end, query }
     }
 
     /// The host, without user info or port (`url`'s `host_str`).
     pub fn host(&self) -> &str {
-        let start = self.url.find("://").map_or(0, |i| i + 3);
-        let authority = &self.url[start..self.path_at];
+        let authority = &self.url[self.authority_at..self.path_at];
         let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
         match host.rfind(':') {
             Some(colon) if !host[colon..].contains(']') => &host[..colon],
@@ -119,8 +122,7 @@ impl RequestUrl {
 
     /// The path, `/` when the URL has none.
     pub fn path(&self) -> &str {
-        let end = self.query.map_or_else(|| self.url.find('#').unwrap_or(self.url.len()), |(start, _)| start - 1);
-        match &self.url[self.path_at..end] {
+        match &self.url[self.path_at..self.path_end] {
             "" => "/",
             path => path,
         }
@@ -128,8 +130,7 @@ impl RequestUrl {
 
     /// The URL with its path replaced by `path` (already encoded), query and fragment kept.
     pub fn with_path(&self, path: &str) -> String {
-        let rest_at = self.query.map_or_else(|| self.url.find('#').unwrap_or(self.url.len()), |(start, _)| start - 1);
-        format!("{}{}{}", &self.url[..self.path_at], path, &self.url[rest_at..])
+        format!("{}{}{}", &self.url[..self.path_at], path, &self.url[self.path_end..])
     }
 
     /// The query's `name=value` pairs, decoded as `application/x-www-form-urlencoded` is
