@@ -310,15 +310,14 @@ fn an_interrupted_run_is_reattached_without_reusing_its_frame() {
     assert!(!reg.reattach("r").unwrap(), "never from a hard terminal");
     // The replaced `interrupted` frame is replayed at its sequence, byte for byte as it was sent.
     let sent = interrupted.terminal_frame().expect("interrupted has a frame");
-    let kinds: Vec<(i64, String)> = reg
-        .replay()
-        .unwrap()
+    let replayed = reg.replay().unwrap();
+    let kinds: Vec<(i64, String)> = replayed
         .iter()
         .map(|f| (f.sequence, serde_json::to_value(&f.event).unwrap()["kind"].as_str().unwrap_or_default().to_owned()))
         .collect();
-    let at = |seq: i64| reg.replay().unwrap().into_iter().find(|f| f.sequence == seq).map(|f| f.event);
+    let at_sent = replayed.iter().find(|f| f.sequence == sent.sequence).expect("replayed");
     assert_eq!(
-        serde_json::to_string(&at(sent.sequence).expect("replayed")).unwrap(),
+        serde_json::to_string(&at_sent.event).unwrap(),
         serde_json::to_string(&sent.event).unwrap(),
         "{kinds:?}"
     );
