@@ -32,13 +32,19 @@ use crate::run::{RunResult, ScheduledTask};
 use crate::store::{meta, Sql};
 use crate::tools::Tools;
 
-pub(crate) struct Inner<A: Agent> {
+use super::hooks::{Hooks, LocalFuture, Parts};
+
+/// What an agent's Durable Object holds, whatever the agent's type: its platform handles, its
+/// chat, its engines and the driver's state, and the agent itself behind [`Hooks`].
+pub(crate) struct Core {
+    /// The agent's class name ([`crate::AgentClass::CLASS`]).
+    pub(crate) class: &'static str,
+    /// The agent and its tools.
+    pub(crate) hooks: Rc<dyn Hooks>,
     pub(crate) state: State,
     pub(crate) env: Env,
     pub(crate) sql: DoSql,
-    pub(crate) agent: A,
     pub(crate) chat: Chat,
-    pub(crate) tools: Tools<A>,
     pub(crate) options: AgentToolOptions,
     /// Why this agent cannot serve (a broken tool declaration, a missing binding); every
     /// request is answered with it.
@@ -80,13 +86,21 @@ pub(crate) struct Inner<A: Agent> {
 ///
 /// [`crate::durable_object!`] creates one per Durable Object instance and forwards every
 /// platform event to it.
-pub struct AgentHost<A: Agent>(pub(crate) Rc<Inner<A>>);
+pub struct AgentHost<A: Agent> {
+    pub(crate) host: Host,
+    pub(crate) parts: Rc<Parts<A>>,
+}
 
 impl<A: Agent> Clone for AgentHost<A> {
     fn clone(&self) -> Self {
-        Self(self.0.clone())
+        Self { host: self.host.clone(), parts: self.parts.clone() }
     }
 }
+
+/// An [`AgentHost`] with its agent's type erased: the one copy of the host's code every agent
+/// class of the Worker runs. Clone is cheap (a shared handle).
+#[derive(Clone)]
+pub(crate) struct Host(pub(crate) Rc<Core>);
 
 /// The schema every agent has: identity, scheduled tasks.
 const HOST_SCHEMA: &str = "
@@ -131,16 +145,152 @@ impl<A: Agent> AgentHost<A> {
             worker::console_error!("agent-tools: {e}");
         }
         let options = agent.agent_tool_options(&env);
+        let parts = Rc::new(Parts { agent, tools });
+        let host = Host::new(A::CLASS, parts.clone(), state, env, sql, options, config_error, parent_tables);
+        Self { host, parts }
+    }
+
+    /// The agent.
+    pub fn agent(&self) -> &A {
+        &self.parts.agent
+    }
+
+    /// The Worker environment (vars, secrets, bindings).
+    pub fn env(&self) -> &Env {
+        &self.host.0.env
+    }
+
+    /// The Durable Object state (storage, sockets, `wait_until`). The alarm belongs to the
+    /// engine: schedule work with [`AgentHost::schedule`], never `set_alarm`/`delete_alarm`
+    /// (they would cut the backbone and recovery short).
+    pub fn state(&self) -> &State {
+        &self.host.0.state
+    }
+
+    /// This agent's SQLite storage, for the app's own tables (the TypeScript SDK's `this.sql`).
+    /// The engine's tables start with `agent_tool_` and `chat_`: read runs through
+    /// [`AgentHost::agent_tool_runs`] and its siblings, and never write those tables (a write
+    /// there bypasses the run state machine).
+    pub fn sql(&self) -> &worker::SqlStorage {
+        &self.host.0.sql.0
+    }
+
+    /// The chat transcript (`UIMessage` JSON, oldest first).
+    pub fn messages(&self) -> Vec<Value> {
+        self.host.messages()
+    }
+
+    /// This instance's name: the `<name>` of `/agents/<agent>/<name>` for an agent clients
+    /// reach, `<Parent>/<parent-name>/<run-id>` for a child. Learned on the first request and
+    /// kept in SQL (an alarm wakes a Durable Object without one).
+    pub fn name(&self) -> Option<String> {
+        self.host.name()
+    }
+
+    /// Sends a text frame to every connected client (the TypeScript SDK's `broadcast`). The
+    /// engine numbers `agent-tool-event` frames itself: send your own frame types.
+    pub fn broadcast(&self, text: &str) {
+        self.host.broadcast(text)
+    }
+
+    /// The answer [`Agent::on_request`] gives by default: a JSON 405 for a method the agent's
+    /// own routes do not serve, a JSON 404 for any other path.
+    pub fn default_response(&self, request: &Request) -> worker::Result<Response> {
+        self.host.default_response(request)
+    }
+
+    // ----- platform events: each goes to the host's one copy of the code, boxed, so no
+    // agent class gets its own.
+
+    #[doc(hidden)] // called by the class `durable_object!` generates
+    /// Serves a request: the parent's internal child routes, drill-in (`/sub/…`), WebSocket
+    /// upgrades, `GET /get-messages`, and anything else through [`Agent::on_request`].
+    pub async fn fetch(&self, req: Request) -> worker::Result<Response> {
+        let host = self.host.clone();
+        let served: LocalFuture<'_, _> = Box::pin(async move { host.fetch(req).await });
+        served.await
+    }
+
+    #[doc(hidden)] // called by the class `durable_object!` generates
+    /// Handles one client frame: RPC calls and chat frames. Anything malformed gets an error
+    /// frame and the socket stays open.
+    pub async fn websocket_message(&self, ws: WebSocket, message: WebSocketIncomingMessage) -> worker::Result<()> {
+        let host = self.host.clone();
+        let handled: LocalFuture<'_, _> = Box::pin(async move { host.websocket_message(ws, message).await });
+        handled.await
+    }
+
+    #[doc(hidden)] // called by the class `durable_object!` generates
+    /// Handles a client going away.
+    pub async fn websocket_close(&self, ws: WebSocket, code: usize, reason: String) -> worker::Result<()> {
+        self.host.0.chat.closed(&ws, code, reason);
+        Ok(())
+    }
+
+    #[doc(hidden)] // called by the class `durable_object!` generates
+    /// Handles a socket error: the client is gone.
+    pub async fn websocket_error(&self, ws: WebSocket) -> worker::Result<()> {
+        self.host.0.chat.closed(&ws, 1011, "socket error".into());
+        Ok(())
+    }
+
+    #[doc(hidden)] // called by the class `durable_object!` generates
+    /// Handles the alarm: recovers undriven runs, runs the detached backbone, runs due
+    /// scheduled tasks, and keeps the alarm armed for whatever comes next.
+    pub async fn alarm(&self) -> worker::Result<Response> {
+        let host = self.host.clone();
+        let handled: LocalFuture<'_, _> = Box::pin(async move { host.alarm().await });
+        handled.await
+    }
+
+    // ----- scheduled work ---------------------------------------------------------------
+
+    /// Schedules [`Agent::on_schedule`] with `payload` at `at` (epoch ms; the past means now).
+    /// Durable: it survives restarts and shares the agent's one alarm with the engine. Returns
+    /// the task's id.
+    pub async fn schedule<T: serde::Serialize>(&self, at: i64, payload: &T) -> Result<String, String> {
+        let payload = serde_json::to_string(payload).map_err(|e| format!("the payload does not serialize: {e}"))?;
+        self.host.schedule(at, payload).await
+    }
+
+    /// Schedules a task `delay_ms` from now (see [`AgentHost::schedule`]).
+    pub async fn schedule_in<T: serde::Serialize>(&self, delay_ms: u64, payload: &T) -> Result<String, String> {
+        self.schedule(super::now_ms().saturating_add(delay_ms as i64), payload).await
+    }
+
+    /// Cancels a scheduled task. Returns whether it was still pending.
+    pub fn cancel_schedule(&self, id: &str) -> bool {
+        self.host.cancel_schedule(id)
+    }
+
+    /// The tasks not yet run, soonest first.
+    pub fn scheduled(&self) -> Vec<ScheduledTask> {
+        self.host.scheduled()
+    }
+}
+
+impl Host {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        class: &'static str,
+        hooks: Rc<dyn Hooks>,
+        state: State,
+        env: Env,
+        sql: DoSql,
+        options: AgentToolOptions,
+        config_error: Option<String>,
+        parent_tables: bool,
+    ) -> Self {
         let chat =
             Chat::new(sql.clone()).with_reserved_ids(|sql, id| matches!(ChildRuns::new(sql).get(id), Ok(Some(_))));
-        Self(Rc::new(Inner {
+        Self(Rc::new(Core {
+            class,
+            hooks,
             state,
             env,
             sql,
-            agent,
             chat,
-            tools,
-            parent: RefCell::new(ParentEngine::new(A::CLASS, options.clone())),
+            parent: RefCell::new(ParentEngine::new(class, options.clone())),
             child: RefCell::new(ChildEngine::new(options.recovery)),
             options,
             config_error,
@@ -158,46 +308,20 @@ impl<A: Agent> AgentHost<A> {
         }))
     }
 
-    /// The agent.
-    pub fn agent(&self) -> &A {
-        &self.0.agent
+    /// The agent's hooks (a shared handle: each call takes one).
+    pub(crate) fn hooks(&self) -> Rc<dyn Hooks> {
+        self.0.hooks.clone()
     }
 
-    /// The Worker environment (vars, secrets, bindings).
-    pub fn env(&self) -> &Env {
-        &self.0.env
-    }
-
-    /// The Durable Object state (storage, sockets, `wait_until`). The alarm belongs to the
-    /// engine: schedule work with [`AgentHost::schedule`], never `set_alarm`/`delete_alarm`
-    /// (they would cut the backbone and recovery short).
-    pub fn state(&self) -> &State {
-        &self.0.state
-    }
-
-    /// This agent's SQLite storage, for the app's own tables (the TypeScript SDK's `this.sql`).
-    /// The engine's tables start with `agent_tool_` and `chat_`: read runs through
-    /// [`AgentHost::agent_tool_runs`] and its siblings, and never write those tables (a write
-    /// there bypasses the run state machine).
-    pub fn sql(&self) -> &worker::SqlStorage {
-        &self.0.sql.0
-    }
-
-    /// The chat transcript (`UIMessage` JSON, oldest first).
-    pub fn messages(&self) -> Vec<Value> {
+    pub(crate) fn messages(&self) -> Vec<Value> {
         self.0.chat.messages()
     }
 
-    /// This instance's name: the `<name>` of `/agents/<agent>/<name>` for an agent clients
-    /// reach, `<Parent>/<parent-name>/<run-id>` for a child. Learned on the first request and
-    /// kept in SQL (an alarm wakes a Durable Object without one).
-    pub fn name(&self) -> Option<String> {
+    pub(crate) fn name(&self) -> Option<String> {
         meta::get(&self.0.sql, "name").ok().flatten()
     }
 
-    /// Sends a text frame to every connected client (the TypeScript SDK's `broadcast`). The
-    /// engine numbers `agent-tool-event` frames itself: send your own frame types.
-    pub fn broadcast(&self, text: &str) {
+    pub(crate) fn broadcast(&self, text: &str) {
         for ws in self.0.state.get_websockets_with_tag(chat::CLIENT_TAG) {
             let _ = ws.send_with_str(text);
         }
@@ -243,26 +367,21 @@ impl<A: Agent> AgentHost<A> {
         ChildRuns::new(&self.0.sql)
     }
 
-    /// The answer [`Agent::on_request`] gives by default: a JSON 405 for a method the agent's
-    /// own routes do not serve, a JSON 404 for any other path.
-    pub fn default_response(&self, request: &Request) -> worker::Result<Response> {
+    pub(crate) fn default_response(&self, request: &Request) -> worker::Result<Response> {
         let url = RequestUrl::of(request);
         let rest = parse_agent_path(url.path()).map(|p| p.rest).unwrap_or_default();
         if rest.is_empty() || rest == "/get-messages" {
             return json_error(
                 405,
-                format!("{} is not served here: {} answers GET and WebSocket upgrades", request.method(), A::CLASS),
+                format!("{} is not served here: {} answers GET and WebSocket upgrades", request.method(), self.0.class),
             );
         }
-        json_error(404, format!("{} has no route {rest}", A::CLASS))
+        json_error(404, format!("{} has no route {rest}", self.0.class))
     }
 
     // ----- platform events --------------------------------------------------------------
 
-    #[doc(hidden)] // called by the class `durable_object!` generates
-    /// Serves a request: the parent's internal child routes, drill-in (`/sub/…`), WebSocket
-    /// upgrades, `GET /get-messages`, and anything else through [`Agent::on_request`].
-    pub async fn fetch(&self, req: Request) -> worker::Result<Response> {
+    pub(crate) async fn fetch(&self, req: Request) -> worker::Result<Response> {
         if let Some(problem) = &self.0.config_error {
             return json_error(500, problem.clone());
         }
@@ -271,9 +390,9 @@ impl<A: Agent> AgentHost<A> {
             return self.serve_parent(req).await;
         }
         let Some(path) = parse_agent_path(url.path()) else {
-            return json_error(404, format!("{} serves /agents/{}/<name>", A::CLASS, kebab_case(A::CLASS)));
+            return json_error(404, format!("{} serves /agents/{}/<name>", self.0.class, kebab_case(self.0.class)));
         };
-        if let Err(refusal) = self.0.agent.authorize(self, &req).await {
+        if let Err(refusal) = self.hooks().authorize(self, &req).await {
             let is_socket = req.headers().get("upgrade")?.is_some_and(|u| u.eq_ignore_ascii_case("websocket"));
             return if is_socket {
                 reject_socket_with(refusal.status, &refusal.message)
@@ -297,10 +416,10 @@ impl<A: Agent> AgentHost<A> {
         }
         match (req.method(), path.rest.as_str()) {
             (Method::Get | Method::Head, "") => {
-                Response::from_json(&json!({ "agent": kebab_case(A::CLASS), "name": name }))
+                Response::from_json(&json!({ "agent": kebab_case(self.0.class), "name": name }))
             }
             (Method::Get | Method::Head, "/get-messages") => Response::from_json(&self.messages()),
-            _ => self.0.agent.on_request(self, req).await,
+            _ => self.hooks().on_request(self, req).await,
         }
     }
 
@@ -315,14 +434,14 @@ impl<A: Agent> AgentHost<A> {
             class: run.as_ref().map_or_else(|| sub.agent.clone(), |r| r.agent_type.clone()),
             name: sub.name.clone(),
         };
-        if let Some(refusal) = self.0.agent.on_before_sub_agent(self, &req, &child).await {
+        if let Some(refusal) = self.hooks().on_before_sub_agent(self, &req, &child).await {
             return if is_socket { reject_socket(refusal.status_code()) } else { Ok(refusal) };
         }
         let Some(run) = run else {
-            let refusal = json_error(404, format!("no {} run {:?} on this {}", sub.agent, sub.name, A::CLASS))?;
+            let refusal = json_error(404, format!("no {} run {:?} on this {}", sub.agent, sub.name, self.0.class))?;
             return if is_socket { reject_socket(404) } else { Ok(refusal) };
         };
-        let to = crate::parent::engine::child_address(A::CLASS, &self.name().unwrap_or_default(), &run);
+        let to = crate::parent::engine::child_address(self.0.class, &self.name().unwrap_or_default(), &run);
         let stub = match self.0.env.durable_object(&to.binding).and_then(|ns| ns.id_from_name(&to.name)?.get_stub()) {
             Ok(stub) => stub,
             Err(e) => return json_error(502, format!("could not reach {}: {e}", run.agent_type)),
@@ -343,7 +462,7 @@ impl<A: Agent> AgentHost<A> {
         let pair = WebSocketPair::new()?;
         let connection = chat::accept(&self.0.state, &pair.server);
         self.0.chat.on_connect(&pair.server, &connection);
-        let identity = json!({ "type": "cf_agent_identity", "name": name, "agent": kebab_case(A::CLASS) });
+        let identity = json!({ "type": "cf_agent_identity", "name": name, "agent": kebab_case(self.0.class) });
         pair.server.send_with_str(identity.to_string())?;
         let mcp = json!({ "type": "cf_agent_mcp_servers",
                           "mcp": { "servers": {}, "tools": [], "prompts": [], "resources": [] } });
@@ -380,10 +499,11 @@ impl<A: Agent> AgentHost<A> {
         self.0.catching_up.borrow_mut().remove(&connection);
     }
 
-    #[doc(hidden)] // called by the class `durable_object!` generates
-    /// Handles one client frame: RPC calls and chat frames. Anything malformed gets an error
-    /// frame and the socket stays open.
-    pub async fn websocket_message(&self, ws: WebSocket, message: WebSocketIncomingMessage) -> worker::Result<()> {
+    pub(crate) async fn websocket_message(
+        &self,
+        ws: WebSocket,
+        message: WebSocketIncomingMessage,
+    ) -> worker::Result<()> {
         if self.0.config_error.is_some() {
             return Ok(());
         }
@@ -391,7 +511,7 @@ impl<A: Agent> AgentHost<A> {
         match self.0.chat.receive(&self.0.state, &ws, message) {
             ChatAction::Done => {}
             ChatAction::Call(call) => {
-                let reply = match self.0.agent.call(self, &call.method, call.args).await {
+                let reply = match self.hooks().call(self, &call.method, call.args).await {
                     Ok(result) => RpcResponse::ok(call.id, result),
                     Err(error) => RpcResponse::err(call.id, error),
                 };
@@ -403,24 +523,7 @@ impl<A: Agent> AgentHost<A> {
         Ok(())
     }
 
-    #[doc(hidden)] // called by the class `durable_object!` generates
-    /// Handles a client going away.
-    pub async fn websocket_close(&self, ws: WebSocket, code: usize, reason: String) -> worker::Result<()> {
-        self.0.chat.closed(&ws, code, reason);
-        Ok(())
-    }
-
-    #[doc(hidden)] // called by the class `durable_object!` generates
-    /// Handles a socket error: the client is gone.
-    pub async fn websocket_error(&self, ws: WebSocket) -> worker::Result<()> {
-        self.0.chat.closed(&ws, 1011, "socket error".into());
-        Ok(())
-    }
-
-    #[doc(hidden)] // called by the class `durable_object!` generates
-    /// Handles the alarm: recovers undriven runs, runs the detached backbone, runs due
-    /// scheduled tasks, and keeps the alarm armed for whatever comes next.
-    pub async fn alarm(&self) -> worker::Result<Response> {
+    pub(crate) async fn alarm(&self) -> worker::Result<Response> {
         if self.0.config_error.is_some() {
             return Response::ok("");
         }
@@ -439,11 +542,7 @@ impl<A: Agent> AgentHost<A> {
 
     // ----- scheduled work ---------------------------------------------------------------
 
-    /// Schedules [`Agent::on_schedule`] with `payload` at `at` (epoch ms; the past means now).
-    /// Durable: it survives restarts and shares the agent's one alarm with the engine. Returns
-    /// the task's id.
-    pub async fn schedule<T: serde::Serialize>(&self, at: i64, payload: &T) -> Result<String, String> {
-        let payload = serde_json::to_string(payload).map_err(|e| format!("the payload does not serialize: {e}"))?;
+    pub(crate) async fn schedule(&self, at: i64, payload: String) -> Result<String, String> {
         let id = super::random_id();
         self.0
             .sql
@@ -456,12 +555,6 @@ impl<A: Agent> AgentHost<A> {
         Ok(id)
     }
 
-    /// Schedules a task `delay_ms` from now (see [`AgentHost::schedule`]).
-    pub async fn schedule_in<T: serde::Serialize>(&self, delay_ms: u64, payload: &T) -> Result<String, String> {
-        self.schedule(super::now_ms().saturating_add(delay_ms as i64), payload).await
-    }
-
-    /// Cancels a scheduled task. Returns whether it was still pending.
     pub fn cancel_schedule(&self, id: &str) -> bool {
         self.0
             .sql
@@ -469,8 +562,7 @@ impl<A: Agent> AgentHost<A> {
             .is_ok_and(|rows| !rows.is_empty())
     }
 
-    /// The tasks not yet run, soonest first.
-    pub fn scheduled(&self) -> Vec<ScheduledTask> {
+    pub(crate) fn scheduled(&self) -> Vec<ScheduledTask> {
         self.0
             .sql
             .exec("SELECT id, at, payload_json FROM agent_tool_schedule ORDER BY at, id", &[])
@@ -512,7 +604,7 @@ impl<A: Agent> AgentHost<A> {
         tasks.sort_by(|a, b| a.at.cmp(&b.at).then_with(|| a.id.cmp(&b.id)));
         for task in tasks {
             let id = task.id.clone();
-            self.0.agent.on_schedule(self, task).await;
+            self.hooks().on_schedule(self, task).await;
             let _ = self.0.sql.exec("DELETE FROM agent_tool_schedule WHERE id = ?", &[id.as_str().into()]);
         }
     }

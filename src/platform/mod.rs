@@ -6,6 +6,7 @@
 
 pub(crate) mod chat;
 pub(crate) mod child;
+pub(crate) mod hooks;
 pub(crate) mod host;
 pub(crate) mod model;
 pub(crate) mod parent;

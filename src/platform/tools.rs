@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use super::child::Turn;
-use super::AgentHost;
+use super::host::{AgentHost, Host};
 use crate::agent::Agent;
 use crate::chat::turn::ToolBox;
 use crate::model::{ToolCall, ToolSpec};
@@ -23,11 +23,11 @@ pub(crate) struct HostTools<'a, A: Agent> {
 
 impl<A: Agent> ToolBox for HostTools<'_, A> {
     fn specs(&self) -> Vec<ToolSpec> {
-        self.host.0.tools.specs()
+        self.host.parts.tools.specs()
     }
 
     async fn execute(&self, call: &ToolCall, order: usize) -> Result<Value, String> {
-        let Some(entry) = self.host.0.tools.find(&call.name) else {
+        let Some(entry) = self.host.parts.tools.find(&call.name) else {
             return Err(format!("unknown tool {:?}", call.name));
         };
         let spec = entry.spec();
@@ -37,10 +37,10 @@ impl<A: Agent> ToolBox for HostTools<'_, A> {
             Entry::Agent(tool) => {
                 let options = tool.run_options(call, order);
                 if let Some(run_id) = &options.run_id {
-                    let mut turn_runs = self.host.0.turn_runs.borrow_mut();
+                    let mut turn_runs = self.host.host.0.turn_runs.borrow_mut();
                     turn_runs.entry(self.request_id.to_owned()).or_default().push(run_id.clone());
                 }
-                let result = self.host.dispatch_awaited(tool.child, options).await;
+                let result = self.host.host.dispatch_awaited(tool.child, options).await;
                 Ok(tool.result_for_model(&result))
             }
             Entry::Server(tool) => {
@@ -54,22 +54,15 @@ impl<A: Agent> ToolBox for HostTools<'_, A> {
     }
 
     fn call_id_taken(&self, id: &str) -> bool {
-        matches!(self.host.registry().get(&format!("agent-tool:{id}")), Ok(Some(_)))
+        matches!(self.host.host.registry().get(&format!("agent-tool:{id}")), Ok(Some(_)))
     }
 }
 
-impl<A: Agent> AgentHost<A> {
-    /// Runs the chat turn a client asked for.
+impl Host {
+    /// Runs the chat turn a client asked for, with the agent's model and tools.
     pub(crate) async fn run_chat_turn(&self, request_id: String, sender: Option<String>) {
-        let inner = &self.0;
-        let model = match inner.agent.model(&inner.env, None) {
-            Ok(m) => m,
-            Err(e) => return inner.chat.fail_request(&inner.state, &request_id, &e.to_string()),
-        };
-        let tools = HostTools { host: self, request_id: &request_id, turn: None };
-        let (system, max_steps) = (inner.agent.system_prompt(), inner.agent.max_steps());
-        inner.chat.run_client_turn(&inner.state, &request_id, sender, system, max_steps, &model, &tools).await;
-        inner.turn_runs.borrow_mut().remove(&request_id);
+        self.hooks().run_chat_turn(self, request_id.clone(), sender).await;
+        self.0.turn_runs.borrow_mut().remove(&request_id);
     }
 
     /// Cancels a chat turn (running or still queued) and the child runs it was waiting on: the

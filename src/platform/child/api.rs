@@ -8,9 +8,9 @@ use futures::{Stream, StreamExt};
 use serde_json::json;
 use worker::{Method, Request, Response};
 
-use crate::agent::Agent;
 use crate::child::engine::{TailError, TailStart};
-use crate::platform::{json_error, now_ms, parse_json, AgentHost};
+use crate::platform::host::Host;
+use crate::platform::{json_error, now_ms, parse_json};
 use crate::protocol::child_api::{CancelRequest, StartRequest};
 use crate::routing::RequestUrl;
 use crate::run::ClearFilter;
@@ -25,7 +25,7 @@ pub const TAIL_PAGE: usize = 1024;
 
 type BodyStream = Pin<Box<dyn Stream<Item = worker::Result<Vec<u8>>>>>;
 
-impl<A: Agent> AgentHost<A> {
+impl Host {
     /// Serves the parent's internal requests.
     pub(crate) async fn serve_parent(&self, mut req: Request) -> worker::Result<Response> {
         let url = RequestUrl::of(&req);
@@ -75,7 +75,7 @@ impl<A: Agent> AgentHost<A> {
                 Err(e) => json_error(400, format!("malformed cancel request: {e}")),
             },
             (Method::Post, "/_agent_tools/clear") => self.clear().await,
-            (_, path) => json_error(404, format!("{} has no route {path}", A::CLASS)),
+            (_, path) => json_error(404, format!("{} has no route {path}", self.0.class)),
         }
     }
 
@@ -111,7 +111,7 @@ impl<A: Agent> AgentHost<A> {
         let result = self.0.child.borrow_mut().tail(&self.0.sql, run_id, after, TAIL_PAGE, streaming, now_ms());
         let (start, actions) = match result {
             Ok(started) => started,
-            Err(TailError::Unknown) => return json_error(404, format!("{} has no run {run_id:?}", A::CLASS)),
+            Err(TailError::Unknown) => return json_error(404, format!("{} has no run {run_id:?}", self.0.class)),
             Err(TailError::Store(e)) => return json_error(500, e.to_string()),
         };
         let body = TailBody::new(self.clone(), run_id.to_owned(), start);
@@ -156,8 +156,8 @@ impl<A: Agent> AgentHost<A> {
 }
 
 /// A tail's body: the backlog a page at a time, then (for a live run) the subscription.
-struct TailBody<A: Agent> {
-    host: AgentHost<A>,
+struct TailBody {
+    host: Host,
     run_id: String,
     /// The page to send next and, when it was full, the log index to read on from.
     page: Option<(Vec<u8>, Option<i64>)>,
@@ -165,8 +165,8 @@ struct TailBody<A: Agent> {
     live: Option<mpsc::Receiver<Vec<u8>>>,
 }
 
-impl<A: Agent> TailBody<A> {
-    fn new(host: AgentHost<A>, run_id: String, start: TailStart) -> Self {
+impl TailBody {
+    fn new(host: Host, run_id: String, start: TailStart) -> Self {
         let mut body = Self { host, run_id, page: None, live: None };
         body.take(start);
         body

@@ -16,8 +16,8 @@ use serde_json::Value;
 
 pub use turn::{Turn, TurnOutput};
 
-use super::{now_ms, random_id, AgentHost};
-use crate::agent::Agent;
+use super::host::Host;
+use super::{now_ms, random_id};
 use crate::cancel::CancelToken;
 use crate::chat::store::StreamLog;
 use crate::child::engine::ChildAction;
@@ -25,7 +25,7 @@ use crate::child::progress::Report;
 use crate::protocol::chunk;
 use crate::protocol::tail::{ChunkKind, OutcomeStatus, RunOutcome};
 
-impl<A: Agent> AgentHost<A> {
+impl Host {
     /// Carries out the child engine's actions.
     pub(crate) fn carry_out_child(&self, actions: Vec<ChildAction>) {
         for action in actions {
@@ -130,9 +130,8 @@ impl<A: Agent> AgentHost<A> {
         let host = self.clone();
         self.0.state.wait_until(async move {
             let _ = host.runs().mark_running(&run_id);
-            let turn = Turn::new(host.clone(), run_id.clone(), input, attempt, cancel.clone());
             let finished = {
-                let work = host.0.agent.run(&turn);
+                let work = host.hooks().run(&host, run_id.clone(), input, attempt, cancel.clone());
                 let stop = cancel.cancelled();
                 futures::pin_mut!(work, stop);
                 match select(work, stop).await {
@@ -144,7 +143,7 @@ impl<A: Agent> AgentHost<A> {
             let outcome = match finished {
                 _ if cancel.is_cancelled() => {
                     if finished.is_none() {
-                        turn.emit(chunk::abort(cancel.reason().as_deref()));
+                        host.child_emit(&run_id, ChunkKind::Stored, chunk::abort(cancel.reason().as_deref()));
                     }
                     aborted(cancel.reason())
                 }

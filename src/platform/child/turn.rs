@@ -36,7 +36,7 @@ pub struct Turn<A: Agent> {
 }
 
 impl<A: Agent> Turn<A> {
-    pub(super) fn new(host: AgentHost<A>, run_id: String, input: Value, attempt: i64, cancel: CancelToken) -> Self {
+    pub(crate) fn new(host: AgentHost<A>, run_id: String, input: Value, attempt: i64, cancel: CancelToken) -> Self {
         Self { host, run_id, input, attempt, cancel }
     }
 
@@ -86,7 +86,7 @@ impl<A: Agent> Turn<A> {
             worker::console_error!("agent-tools: {} emitted a reserved chunk type; use report_progress", self.run_id);
             return false;
         }
-        self.host.child_emit(&self.run_id, ChunkKind::Stored, body)
+        self.host.host.child_emit(&self.run_id, ChunkKind::Stored, body)
     }
 
     /// Reports progress (the TypeScript SDK's `reportProgress`). With a `milestone` it is
@@ -96,7 +96,7 @@ impl<A: Agent> Turn<A> {
     /// latest-wins (`fraction >= 1` always goes at once); a report held back is sent when its
     /// window closes.
     pub fn report_progress(&self, progress: Progress) {
-        self.host.child_progress(&self.run_id, Report { persist: progress.persist, progress });
+        self.host.host.child_progress(&self.run_id, Report { persist: progress.persist, progress });
     }
 
     /// Waits `ms` milliseconds, or less if the run is cancelled meanwhile.
@@ -115,8 +115,8 @@ impl<A: Agent> Turn<A> {
     /// summary and output come from the assistant message.
     pub async fn chat(&self) -> Result<TurnOutput, String> {
         let host = &self.host;
-        let inner = &host.0;
-        let agent = &inner.agent;
+        let inner = &host.host.0;
+        let agent = &host.parts.agent;
         let user = agent.format_agent_tool_input(&self.input, &self.run_id);
         Messages::new(&inner.sql).upsert(&user, now_ms()).map_err(|e| e.to_string())?;
         inner.chat.broadcast_transcript(&inner.state, None);
@@ -124,9 +124,10 @@ impl<A: Agent> Turn<A> {
         let tools = HostTools { host, request_id: &self.run_id, turn: Some(self) };
         // The turn builds its chunks from a fixed set of types, never a reserved one: no check.
         let emit = |body: String| {
-            self.host.child_emit(&self.run_id, ChunkKind::Stored, body);
+            self.host.host.child_emit(&self.run_id, ChunkKind::Stored, body);
         };
-        let replay_after = self.host.runs().get(&self.run_id).ok().flatten().map_or(-1, |run| run.attempt_start - 1);
+        let replay_after =
+            self.host.host.runs().get(&self.run_id).ok().flatten().map_or(-1, |run| run.attempt_start - 1);
         let spec = TurnSpec {
             request_id: self.run_id.clone(),
             fresh_stream: false,
@@ -135,7 +136,7 @@ impl<A: Agent> Turn<A> {
             system: agent.system_prompt(),
             max_steps: agent.max_steps(),
             emit: &emit,
-            flush: &|| self.host.child_flush_chunks(&self.run_id),
+            flush: &|| self.host.host.child_flush_chunks(&self.run_id),
             cancel: self.cancel.clone(),
         };
         let (message, end) = inner.chat.run(&inner.state, spec, &model, &tools).await;

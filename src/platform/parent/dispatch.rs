@@ -10,7 +10,7 @@ use crate::agent::{Agent, AgentClass};
 use crate::parent::agent_tool::ChildRef;
 use crate::parent::engine::{cap_message, current_result, queues, Admitted, Dispatch};
 use crate::parent::registry::NewRun;
-use crate::platform::host::missing_binding;
+use crate::platform::host::{missing_binding, Host};
 use crate::platform::{now_ms, random_id, AgentHost};
 use crate::run::{
     validate_run_id, AgentToolChunk, ClearFilter, DetachedHandle, DetachedOptions, EventDelivery, Milestone,
@@ -27,9 +27,106 @@ impl<A: Agent> AgentHost<A> {
     /// is refused (writing nothing) or queued, as [`crate::Admission`] says. Cancelling
     /// [`RunOptions::signal`] cancels the run.
     pub async fn run_agent_tool<C: AgentClass>(&self, options: RunOptions) -> RunResult {
-        self.dispatch_awaited(ChildRef::of::<C>(), options).await
+        self.host.dispatch_awaited(ChildRef::of::<C>(), options).await
     }
 
+    /// Dispatches a run of child agent `C` and returns at once (the TypeScript SDK's
+    /// `runAgentTool` with `detached`); the run goes on in the background and its outcome is
+    /// delivered durably (see [`DetachedOptions`]). No caller's signal reaches it: cancel it with
+    /// [`AgentHost::cancel_agent_tool`]. A known run id returns its state and never starts a
+    /// second child.
+    ///
+    /// ```
+    /// use agent_tools::prelude::*;
+    /// use agent_tools::{MilestoneMode, OnMilestones, RunInfo};
+    /// use serde_json::{json, Value};
+    ///
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// enum Handler {
+    ///     ImportDone,
+    /// }
+    ///
+    /// async fn start_import(host: &AgentHost<Assistant>, input: Value) -> String {
+    ///     let detached = DetachedOptions {
+    ///         on_finish: Some(json!(Handler::ImportDone)), // delivered to on_detached_finish, durably
+    ///         max_budget_ms: Some(60 * 60 * 1000),
+    ///         on_milestones: Some(OnMilestones { names: vec!["sources-gathered".into()], mode: MilestoneMode::Narrate }),
+    ///         ..DetachedOptions::default()
+    ///     };
+    ///     let handle = host.run_agent_tool_detached::<Researcher>(RunOptions::new(input), detached).await;
+    ///     handle.run_id // at once; the handle's status is "running", or "error" if the dispatch was refused
+    /// }
+    ///
+    /// impl Agent for Assistant {
+    ///     async fn on_detached_finish(
+    ///         &self,
+    ///         _host: &AgentHost<Self>,
+    ///         handler: &Value,
+    ///         run: &RunInfo,
+    ///         result: &RunResult,
+    ///     ) -> Result<(), String> {
+    ///         match serde_json::from_value(handler.clone()) {
+    ///             Ok(Handler::ImportDone) => Ok(println!("{} ended {:?}", run.run_id, result.status)),
+    ///             Err(e) => Err(format!("unknown handler {handler}: {e}")), // retried, then dead-lettered
+    ///         }
+    ///     }
+    /// }
+    /// # #[derive(Default)] pub struct Assistant;
+    /// # #[derive(Default)] pub struct Researcher;
+    /// # impl Agent for Researcher {}
+    /// # agent_tools::durable_object!(Assistant);
+    /// # agent_tools::durable_object!(Researcher);
+    /// # fn main() {}
+    /// ```
+    pub async fn run_agent_tool_detached<C: AgentClass>(
+        &self,
+        options: RunOptions,
+        detached: DetachedOptions,
+    ) -> DetachedHandle {
+        self.host.dispatch_detached(ChildRef::of::<C>(), options, detached).await
+    }
+
+    /// Cancels a run: the child stops its turn, the run ends `aborted`, and a caller waiting on
+    /// it gets the result at once. Idempotent: an unknown or finished run is left as it is.
+    pub async fn cancel_agent_tool(&self, run_id: &str, reason: Option<String>) {
+        self.host.cancel_agent_tool(run_id, reason).await
+    }
+
+    /// Removes retained runs: cancels the live ones, deletes each child's storage and this
+    /// agent's rows and frames. Cleared runs never replay again. Returns the cleared run ids.
+    pub async fn clear_agent_tool_runs(&self, filter: &ClearFilter) -> Result<Vec<String>, String> {
+        self.host.clear_agent_tool_runs(filter).await
+    }
+
+    /// Whether `run_id` is a known run of child agent `C` (the default drill-in gate's test).
+    pub fn has_agent_tool_run<C: AgentClass>(&self, run_id: &str) -> bool {
+        self.host.has_agent_tool_run_of(C::CLASS, run_id)
+    }
+
+    /// Whether `run_id` is a known run of the class named `agent_type`.
+    pub fn has_agent_tool_run_of(&self, agent_type: &str, run_id: &str) -> bool {
+        self.host.has_agent_tool_run_of(agent_type, run_id)
+    }
+
+    /// Every retained run, oldest first.
+    pub fn agent_tool_runs(&self) -> Vec<RunInfo> {
+        self.host.agent_tool_runs()
+    }
+
+    /// One run with its result, latest progress and milestones; `None` when the run is
+    /// unknown here (never dispatched, or cleared). `None` never means "failed".
+    pub fn inspect_agent_tool_run(&self, run_id: &str) -> Option<RunInspection> {
+        self.host.inspect_agent_tool_run(run_id)
+    }
+
+    /// The run's stored chunks (its `UIMessageChunk`s and milestones) with the frame sequences
+    /// they were sent with, after `after_sequence` (all with `None`). Empty for an unknown run.
+    pub fn get_agent_tool_chunks(&self, run_id: &str, after_sequence: Option<i64>) -> Vec<AgentToolChunk> {
+        self.host.get_agent_tool_chunks(run_id, after_sequence)
+    }
+}
+
+impl Host {
     pub(crate) async fn dispatch_awaited(&self, child: ChildRef, options: RunOptions) -> RunResult {
         let new = match self.prepare(child, &options) {
             Ok(new) => new,
@@ -91,7 +188,7 @@ impl<A: Agent> AgentHost<A> {
             return Err((run_id, problem));
         }
         if self.0.env.durable_object(child.binding).is_err() {
-            return Err((run_id, missing_binding(A::CLASS, child.class, child.binding)));
+            return Err((run_id, missing_binding(self.0.class, child.class, child.binding)));
         }
         Ok(NewRun {
             run_id,
@@ -118,62 +215,6 @@ impl<A: Agent> AgentHost<A> {
         let (tx, rx) = oneshot::channel();
         self.0.slot_waiters.borrow_mut().push(tx);
         let _ = rx.await;
-    }
-
-    /// Dispatches a run of child agent `C` and returns at once (the TypeScript SDK's
-    /// `runAgentTool` with `detached`); the run goes on in the background and its outcome is
-    /// delivered durably (see [`DetachedOptions`]). No caller's signal reaches it: cancel it with
-    /// [`AgentHost::cancel_agent_tool`]. A known run id returns its state and never starts a
-    /// second child.
-    ///
-    /// ```
-    /// use agent_tools::prelude::*;
-    /// use agent_tools::{MilestoneMode, OnMilestones, RunInfo};
-    /// use serde_json::{json, Value};
-    ///
-    /// #[derive(serde::Serialize, serde::Deserialize)]
-    /// enum Handler {
-    ///     ImportDone,
-    /// }
-    ///
-    /// async fn start_import(host: &AgentHost<Assistant>, input: Value) -> String {
-    ///     let detached = DetachedOptions {
-    ///         on_finish: Some(json!(Handler::ImportDone)), // delivered to on_detached_finish, durably
-    ///         max_budget_ms: Some(60 * 60 * 1000),
-    ///         on_milestones: Some(OnMilestones { names: vec!["sources-gathered".into()], mode: MilestoneMode::Narrate }),
-    ///         ..DetachedOptions::default()
-    ///     };
-    ///     let handle = host.run_agent_tool_detached::<Researcher>(RunOptions::new(input), detached).await;
-    ///     handle.run_id // at once; the handle's status is "running", or "error" if the dispatch was refused
-    /// }
-    ///
-    /// impl Agent for Assistant {
-    ///     async fn on_detached_finish(
-    ///         &self,
-    ///         _host: &AgentHost<Self>,
-    ///         handler: &Value,
-    ///         run: &RunInfo,
-    ///         result: &RunResult,
-    ///     ) -> Result<(), String> {
-    ///         match serde_json::from_value(handler.clone()) {
-    ///             Ok(Handler::ImportDone) => Ok(println!("{} ended {:?}", run.run_id, result.status)),
-    ///             Err(e) => Err(format!("unknown handler {handler}: {e}")), // retried, then dead-lettered
-    ///         }
-    ///     }
-    /// }
-    /// # #[derive(Default)] pub struct Assistant;
-    /// # #[derive(Default)] pub struct Researcher;
-    /// # impl Agent for Researcher {}
-    /// # agent_tools::durable_object!(Assistant);
-    /// # agent_tools::durable_object!(Researcher);
-    /// # fn main() {}
-    /// ```
-    pub async fn run_agent_tool_detached<C: AgentClass>(
-        &self,
-        options: RunOptions,
-        detached: DetachedOptions,
-    ) -> DetachedHandle {
-        self.dispatch_detached(ChildRef::of::<C>(), options, detached).await
     }
 
     pub(crate) async fn dispatch_detached(
@@ -218,16 +259,12 @@ impl<A: Agent> AgentHost<A> {
         }
     }
 
-    /// Cancels a run: the child stops its turn, the run ends `aborted`, and a caller waiting on
-    /// it gets the result at once. Idempotent: an unknown or finished run is left as it is.
-    pub async fn cancel_agent_tool(&self, run_id: &str, reason: Option<String>) {
+    pub(crate) async fn cancel_agent_tool(&self, run_id: &str, reason: Option<String>) {
         let actions = self.0.parent.borrow_mut().cancel(self.parent_sql(), run_id, reason, now_ms());
         self.carry_out(actions);
     }
 
-    /// Removes retained runs: cancels the live ones, deletes each child's storage and this
-    /// agent's rows and frames. Cleared runs never replay again. Returns the cleared run ids.
-    pub async fn clear_agent_tool_runs(&self, filter: &ClearFilter) -> Result<Vec<String>, String> {
+    pub(crate) async fn clear_agent_tool_runs(&self, filter: &ClearFilter) -> Result<Vec<String>, String> {
         // An object with no registry has no runs: nothing to clear, and no tables to make for it.
         if !self.0.parent_tables.get() {
             return Ok(Vec::new());
@@ -240,24 +277,15 @@ impl<A: Agent> AgentHost<A> {
 
     // ----- read-only views --------------------------------------------------------------
 
-    /// Whether `run_id` is a known run of child agent `C` (the default drill-in gate's test).
-    pub fn has_agent_tool_run<C: AgentClass>(&self, run_id: &str) -> bool {
-        self.has_agent_tool_run_of(C::CLASS, run_id)
-    }
-
-    /// Whether `run_id` is a known run of the class named `agent_type`.
-    pub fn has_agent_tool_run_of(&self, agent_type: &str, run_id: &str) -> bool {
+    pub(crate) fn has_agent_tool_run_of(&self, agent_type: &str, run_id: &str) -> bool {
         self.registry().has_run(agent_type, run_id).unwrap_or(false)
     }
 
-    /// Every retained run, oldest first.
-    pub fn agent_tool_runs(&self) -> Vec<RunInfo> {
+    pub(crate) fn agent_tool_runs(&self) -> Vec<RunInfo> {
         self.registry().all().unwrap_or_default().iter().map(RunInfo::from_record).collect()
     }
 
-    /// One run with its result, latest progress and milestones; `None` when the run is
-    /// unknown here (never dispatched, or cleared). `None` never means "failed".
-    pub fn inspect_agent_tool_run(&self, run_id: &str) -> Option<RunInspection> {
+    pub(crate) fn inspect_agent_tool_run(&self, run_id: &str) -> Option<RunInspection> {
         let record = self.registry().get(run_id).ok().flatten()?;
         let result = (!record.status.is_live()).then(|| RunResult::from_record(&record));
         let milestone_data: Vec<Value> = self
@@ -284,9 +312,7 @@ impl<A: Agent> AgentHost<A> {
         Some(RunInspection { info: RunInfo::from_record(&record), result, progress, milestones })
     }
 
-    /// The run's stored chunks (its `UIMessageChunk`s and milestones) with the frame sequences
-    /// they were sent with, after `after_sequence` (all with `None`). Empty for an unknown run.
-    pub fn get_agent_tool_chunks(&self, run_id: &str, after_sequence: Option<i64>) -> Vec<AgentToolChunk> {
+    pub(crate) fn get_agent_tool_chunks(&self, run_id: &str, after_sequence: Option<i64>) -> Vec<AgentToolChunk> {
         self.registry()
             .frames(run_id, after_sequence.unwrap_or(-1))
             .unwrap_or_default()

@@ -12,18 +12,18 @@ use serde_json::json;
 use wasm_bindgen::JsValue;
 use worker::{Delay, Method, Request, RequestInit, Response, Stub};
 
-use crate::agent::Agent;
 use crate::cancel::CancelToken;
 use crate::observability::{EventType, ObservabilityEvent};
 use crate::parent::engine::{
     ChildAddress, Delivery, HookCall, ParentAction, ParentEvent, StartError, TailOpenError, INSPECT_TIMEOUT_MS,
 };
-use crate::platform::{now_ms, parse_json, AgentHost};
+use crate::platform::host::Host;
+use crate::platform::{now_ms, parse_json};
 use crate::protocol::child_api::{self, CancelRequest, InspectionReply};
 use crate::protocol::tail::LineSplitter;
 use crate::protocol::InterruptedReason;
 
-impl<A: Agent> AgentHost<A> {
+impl Host {
     /// Feeds what happened to the parent engine and carries out what it says.
     pub(crate) fn feed(&self, event: ParentEvent) {
         let actions = self.0.parent.borrow_mut().handle(self.parent_sql(), event, now_ms());
@@ -161,16 +161,16 @@ impl<A: Agent> AgentHost<A> {
                     let _ = waiter.send(result.clone());
                 }
             }
-            ParentAction::Hook(HookCall::Start(run)) => self.0.agent.on_agent_tool_start(self, &run).await,
+            ParentAction::Hook(HookCall::Start(run)) => self.hooks().on_agent_tool_start(self, &run).await,
             ParentAction::Hook(HookCall::Finish(run, result)) => {
-                self.0.agent.on_agent_tool_finish(self, &run, &result).await
+                self.hooks().on_agent_tool_finish(self, &run, &result).await
             }
             ParentAction::Hook(HookCall::Progress(run, progress)) => {
-                self.0.agent.on_progress(self, &run, &progress).await
+                self.hooks().on_progress(self, &run, &progress).await
             }
             ParentAction::Deliver { run, result, slot, attempt, delivery } => {
                 let outcome = match delivery {
-                    Delivery::Handler(handler) => self.0.agent.on_detached_finish(self, &handler, &run, &result).await,
+                    Delivery::Handler(handler) => self.hooks().on_detached_finish(self, &handler, &run, &result).await,
                     Delivery::Notify { source } => self.notify_finish(&run, &result, &source).await,
                     Delivery::Nothing => Ok(()),
                 };
@@ -188,13 +188,13 @@ impl<A: Agent> AgentHost<A> {
     pub(crate) fn observe(&self, kind: EventType, payload: serde_json::Value) {
         let event = ObservabilityEvent {
             kind,
-            agent: A::CLASS.to_owned(),
+            agent: self.0.class.to_owned(),
             name: self.name().unwrap_or_default(),
             payload,
             timestamp: now_ms(),
         };
         worker::console_log!("{}", event.to_line());
-        self.0.agent.on_observability(&event);
+        self.0.hooks.on_observability(&event);
     }
 
     fn stub(&self, to: &ChildAddress) -> worker::Result<Stub> {
@@ -305,7 +305,7 @@ impl<A: Agent> AgentHost<A> {
         result: &crate::run::RunResult,
         source: &str,
     ) -> Result<(), String> {
-        let text = self.0.agent.format_detached_completion(run, result);
+        let text = self.0.hooks.format_detached_completion(run, result);
         if text.is_empty() {
             return Ok(());
         }
@@ -329,7 +329,7 @@ impl<A: Agent> AgentHost<A> {
         source: &str,
     ) {
         let Ok(typed) = serde_json::from_value::<crate::run::Milestone>(milestone.clone()) else { return };
-        let text = self.0.agent.format_detached_milestone(run, &typed);
+        let text = self.0.hooks.format_detached_milestone(run, &typed);
         if text.is_empty() {
             return;
         }

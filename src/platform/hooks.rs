@@ -1,0 +1,212 @@
+//! The agent as the host sees it: its hooks behind one object-safe trait, so the host's code
+//! (routing, sockets, the alarm, driving runs as parent and as child) is compiled once for every
+//! agent class of a Worker instead of once per class. Only these forwarding calls, the agent's
+//! tools and its [`Turn`] are compiled per agent type.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+
+use serde_json::Value;
+use worker::{Request, Response};
+
+use super::child::{Turn, TurnOutput};
+use super::host::{AgentHost, Host};
+use super::tools::HostTools;
+use crate::agent::{Agent, Refusal, SubAgent};
+use crate::cancel::CancelToken;
+use crate::observability::ObservabilityEvent;
+use crate::run::{Milestone, ProgressSnapshot, RunInfo, RunResult, ScheduledTask};
+use crate::tools::Tools;
+
+pub(crate) type LocalFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// The agent of one Durable Object and its tools: what [`Hooks`] is implemented for, and what
+/// an [`AgentHost`] holds beside the erased host.
+pub(crate) struct Parts<A: Agent> {
+    pub(crate) agent: A,
+    pub(crate) tools: Tools<A>,
+}
+
+/// An agent's hooks with its type erased. Each call hands the hook the typed
+/// [`AgentHost`] it expects, made from the erased host and these parts.
+pub(crate) trait Hooks {
+    fn authorize<'a>(self: Rc<Self>, host: &Host, request: &'a Request) -> LocalFuture<'a, Result<(), Refusal>>;
+    fn call<'a>(
+        self: Rc<Self>,
+        host: &Host,
+        method: &'a str,
+        args: Vec<Value>,
+    ) -> LocalFuture<'a, Result<Value, String>>;
+    fn on_request(self: Rc<Self>, host: &Host, request: Request) -> LocalFuture<'static, worker::Result<Response>>;
+    fn on_schedule(self: Rc<Self>, host: &Host, task: ScheduledTask) -> LocalFuture<'static, ()>;
+    fn on_observability(&self, event: &ObservabilityEvent);
+    fn on_agent_tool_start<'a>(self: Rc<Self>, host: &Host, run: &'a RunInfo) -> LocalFuture<'a, ()>;
+    fn on_agent_tool_finish<'a>(
+        self: Rc<Self>,
+        host: &Host,
+        run: &'a RunInfo,
+        result: &'a RunResult,
+    ) -> LocalFuture<'a, ()>;
+    fn on_progress<'a>(
+        self: Rc<Self>,
+        host: &Host,
+        run: &'a RunInfo,
+        progress: &'a ProgressSnapshot,
+    ) -> LocalFuture<'a, ()>;
+    fn on_detached_finish<'a>(
+        self: Rc<Self>,
+        host: &Host,
+        handler: &'a Value,
+        run: &'a RunInfo,
+        result: &'a RunResult,
+    ) -> LocalFuture<'a, Result<(), String>>;
+    fn format_detached_completion(&self, run: &RunInfo, result: &RunResult) -> String;
+    fn format_detached_milestone(&self, run: &RunInfo, milestone: &Milestone) -> String;
+    fn on_before_sub_agent<'a>(
+        self: Rc<Self>,
+        host: &Host,
+        request: &'a Request,
+        child: &'a SubAgent,
+    ) -> LocalFuture<'a, Option<Response>>;
+    /// Runs a chat turn a client (or a detached run's notice) asked for, with the agent's
+    /// model and tools.
+    fn run_chat_turn(
+        self: Rc<Self>,
+        host: &Host,
+        request_id: String,
+        sender: Option<String>,
+    ) -> LocalFuture<'static, ()>;
+    /// Runs an agent-tool run's turn ([`Agent::run`]).
+    fn run(
+        self: Rc<Self>,
+        host: &Host,
+        run_id: String,
+        input: Value,
+        attempt: i64,
+        cancel: CancelToken,
+    ) -> LocalFuture<'static, Result<TurnOutput, String>>;
+}
+
+impl<A: Agent> Parts<A> {
+    fn typed(self: Rc<Self>, host: &Host) -> AgentHost<A> {
+        AgentHost { host: host.clone(), parts: self }
+    }
+}
+
+impl<A: Agent> Hooks for Parts<A> {
+    fn authorize<'a>(self: Rc<Self>, host: &Host, request: &'a Request) -> LocalFuture<'a, Result<(), Refusal>> {
+        let host = self.typed(host);
+        Box::pin(async move { host.parts.agent.authorize(&host, request).await })
+    }
+
+    fn call<'a>(
+        self: Rc<Self>,
+        host: &Host,
+        method: &'a str,
+        args: Vec<Value>,
+    ) -> LocalFuture<'a, Result<Value, String>> {
+        let host = self.typed(host);
+        Box::pin(async move { host.parts.agent.call(&host, method, args).await })
+    }
+
+    fn on_request(self: Rc<Self>, host: &Host, request: Request) -> LocalFuture<'static, worker::Result<Response>> {
+        let host = self.typed(host);
+        Box::pin(async move { host.parts.agent.on_request(&host, request).await })
+    }
+
+    fn on_schedule(self: Rc<Self>, host: &Host, task: ScheduledTask) -> LocalFuture<'static, ()> {
+        let host = self.typed(host);
+        Box::pin(async move { host.parts.agent.on_schedule(&host, task).await })
+    }
+
+    fn on_observability(&self, event: &ObservabilityEvent) {
+        self.agent.on_observability(event);
+    }
+
+    fn on_agent_tool_start<'a>(self: Rc<Self>, host: &Host, run: &'a RunInfo) -> LocalFuture<'a, ()> {
+        let host = self.typed(host);
+        Box::pin(async move { host.parts.agent.on_agent_tool_start(&host, run).await })
+    }
+
+    fn on_agent_tool_finish<'a>(
+        self: Rc<Self>,
+        host: &Host,
+        run: &'a RunInfo,
+        result: &'a RunResult,
+    ) -> LocalFuture<'a, ()> {
+        let host = self.typed(host);
+        Box::pin(async move { host.parts.agent.on_agent_tool_finish(&host, run, result).await })
+    }
+
+    fn on_progress<'a>(
+        self: Rc<Self>,
+        host: &Host,
+        run: &'a RunInfo,
+        progress: &'a ProgressSnapshot,
+    ) -> LocalFuture<'a, ()> {
+        let host = self.typed(host);
+        Box::pin(async move { host.parts.agent.on_progress(&host, run, progress).await })
+    }
+
+    fn on_detached_finish<'a>(
+        self: Rc<Self>,
+        host: &Host,
+        handler: &'a Value,
+        run: &'a RunInfo,
+        result: &'a RunResult,
+    ) -> LocalFuture<'a, Result<(), String>> {
+        let host = self.typed(host);
+        Box::pin(async move { host.parts.agent.on_detached_finish(&host, handler, run, result).await })
+    }
+
+    fn format_detached_completion(&self, run: &RunInfo, result: &RunResult) -> String {
+        self.agent.format_detached_completion(run, result)
+    }
+
+    fn format_detached_milestone(&self, run: &RunInfo, milestone: &Milestone) -> String {
+        self.agent.format_detached_milestone(run, milestone)
+    }
+
+    fn on_before_sub_agent<'a>(
+        self: Rc<Self>,
+        host: &Host,
+        request: &'a Request,
+        child: &'a SubAgent,
+    ) -> LocalFuture<'a, Option<Response>> {
+        let host = self.typed(host);
+        Box::pin(async move { host.parts.agent.on_before_sub_agent(&host, request, child).await })
+    }
+
+    fn run_chat_turn(
+        self: Rc<Self>,
+        host: &Host,
+        request_id: String,
+        sender: Option<String>,
+    ) -> LocalFuture<'static, ()> {
+        let host = self.typed(host);
+        Box::pin(async move {
+            let core = &host.host.0;
+            let agent = &host.parts.agent;
+            let model = match agent.model(&core.env, None) {
+                Ok(m) => m,
+                Err(e) => return core.chat.fail_request(&core.state, &request_id, &e.to_string()),
+            };
+            let tools = HostTools { host: &host, request_id: &request_id, turn: None };
+            let (system, max_steps) = (agent.system_prompt(), agent.max_steps());
+            core.chat.run_client_turn(&core.state, &request_id, sender, system, max_steps, &model, &tools).await;
+        })
+    }
+
+    fn run(
+        self: Rc<Self>,
+        host: &Host,
+        run_id: String,
+        input: Value,
+        attempt: i64,
+        cancel: CancelToken,
+    ) -> LocalFuture<'static, Result<TurnOutput, String>> {
+        let turn = Turn::new(self.typed(host), run_id, input, attempt, cancel);
+        Box::pin(async move { turn.host().parts.agent.run(&turn).await })
+    }
+}
