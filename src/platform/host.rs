@@ -14,9 +14,7 @@ use std::time::Duration;
 
 use futures::channel::oneshot;
 use serde_json::{json, Value};
-use worker::{
-    Delay, Env, Method, Request, RequestInit, Response, State, WebSocket, WebSocketIncomingMessage, WebSocketPair,
-};
+use worker::{Delay, Env, Method, Request, Response, State, WebSocket, WebSocketIncomingMessage, WebSocketPair};
 
 use super::chat::{self, Chat, ChatAction};
 use super::{json_error, DoSql};
@@ -308,6 +306,13 @@ impl Host {
         }))
     }
 
+    /// Runs `work` in the background, kept alive by the platform until it ends (`wait_until`).
+    /// Boxed, so every background task shares one copy of the platform's spawning code.
+    pub(crate) fn spawn(&self, work: impl std::future::Future<Output = ()> + 'static) {
+        let work: LocalFuture<'static, ()> = Box::pin(work);
+        self.0.state.wait_until(work);
+    }
+
     /// The agent's hooks (a shared handle: each call takes one).
     pub(crate) fn hooks(&self) -> Rc<dyn Hooks> {
         self.0.hooks.clone()
@@ -448,14 +453,13 @@ impl Host {
         };
         let child_path = format!("/agents/{}/{}{}", sub.agent, crate::routing::percent_encode(&sub.name), path.rest);
         let url = RequestUrl::of(&req).with_path(&child_path);
-        let mut init = RequestInit::new();
-        init.with_method(req.method()).with_headers(req.headers().clone());
         let mut req = req;
+        let mut body = None;
         if !matches!(req.method(), Method::Get | Method::Head) {
-            let body = req.bytes().await.unwrap_or_default();
-            init.with_body(Some(js_sys::Uint8Array::from(body.as_slice()).into()));
+            let bytes = req.bytes().await.unwrap_or_default();
+            body = Some(js_sys::Uint8Array::from(bytes.as_slice()).into());
         }
-        stub.fetch_with_request(Request::new_with_init(&url, &init)?).await
+        stub.fetch_with_request(super::new_request(&url, req.method(), Some(req.headers()), body.as_ref())?).await
     }
 
     fn connect(&self, name: &str) -> worker::Result<Response> {
@@ -472,7 +476,7 @@ impl Host {
         self.0.catching_up.borrow_mut().insert(connection.clone());
         let host = self.clone();
         let ws = pair.server.clone();
-        self.0.state.wait_until(async move { host.replay_to(ws, connection).await });
+        self.spawn(async move { host.replay_to(ws, connection).await });
         Response::from_websocket(pair.client)
     }
 

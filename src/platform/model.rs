@@ -8,7 +8,7 @@ use futures::future::{select, Either};
 use futures::StreamExt;
 use serde_json::Value;
 use wasm_bindgen::JsValue;
-use worker::{AbortController, Delay, Env, Fetch, Headers, Method, Request, RequestInit};
+use worker::{AbortController, Delay, Env, Fetch, Headers, Method};
 
 use crate::model::offline::OfflineModel;
 use crate::model::openai::{self, OpenAiConfig, StreamDecoder};
@@ -226,9 +226,8 @@ async fn openai_step(
     if let Some(key) = &config.api_key {
         headers.set("authorization", &format!("Bearer {key}")).map_err(net)?;
     }
-    let mut init = RequestInit::new();
-    init.with_method(Method::Post).with_headers(headers).with_body(Some(JsValue::from_str(&body.to_string())));
-    let req = Request::new_with_init(&config.endpoint(), &init).map_err(net)?;
+    let body = JsValue::from_str(&body.to_string());
+    let req = super::new_request(&config.endpoint(), Method::Post, Some(&headers), Some(&body)).map_err(net)?;
     let controller = AbortController::default();
     let signal = controller.signal();
     let _abort = AbortOnDrop(Some(controller));

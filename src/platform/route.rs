@@ -1,9 +1,9 @@
 //! The Worker entry's router: `/agents/<agent-kebab>/<name>` to the agent's Durable Object.
 
 use futures::StreamExt;
-use worker::{Env, Method, Request, RequestInit, Response};
+use worker::{Env, Method, Request, Response};
 
-use super::json_error;
+use super::{json_error, new_request};
 use crate::agent::AgentClass;
 use crate::routing::{kebab_case, parse_agent_path, RequestUrl};
 
@@ -96,12 +96,8 @@ impl Routes {
             }
         };
         let stub = namespace.id_from_name(&path.name)?.get_stub()?;
-        let mut init = RequestInit::new();
-        init.with_method(req.method()).with_headers(req.headers().clone());
-        if let Some(body) = body {
-            init.with_body(Some(js_sys::Uint8Array::from(body.as_slice()).into()));
-        }
-        stub.fetch_with_request(Request::new_with_init(url.as_str(), &init)?).await
+        let body = body.map(|body| js_sys::Uint8Array::from(body.as_slice()).into());
+        stub.fetch_with_request(new_request(url.as_str(), req.method(), Some(req.headers()), body.as_ref())?).await
     }
 }
 
@@ -132,8 +128,6 @@ async fn read_body(req: Request) -> worker::Result<Result<(Request, Option<Vec<u
     for framing in ["content-length", "transfer-encoding"] {
         headers.delete(framing)?;
     }
-    let mut init = RequestInit::new();
-    init.with_method(req.method()).with_headers(headers);
     let body = (!matches!(req.method(), Method::Get | Method::Head)).then_some(kept);
-    Ok(Ok((Request::new_with_init(&req.inner().url(), &init)?, body)))
+    Ok(Ok((new_request(&req.inner().url(), req.method(), Some(&headers), None)?, body)))
 }

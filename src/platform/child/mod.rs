@@ -60,11 +60,11 @@ impl Host {
                     // would arm its timer only when first polled, after the turn's own, and the
                     // turn's first chunk waited for the next 255.)
                     let host = self.clone();
-                    self.0.state.wait_until(async move { host.child_flush_chunks(&run_id) });
+                    self.spawn(async move { host.child_flush_chunks(&run_id) });
                 }
                 ChildAction::FlushAt { run_id, at } => {
                     let host = self.clone();
-                    self.0.state.wait_until(async move {
+                    self.spawn(async move {
                         Delay::from(Duration::from_millis((at - now_ms()).max(0) as u64)).await;
                         host.child_flush(&run_id);
                     });
@@ -128,7 +128,7 @@ impl Host {
         let cancel = CancelToken::new();
         self.0.turns.borrow_mut().insert(run_id.clone(), cancel.clone());
         let host = self.clone();
-        self.0.state.wait_until(async move {
+        self.spawn(async move {
             let _ = host.runs().mark_running(&run_id);
             let finished = {
                 let work = host.hooks().run(&host, run_id.clone(), input, attempt, cancel.clone());

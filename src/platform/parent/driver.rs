@@ -10,7 +10,7 @@ use futures::StreamExt;
 use serde::Serialize;
 use serde_json::json;
 use wasm_bindgen::JsValue;
-use worker::{Delay, Method, Request, RequestInit, Response, Stub};
+use worker::{Delay, Method, Response, Stub};
 
 use crate::cancel::CancelToken;
 use crate::observability::{EventType, ObservabilityEvent};
@@ -18,7 +18,7 @@ use crate::parent::engine::{
     ChildAddress, Delivery, HookCall, ParentAction, ParentEvent, StartError, TailOpenError, INSPECT_TIMEOUT_MS,
 };
 use crate::platform::host::Host;
-use crate::platform::{now_ms, parse_json};
+use crate::platform::{new_request, now_ms, parse_json};
 use crate::protocol::child_api::{self, CancelRequest, InspectionReply};
 use crate::protocol::tail::LineSplitter;
 use crate::protocol::InterruptedReason;
@@ -57,7 +57,7 @@ impl Host {
                 ParentAction::Broadcast(_) => {}
                 ParentAction::StartChild { run_id, gen, to, request } => {
                     let host = self.clone();
-                    self.0.state.wait_until(async move {
+                    self.spawn(async move {
                         let tail_after = request.tail_after;
                         let result = match host.child_call(&to, Method::Post, "start", &request).await {
                             Ok(resp) if resp.status_code() == 200 => {
@@ -91,14 +91,14 @@ impl Host {
                 }
                 ParentAction::InspectChild { run_id, gen, to } => {
                     let host = self.clone();
-                    self.0.state.wait_until(async move {
+                    self.spawn(async move {
                         let result = host.inspect_child(&to, &run_id).await;
                         host.feed(ParentEvent::Inspected { run_id, gen, result });
                     });
                 }
                 ParentAction::CancelChild { run_id, to, reason } => {
                     let host = self.clone();
-                    self.0.state.wait_until(async move {
+                    self.spawn(async move {
                         let request = CancelRequest { run_id: run_id.clone(), reason };
                         if let Err(e) = host.child_call(&to, Method::Post, "cancel", &request).await {
                             worker::console_error!("agent-tools: cancelling {run_id} at the child failed: {e}");
@@ -107,7 +107,7 @@ impl Host {
                 }
                 ParentAction::ClearChild { run_id, to } => {
                     let host = self.clone();
-                    self.0.state.wait_until(async move {
+                    self.spawn(async move {
                         let request = CancelRequest { run_id: run_id.clone(), reason: None };
                         let result = match host.child_call(&to, Method::Post, "clear", &request).await {
                             Ok(resp) if resp.status_code() == 200 => Ok(()),
@@ -122,7 +122,7 @@ impl Host {
                 }
                 ParentAction::SetTimer { run_id, gen, timer, at } => {
                     let host = self.clone();
-                    self.0.state.wait_until(async move {
+                    self.spawn(async move {
                         Delay::from(Duration::from_millis((at - now_ms()).max(1) as u64)).await;
                         host.feed(ParentEvent::Timer { run_id, gen, timer });
                     });
@@ -142,11 +142,11 @@ impl Host {
         }
         if let Some(at) = arm {
             let host = self.clone();
-            self.0.state.wait_until(async move { host.arm_alarm_at(at).await });
+            self.spawn(async move { host.arm_alarm_at(at).await });
         }
         if !deferred.is_empty() {
             let host = self.clone();
-            self.0.state.wait_until(async move {
+            self.spawn(async move {
                 for action in deferred {
                     host.run_deferred(action).await;
                 }
@@ -239,7 +239,7 @@ impl Host {
         }
         let host = self.clone();
         let started = self.0.started_tails.borrow_mut().remove(&run_id).filter(|(from, _)| *from == after);
-        self.0.state.wait_until(async move {
+        self.spawn(async move {
             let opened = match (started, host.stub(&to)) {
                 (Some((_, resp)), _) => Ok(resp),
                 (None, Ok(stub)) => send_json(&stub, Method::Get, &child_api::tail_url(&run_id, after), &()).await,
@@ -340,7 +340,7 @@ impl Host {
         match self.inject(&id, if react { "user" } else { "assistant" }, &text, metadata) {
             Ok(true) if react => {
                 let host = self.clone();
-                self.0.state.wait_until(async move { host.run_chat_turn(id, None).await });
+                self.spawn(async move { host.run_chat_turn(id, None).await });
             }
             Ok(_) => {}
             Err(e) => worker::console_error!("agent-tools: milestone notification for {} failed: {e}", run.run_id),
@@ -368,10 +368,6 @@ pub(crate) async fn send_json<T: Serialize>(
     url: &str,
     body: &T,
 ) -> worker::Result<Response> {
-    let mut init = RequestInit::new();
-    init.with_method(method.clone());
-    if method != Method::Get {
-        init.with_body(Some(JsValue::from_str(&serde_json::to_string(body)?)));
-    }
-    stub.fetch_with_request(Request::new_with_init(url, &init)?).await
+    let body = (method != Method::Get).then(|| serde_json::to_string(body)).transpose()?.map(|b| JsValue::from_str(&b));
+    stub.fetch_with_request(new_request(url, method, None, body.as_ref())?).await
 }
