@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets everything up, builds the demo Worker, the demo app and the example Worker once, and runs
 # the whole test suite: lints (native and wasm32, with and without the demo), the API docs,
-# native unit tests against SQLite and doctests, then end-to-end tests that start `wrangler dev`
+# native unit tests against SQLite and doctests, the schema checks in wasm on V8, then end-to-end tests that start `wrangler dev`
 # (real workerd), a scripted model server, Node clients and Chromium themselves.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
@@ -15,6 +15,9 @@ cargo clippy --target wasm32-unknown-unknown -p agent-tools --lib --no-default-f
 cargo clippy --target wasm32-unknown-unknown -p hello-agents -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p agent-tools --no-default-features --target wasm32-unknown-unknown
 cargo test -p agent-tools --doc
+# The schema checks compiled to wasm32 and run on V8's RegExp, in Node (tests/wasm.rs).
+CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
+  cargo test --target wasm32-unknown-unknown -p agent-tools --no-default-features --test wasm
 rm -f "$ROOT/test-artifacts/scale.txt"
 cargo test -p agent-tools --lib --tests -- --test-threads="${TEST_THREADS:-2}" "$@"
 if [ -f "$ROOT/test-artifacts/scale.txt" ]; then
