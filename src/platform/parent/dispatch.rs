@@ -98,6 +98,8 @@ impl<A: Agent> AgentHost<A> {
         self.host.clear_agent_tool_runs(filter).await
     }
 
+    // ----- read-only views --------------------------------------------------------------
+
     /// Whether `run_id` is a known run of child agent `C` (the default drill-in gate's test).
     pub fn has_agent_tool_run<C: AgentClass>(&self, run_id: &str) -> bool {
         self.host.has_agent_tool_run_of(C::CLASS, run_id)
@@ -126,6 +128,7 @@ impl<A: Agent> AgentHost<A> {
     }
 }
 
+/// The calls above, on the host every agent class shares (documented there).
 impl Host {
     pub(crate) async fn dispatch_awaited(&self, child: ChildRef, options: RunOptions) -> RunResult {
         let new = match self.prepare(child, &options) {
