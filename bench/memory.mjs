@@ -10,6 +10,7 @@
 //   node bench/memory.mjs <worker port> <inspector port> [chunks=10000] [warm-up runs of 1 000 = 0]
 import { readFileSync, readdirSync } from "node:fs";
 import WebSocket from "ws";
+import { connectInspector } from "./inspector.mjs";
 
 const [port, inspector] = [process.argv[2], process.argv[3]];
 const chunks = Number(process.argv[4] ?? 10000);
@@ -19,22 +20,7 @@ if (!port || !inspector) {
   process.exit(2);
 }
 
-const targets = await (await fetch(`http://127.0.0.1:${inspector}/json`)).json();
-const devtools = new WebSocket(targets[0].webSocketDebuggerUrl);
-await new Promise((resolve, reject) => devtools.once("open", resolve).once("error", reject));
-let nextId = 1;
-const replies = new Map();
-devtools.on("message", (data) => {
-  const message = JSON.parse(data.toString());
-  replies.get(message.id)?.(message);
-  replies.delete(message.id);
-});
-const command = (method, params = {}) =>
-  new Promise((resolve) => {
-    const id = nextId++;
-    replies.set(id, resolve);
-    devtools.send(JSON.stringify({ id, method, params }));
-  });
+const command = await connectInspector(inspector);
 
 /** The workerd that serves the Worker: the biggest one under the wrangler with this inspector
  * port (wrangler also runs a small proxy). */

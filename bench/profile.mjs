@@ -7,6 +7,7 @@
 //   node bench/profile.mjs <worker port> <inspector port> [chunks=10000 | runs=N] [out.cpuprofile]
 import { writeFileSync } from "node:fs";
 import WebSocket from "ws";
+import { connectInspector } from "./inspector.mjs";
 
 const [port, inspector] = [process.argv[2], process.argv[3]];
 const mode = process.argv[4] ?? "10000";
@@ -18,22 +19,7 @@ if (!port || !inspector) {
   process.exit(2);
 }
 
-const targets = await (await fetch(`http://127.0.0.1:${inspector}/json`)).json();
-const devtools = new WebSocket(targets[0].webSocketDebuggerUrl);
-await new Promise((resolve, reject) => devtools.once("open", resolve).once("error", reject));
-let nextId = 1;
-const replies = new Map();
-devtools.on("message", (data) => {
-  const message = JSON.parse(data.toString());
-  replies.get(message.id)?.(message);
-  replies.delete(message.id);
-});
-const command = (method, params = {}) =>
-  new Promise((resolve) => {
-    const id = nextId++;
-    replies.set(id, resolve);
-    devtools.send(JSON.stringify({ id, method, params }));
-  });
+const command = await connectInspector(inspector);
 
 const client = new WebSocket(`ws://127.0.0.1:${port}/agents/assistant/profile-${Date.now()}`);
 await new Promise((resolve, reject) => client.once("open", resolve).once("error", reject));
