@@ -204,8 +204,7 @@ impl<A: Agent> AgentHost<A> {
     /// Serves a request: the parent's internal child routes, drill-in (`/sub/…`), WebSocket
     /// upgrades, `GET /get-messages`, and anything else through [`Agent::on_request`].
     pub async fn fetch(&self, req: Request) -> worker::Result<Response> {
-        let host = self.host.clone();
-        let served: LocalFuture<'_, _> = Box::pin(async move { host.fetch(req).await });
+        let served: LocalFuture<'_, _> = Box::pin(self.host.fetch(req));
         served.await
     }
 
@@ -213,8 +212,7 @@ impl<A: Agent> AgentHost<A> {
     /// Handles one client frame: RPC calls and chat frames. Anything malformed gets an error
     /// frame and the socket stays open.
     pub async fn websocket_message(&self, ws: WebSocket, message: WebSocketIncomingMessage) -> worker::Result<()> {
-        let host = self.host.clone();
-        let handled: LocalFuture<'_, _> = Box::pin(async move { host.websocket_message(ws, message).await });
+        let handled: LocalFuture<'_, _> = Box::pin(self.host.websocket_message(ws, message));
         handled.await
     }
 
@@ -236,8 +234,7 @@ impl<A: Agent> AgentHost<A> {
     /// Handles the alarm: recovers undriven runs, runs the detached backbone, runs due
     /// scheduled tasks, and keeps the alarm armed for whatever comes next.
     pub async fn alarm(&self) -> worker::Result<Response> {
-        let host = self.host.clone();
-        let handled: LocalFuture<'_, _> = Box::pin(async move { host.alarm().await });
+        let handled: LocalFuture<'_, _> = Box::pin(self.host.alarm());
         handled.await
     }
 
