@@ -5,8 +5,6 @@
 //! `{"ok":false,"status":"error",…,"retryable":false}`.
 
 use std::collections::HashSet;
-use std::future::Future;
-use std::pin::Pin;
 use std::rc::Rc;
 
 use schemars::JsonSchema;
@@ -102,7 +100,7 @@ impl<'a, A: Agent> ToolContext<'a, A> {
     }
 }
 
-type LocalFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+use crate::platform::hooks::LocalFuture;
 
 /// A [`Tool`] with its types erased, so tools of different types share one list.
 pub(crate) trait DynTool<A: Agent> {
