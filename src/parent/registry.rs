@@ -69,6 +69,8 @@ CREATE TABLE IF NOT EXISTS agent_tool_runs (
 CREATE INDEX IF NOT EXISTS agent_tool_runs_by_call
   ON agent_tool_runs (parent_tool_call_id, display_order);
 CREATE INDEX IF NOT EXISTS agent_tool_runs_by_status ON agent_tool_runs (status);
+CREATE INDEX IF NOT EXISTS agent_tool_runs_finished
+  ON agent_tool_runs (completed_at, run_id) WHERE status NOT IN ('starting', 'running');
 CREATE TABLE IF NOT EXISTS agent_tool_tombstones (
   run_id TEXT PRIMARY KEY,
   next_seq INTEGER NOT NULL
@@ -88,6 +90,16 @@ CREATE TABLE IF NOT EXISTS agent_tool_frames (
   PRIMARY KEY (run_id, seq)
 ) WITHOUT ROWID;
 ";
+
+/// The newest finished run past the newest `?` (its end and run id): where clearing by count
+/// stops. A walk of the finished runs' index, newest first.
+const RETENTION_BOUND: &str = "SELECT completed_at, run_id FROM agent_tool_runs \
+    WHERE status NOT IN ('starting', 'running') ORDER BY completed_at DESC, run_id DESC LIMIT 1 OFFSET ?";
+
+/// The finished runs up to a bound on (completed_at, run_id), oldest first, at most `?3`: one
+/// range of the finished runs' index.
+const RETENTION_RANGE: &str = "SELECT run_id FROM agent_tool_runs WHERE status NOT IN ('starting', 'running') \
+    AND completed_at <= ?1 AND (completed_at < ?1 OR run_id <= ?2) ORDER BY completed_at, run_id LIMIT ?3";
 
 /// Columns added since the first schema, with their definitions.
 const ADDED_COLUMNS: &[(&str, &str)] = &[
@@ -529,18 +541,22 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
         ended_before: Option<i64>,
         limit: usize,
     ) -> Result<Vec<String>, StoreError> {
-        // "No limit" as a number a JavaScript double holds exactly (a Durable Object binds
-        // integers as doubles).
-        const NONE: i64 = 1 << 52;
-        let keep = keep.map_or(NONE, |k| (k as i64).min(NONE));
-        let rows = self.sql.exec(
-            "SELECT run_id FROM agent_tool_runs WHERE status NOT IN ('starting', 'running') \
-             AND (completed_at < ? OR run_id IN (SELECT run_id FROM agent_tool_runs \
-               WHERE status NOT IN ('starting', 'running') \
-               ORDER BY completed_at DESC, run_id DESC LIMIT -1 OFFSET ?)) \
-             ORDER BY completed_at, run_id LIMIT ?",
-            &[V::Int(ended_before.unwrap_or(-NONE)), V::Int(keep), V::Int(limit as i64)],
-        )?;
+        // Both limits are a bound on (completed_at, run_id), the order runs are cleared in: the
+        // newest finished run past `keep` (it and every older one go), and the age cutoff, which
+        // comes before every run that ended at it (a NULL run id sorts first). The larger bound
+        // decides. The finished runs' index answers both: a walk of `keep` entries for the bound
+        // and one range for the runs, with no sort of every finished run (a parent asks at every
+        // dispatch).
+        let by_count = match keep {
+            Some(keep) => self
+                .sql
+                .one(RETENTION_BOUND, &[V::Int(i64::try_from(keep).unwrap_or(i64::MAX).min(1 << 52))])?
+                .and_then(|r| Some((r.int(0)?, r.text(1)))),
+            None => None,
+        };
+        let by_age = ended_before.map(|at| (at, None));
+        let Some((at, run_id)) = by_count.max(by_age) else { return Ok(Vec::new()) };
+        let rows = self.sql.exec(RETENTION_RANGE, &[V::Int(at), V::from(run_id), V::Int(limit as i64)])?;
         Ok(rows.iter().filter_map(|r| r.text(0)).collect())
     }
 
