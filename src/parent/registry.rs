@@ -547,10 +547,13 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
         // decides. The finished runs' index answers both: a walk of `keep` entries for the bound
         // and one range for the runs, with no sort of every finished run (a parent asks at every
         // dispatch).
+        // The largest offset a JavaScript double holds exactly (a Durable Object binds integers
+        // as doubles).
+        const MAX_OFFSET: i64 = 1 << 52;
         let by_count = match keep {
             Some(keep) => self
                 .sql
-                .one(RETENTION_BOUND, &[V::Int(i64::try_from(keep).unwrap_or(i64::MAX).min(1 << 52))])?
+                .one(RETENTION_BOUND, &[V::Int(i64::try_from(keep).unwrap_or(MAX_OFFSET).min(MAX_OFFSET))])?
                 .and_then(|r| Some((r.int(0)?, r.text(1)))),
             None => None,
         };
