@@ -193,7 +193,7 @@ fn tail_lines_and_sse_never_panic_at_any_split() {
         let mut lines = crate::protocol::tail::LineSplitter::default();
         let _ = lines.push(&stream[..split]);
         let _ = lines.push(&stream[split..]);
-        let mut sse = crate::model::sse::SseDecoder::default();
+        let mut sse = crate::llm::sse::SseDecoder::default();
         let _ = sse.push(&stream[..split]);
         let _ = sse.push(&stream[split..]);
         let _ = sse.finish();
@@ -202,7 +202,7 @@ fn tail_lines_and_sse_never_panic_at_any_split() {
 
 #[test]
 fn provider_streams_never_panic() {
-    use crate::model::EventDecoder;
+    use crate::llm::EventDecoder;
     let mut rng = Rng(11);
     let bases = [
         r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"t","arguments":"{}"}}]},"finish_reason":"tool_calls"}]}"#,
@@ -210,8 +210,8 @@ fn provider_streams_never_panic() {
         r#"{"response":"x","tool_calls":[{"name":"t","arguments":{"a":1}}]}"#,
     ];
     for _ in 0..ROUNDS {
-        let mut openai = crate::model::openai::StreamDecoder::default();
-        let mut workers = crate::model::workers_ai::WorkersAiDecoder::default();
+        let mut openai = crate::llm::openai::StreamDecoder::default();
+        let mut workers = crate::llm::workers_ai::WorkersAiDecoder::default();
         for _ in 0..rng.below(5) {
             let data = if rng.below(2) == 0 {
                 random_text(&mut rng)
@@ -259,10 +259,10 @@ fn chunks_messages_schemas_and_paths_never_panic() {
         let text = random_text(&mut rng);
         let _ = crate::routing::parse_agent_path(&text);
         let _ = crate::routing::percent_decode(&text);
-        let _ = crate::model::offline::topics(&text);
-        let _ = crate::model::offline::asks_for_research(&text);
+        let _ = crate::llm::offline::topics(&text);
+        let _ = crate::llm::offline::asks_for_research(&text);
         let _ = crate::parent::registry::input_preview(&Value::String(text.clone()));
-        let _ = crate::run::validate_run_id(&text);
+        let _ = crate::types::validate_run_id(&text);
     }
     let _ = builder.message();
     assert!(parsed >= ROUNDS / 2, "the value consumers saw {parsed} of {ROUNDS} rounds");

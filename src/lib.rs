@@ -72,18 +72,21 @@ mod agent;
 mod cancel;
 mod chat;
 mod child;
+mod llm;
 mod macros;
-pub mod model;
 pub mod observability;
 mod parent;
 mod platform;
 mod protocol;
 mod routing;
-mod run;
 mod schema;
 mod store;
 mod tools;
+mod types;
 mod wrangler_check;
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod architecture_tests;
 
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod fuzz_tests;
@@ -161,23 +164,32 @@ mod public_api_tests {
 #[cfg(feature = "demo")]
 pub mod demo;
 
-pub use agent::{Admission, Agent, AgentClass, AgentToolOptions, RecoveryPolicy, Refusal, Retention, SubAgent};
+/// Models that drive a turn: the [`Model`](model::Model) trait, the provider-neutral request and
+/// the events a model streams, the built-in offline model, and the providers a Worker's settings
+/// select ([`ModelProvider::from_env`](model::ModelProvider::from_env): offline, OpenAI-compatible,
+/// Workers AI).
+pub mod model {
+    pub use crate::llm::*;
+    pub use crate::platform::model::{ModelProvider, WorkersAiConfig};
+}
+
+pub use agent::{Agent, Refusal, SubAgent};
 pub use cancel::{CancelToken, Cancelled};
-pub use parent::detached::DEFAULT_NOTIFY_SOURCE;
 pub use platform::route::{route, Routes, MAX_BODY_BYTES};
 pub use platform::{AgentHost, Turn, TurnOutput};
 pub use routing::RequestUrl;
-pub use run::{
-    AgentToolChunk, AgentToolFailure, ClearFilter, DetachedHandle, DetachedOptions, EventDelivery, InterruptedReason,
-    Milestone, MilestoneMode, OnMilestones, Progress, ProgressSnapshot, RunInfo, RunInspection, RunOptions, RunResult,
-    RunStatus, ScheduledTask,
-};
 pub use tools::{AgentTool, Tool, ToolContext, Tools};
+pub use types::{
+    Admission, AgentClass, AgentToolChunk, AgentToolFailure, AgentToolOptions, ClearFilter, DetachedHandle,
+    DetachedOptions, EventDelivery, InterruptedReason, Milestone, MilestoneMode, OnMilestones, Progress,
+    ProgressSnapshot, RecoveryPolicy, Retention, RunInfo, RunInspection, RunOptions, RunResult, RunStatus,
+    ScheduledTask, DEFAULT_NOTIFY_SOURCE,
+};
 
 /// The fixed limits (see the README's "Security and limits"); the adjustable ones are
 /// [`AgentToolOptions`] fields.
 pub mod limits {
-    pub use crate::model::sse::MAX_SSE_LINE_BYTES;
+    pub use crate::llm::sse::MAX_SSE_LINE_BYTES;
     pub use crate::parent::engine::MAX_CHILD_CLEAR_ATTEMPTS;
     pub use crate::parent::engine::{MAX_DISPLAY_BYTES, MAX_INPUT_BYTES, RETENTION_BATCH};
     pub use crate::parent::registry::{MAX_TOMBSTONES, REPLAY_PAGE_FRAMES, REPLAY_PAGE_RUNS};

@@ -95,11 +95,6 @@ pub struct RequestUrl {
 }
 
 impl RequestUrl {
-    /// The URL of `request`.
-    pub fn of(request: &worker::Request) -> Self {
-        Self::new(request.inner().url())
-    }
-
     /// Splits `url`.
     pub fn new(url: String) -> Self {
         let authority_at = url.find("://").map_or(0, |i| i + 3);

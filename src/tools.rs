@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::agent::Agent;
-use crate::model::{ToolCall, ToolSpec};
+use crate::llm::{ToolCall, ToolSpec};
 use crate::parent::agent_tool::schema_for;
 use crate::platform::AgentHost;
 use crate::platform::Turn;

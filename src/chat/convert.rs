@@ -6,7 +6,7 @@
 
 use serde_json::Value;
 
-use crate::model::{ModelMessage, ToolCall};
+use crate::llm::{ModelMessage, ToolCall};
 
 fn parts(message: &Value) -> &[Value] {
     message.get("parts").and_then(Value::as_array).map_or(&[], Vec::as_slice)

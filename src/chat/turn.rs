@@ -10,8 +10,8 @@ use std::collections::{HashMap, HashSet};
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::{json, Value};
 
-pub use crate::model::Model;
-use crate::model::{ModelError, ModelEvent, ModelMessage, ModelRequest, ToolCall, ToolSpec};
+pub use crate::llm::Model;
+use crate::llm::{ModelError, ModelEvent, ModelMessage, ModelRequest, ToolCall, ToolSpec};
 
 /// The tools a turn may call.
 #[allow(async_fn_in_trait)]
@@ -253,7 +253,7 @@ pub async fn run_turn(
 mod tests {
     use super::*;
     use crate::chat::message::MessageBuilder;
-    use crate::model::{offline, ModelError};
+    use crate::llm::{offline, ModelError};
     use std::cell::{Cell, RefCell};
     use std::future::Future;
     use std::pin::Pin;

@@ -22,13 +22,13 @@ use serde_json::Value;
 
 use super::progress::{Coalescer, Decision, Report};
 use super::runs::{ChildRun, ChildRuns, ChildStatus, Inspection};
-use crate::agent::RecoveryPolicy;
 use crate::chat::store::StreamLog;
 use crate::observability::EventType;
 use crate::protocol::child_api::{StartReply, StartRequest};
 use crate::protocol::chunk;
 use crate::protocol::tail::{ChunkKind, OutcomeStatus, RunOutcome, TailLine};
 use crate::store::{Sql, StoreError};
+use crate::types::RecoveryPolicy;
 
 /// The most attempts a run gets across restarts before `Rerun` gives up and seals it: a turn
 /// that keeps taking its Durable Object down with it must not loop forever.

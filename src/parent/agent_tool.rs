@@ -8,9 +8,8 @@
 use schemars::JsonSchema;
 use serde_json::{json, Value};
 
-use crate::agent::AgentClass;
-use crate::model::{ToolCall, ToolSpec};
-use crate::run::{RunOptions, RunResult, RunStatus};
+use crate::llm::{ToolCall, ToolSpec};
+use crate::types::{AgentClass, RunOptions, RunResult, RunStatus};
 
 /// A child class a parent dispatches, and the binding that hosts it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

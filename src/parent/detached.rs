@@ -6,97 +6,19 @@
 //! and never more than [`MAX_ATTEMPTS`] times: then the slot is dead-lettered), the budgets,
 //! the at-most-once milestone notifications, and the backbone's cadence.
 
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::registry::RunRecord;
 use crate::protocol::InterruptedReason;
-use crate::run::RunStatus;
 use crate::store::{Sql, StoreError, Value as V};
+use crate::types::{DetachedOptions, RunStatus, CADENCE_MS, DEFAULT_MAX_BUDGET_MS, DEFAULT_NO_PROGRESS_BUDGET_MS};
 
-/// A detached run's absolute budget by default: 24 h.
-pub const DEFAULT_MAX_BUDGET_MS: u64 = 24 * 60 * 60 * 1000;
-/// Its resetting no-progress budget by default: 1 h.
-pub const DEFAULT_NO_PROGRESS_BUDGET_MS: u64 = 60 * 60 * 1000;
 /// How long a claimed delivery is held before another attempt may take it.
 pub const LEASE_MS: i64 = 60_000;
 /// Attempts per slot before it is dead-lettered.
 pub const MAX_ATTEMPTS: i64 = 5;
-/// The backbone's cadence: 5, 15, 30, then every 120 s while nothing changes.
-pub const CADENCE_MS: [u64; 4] = [5_000, 15_000, 30_000, 120_000];
 /// Live detached runs past which a warning is emitted.
 pub const LIVE_WARNING: i64 = 50;
-
-/// How a milestone surfaces in the parent's chat.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MilestoneMode {
-    /// A synthetic assistant line; no model turn.
-    #[default]
-    Narrate,
-    /// A user-role message and a model turn.
-    React,
-}
-
-/// Milestones a detached run surfaces in the chat, at most once each.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct OnMilestones {
-    /// Milestone names.
-    pub names: Vec<String>,
-    /// How they surface.
-    #[serde(default)]
-    pub mode: MilestoneMode,
-}
-
-/// The `metadata.source` of a `notify` run's messages unless it names one (the TypeScript
-/// SDK's `"detached-agent-tool"`).
-pub const DEFAULT_NOTIFY_SOURCE: &str = "detached-agent-tool";
-
-/// How a detached run is configured (the TypeScript SDK's `DetachedAgentToolConfig`).
-///
-/// ```
-/// use agent_tools::DetachedOptions;
-///
-/// // Tell the chat when it finishes; the model answers.
-/// let notify = DetachedOptions { notify: true, ..Default::default() };
-/// // Or hand the outcome to a handler of the app's own (any serializable tag).
-/// let handler = DetachedOptions { on_finish: Some(serde_json::json!("importDone")), ..Default::default() };
-/// # let _ = (notify, handler);
-/// ```
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct DetachedOptions {
-    /// The app's completion handler: any serializable tag (an enum of the app's handlers, say),
-    /// kept in SQL and handed back to `Agent::on_detached_finish`. It survives eviction, and
-    /// takes precedence over `notify`.
-    pub on_finish: Option<Value>,
-    /// Inject a chat message when the run finishes, and run a model turn on it.
-    pub notify: bool,
-    /// The `metadata.source` of the messages `notify` and `on_milestones` inject (default
-    /// [`DEFAULT_NOTIFY_SOURCE`]).
-    pub notify_source: Option<String>,
-    /// Absolute budget (default: [`crate::AgentToolOptions::detached_max_budget_ms`], 24 h).
-    pub max_budget_ms: Option<u64>,
-    /// Resetting budget once the child has signalled (default:
-    /// [`crate::AgentToolOptions::detached_no_progress_budget_ms`], 1 h; 0 disables it).
-    pub no_progress_budget_ms: Option<u64>,
-    /// Milestones to surface in the chat.
-    pub on_milestones: Option<OnMilestones>,
-}
-
-/// What a detached dispatch returns at once.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DetachedHandle {
-    /// Run id.
-    pub run_id: String,
-    /// Child class.
-    pub agent_type: String,
-    /// `running`, or `error` when the dispatch itself was refused.
-    pub status: RunStatus,
-    /// Why it was refused.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
 
 /// The two delivery slots.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -315,6 +237,7 @@ mod tests {
     use super::*;
     use crate::parent::registry::{NewRun, Registry, Terminal};
     use crate::store::sqlite;
+    use crate::types::{MilestoneMode, OnMilestones};
     use serde_json::json;
 
     fn db() -> rusqlite::Connection {

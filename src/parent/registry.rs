@@ -16,7 +16,8 @@ use std::collections::HashMap;
 
 use serde_json::Value;
 
-pub use record::{EventDelivery, NewRun, RunRecord, RunStatus, Terminal};
+use crate::types::RunStatus;
+pub use record::{NewRun, RunRecord, Terminal};
 
 use crate::protocol::tail::ChunkKind;
 use crate::protocol::{AgentToolEvent, EventFrame, InterruptedReason, StoredEvent};

@@ -16,8 +16,8 @@ use super::tools::HostTools;
 use crate::agent::{Agent, Refusal, SubAgent};
 use crate::cancel::CancelToken;
 use crate::observability::ObservabilityEvent;
-use crate::run::{Milestone, ProgressSnapshot, RunInfo, RunResult, ScheduledTask};
 use crate::tools::Tools;
+use crate::types::{Milestone, ProgressSnapshot, RunInfo, RunResult, ScheduledTask};
 
 pub(crate) type LocalFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 

@@ -18,7 +18,7 @@ use worker::{Delay, Env, Method, Request, Response, State, WebSocket, WebSocketI
 
 use super::chat::{self, Chat, ChatAction};
 use super::{json_error, DoSql};
-use crate::agent::{Agent, AgentToolOptions, SubAgent};
+use crate::agent::{Agent, SubAgent};
 use crate::cancel::CancelToken;
 use crate::child::engine::{ChildEngine, SubscriberId};
 use crate::child::runs::ChildRuns;
@@ -26,9 +26,10 @@ use crate::parent::engine::ParentEngine;
 use crate::parent::registry::{Registry, ReplayCursor};
 use crate::protocol::rpc::RpcResponse;
 use crate::routing::{kebab_case, parse_agent_path, AgentPath, RequestUrl};
-use crate::run::{RunResult, ScheduledTask};
 use crate::store::{meta, Sql};
 use crate::tools::Tools;
+use crate::types::AgentToolOptions;
+use crate::types::{RunResult, ScheduledTask};
 
 use super::hooks::{Hooks, LocalFuture, Parts};
 

@@ -10,11 +10,11 @@ use serde_json::Value;
 use wasm_bindgen::JsValue;
 use worker::{AbortController, Delay, Env, Fetch, Headers, Method};
 
-use crate::model::offline::OfflineModel;
-use crate::model::openai::{self, OpenAiConfig, StreamDecoder};
-use crate::model::sse::SseDecoder;
-use crate::model::workers_ai::WorkersAiDecoder;
-use crate::model::{EventDecoder, Model, ModelError, ModelEvent, ModelRequest};
+use crate::llm::offline::OfflineModel;
+use crate::llm::openai::{self, OpenAiConfig, StreamDecoder};
+use crate::llm::sse::SseDecoder;
+use crate::llm::workers_ai::WorkersAiDecoder;
+use crate::llm::{EventDecoder, Model, ModelError, ModelEvent, ModelRequest};
 
 /// The built-in providers; one setting picks one ([`ModelProvider::from_env`]). Each is a
 /// [`Model`]; an agent may return any other `Model` of its own instead.

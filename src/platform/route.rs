@@ -4,8 +4,8 @@ use futures::StreamExt;
 use worker::{Env, Method, Request, Response};
 
 use super::{json_error, new_request};
-use crate::agent::AgentClass;
 use crate::routing::{kebab_case, parse_agent_path, RequestUrl};
+use crate::types::AgentClass;
 
 /// The largest request body the entry forwards to an agent (1 MiB); a larger one is answered
 /// 413 without reaching it.
@@ -130,4 +130,11 @@ async fn read_body(req: Request) -> worker::Result<Result<(Request, Option<Vec<u
     }
     let body = (!matches!(req.method(), Method::Get | Method::Head)).then_some(kept);
     Ok(Ok((new_request(&req.inner().url(), req.method(), Some(&headers), None)?, body)))
+}
+
+impl RequestUrl {
+    /// The URL of `request`.
+    pub fn of(request: &Request) -> Self {
+        Self::new(request.inner().url())
+    }
 }

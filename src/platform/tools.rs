@@ -8,9 +8,9 @@ use super::child::Turn;
 use super::host::{AgentHost, Host};
 use crate::agent::Agent;
 use crate::chat::turn::ToolBox;
-use crate::model::{ToolCall, ToolSpec};
-use crate::run::AgentToolFailure;
+use crate::llm::{ToolCall, ToolSpec};
 use crate::tools::{Entry, ToolContext};
+use crate::types::AgentToolFailure;
 
 /// The tools of one turn: a client's chat turn (`turn: None`) or an agent-tool run's.
 pub(crate) struct HostTools<'a, A: Agent> {

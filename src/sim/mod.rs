@@ -24,9 +24,9 @@ mod world;
 
 use serde_json::Value;
 
-use crate::agent::{AgentToolOptions, RecoveryPolicy};
 use crate::parent::registry::Registry;
-use crate::run::RunStatus;
+use crate::types::RunStatus;
+use crate::types::{AgentToolOptions, RecoveryPolicy};
 use world::{Handler, Planned, Rng, TurnScript, World};
 
 /// Seeds that once found a bug, kept as regression cases.
@@ -230,7 +230,7 @@ fn check_end(world: &mut World) -> Result<(), String> {
             })?;
         }
         let drained = !world.observed.drains_incomplete.contains(&run.run_id);
-        if run.status == RunStatus::Completed && run.event_delivery == crate::run::EventDelivery::Full && drained {
+        if run.status == RunStatus::Completed && run.event_delivery == crate::types::EventDelivery::Full && drained {
             let last = segments.last().expect("one");
             if Some(last.as_str()) != run.summary.as_deref() {
                 return Err(format!(

@@ -9,7 +9,6 @@ use std::collections::{BTreeMap, BinaryHeap};
 use serde_json::{json, Value};
 
 use super::reducer::Client as Reducer;
-use crate::agent::{AgentToolOptions, RecoveryPolicy};
 use crate::chat::message::MessageBuilder;
 use crate::chat::store::{Messages, OpenStreams};
 use crate::child::engine::{ChildAction, ChildEngine, SubscriberId, TailError};
@@ -24,8 +23,8 @@ use crate::protocol::child_api::{InspectionReply, StartRequest};
 use crate::protocol::chunk::Progress;
 use crate::protocol::tail::{ChunkKind, LineSplitter, OutcomeStatus, RunOutcome};
 use crate::protocol::InterruptedReason;
-use crate::run::{DetachedOptions, EventDelivery, RunResult, RunStatus};
 use crate::store::{meta, Sql};
+use crate::types::{AgentToolOptions, DetachedOptions, EventDelivery, RecoveryPolicy, RunResult, RunStatus};
 
 /// A small, fast, seeded generator (SplitMix64).
 #[derive(Debug, Clone)]
@@ -474,7 +473,7 @@ impl World {
             }
             Ev::ClearFinished => {
                 self.parent_wake();
-                let filter = crate::run::ClearFilter {
+                let filter = crate::types::ClearFilter {
                     status: Some(vec![RunStatus::Completed, RunStatus::Error, RunStatus::Aborted]),
                     older_than: None,
                 };

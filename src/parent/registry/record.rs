@@ -5,81 +5,7 @@ use serde_json::Value;
 
 use crate::protocol::{AgentToolEvent, EventFrame, InterruptedReason};
 use crate::store::Row;
-
-/// Where a run is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RunStatus {
-    /// Row inserted; the child has not accepted the run yet.
-    Starting,
-    /// The child accepted the run.
-    Running,
-    /// Finished with a result.
-    Completed,
-    /// Failed.
-    Error,
-    /// Cancelled.
-    Aborted,
-    /// The parent stopped waiting without a logical outcome; repairable.
-    Interrupted,
-}
-
-impl RunStatus {
-    /// The SQL spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Starting => "starting",
-            Self::Running => "running",
-            Self::Completed => "completed",
-            Self::Error => "error",
-            Self::Aborted => "aborted",
-            Self::Interrupted => "interrupted",
-        }
-    }
-
-    /// Parses the SQL spelling.
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "starting" => Self::Starting,
-            "running" => Self::Running,
-            "completed" => Self::Completed,
-            "error" => Self::Error,
-            "aborted" => Self::Aborted,
-            "interrupted" => Self::Interrupted,
-            _ => return None,
-        })
-    }
-
-    /// `completed`, `error` and `aborted`: final, never overwritten.
-    pub fn is_hard_terminal(self) -> bool {
-        matches!(self, Self::Completed | Self::Error | Self::Aborted)
-    }
-
-    /// `starting` and `running`: holds a concurrency slot.
-    pub fn is_live(self) -> bool {
-        matches!(self, Self::Starting | Self::Running)
-    }
-}
-
-/// Whether a run's ordinary chunks reach clients.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum EventDelivery {
-    /// Every chunk is forwarded and replayed.
-    #[default]
-    Full,
-    /// Only lifecycle, progress and milestone frames.
-    Terminal,
-}
-
-impl EventDelivery {
-    /// The SQL spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Full => "full",
-            Self::Terminal => "terminal",
-        }
-    }
-}
+use crate::types::{EventDelivery, RunInfo, RunResult, RunStatus};
 
 /// What a caller knows about a run before it starts.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -254,6 +180,40 @@ pub(super) const COLUMNS: &str = "run_id, parent_tool_call_id, agent_type, input
     input_json, reruns, started_seq";
 
 impl RunRecord {
+    /// The run's result as its row records it.
+    pub fn result(&self) -> RunResult {
+        let r = self;
+        RunResult {
+            run_id: r.run_id.clone(),
+            agent_type: r.agent_type.clone(),
+            status: r.status,
+            summary: r.summary.clone(),
+            output: r.output_json.as_deref().and_then(|s| serde_json::from_str(s).ok()),
+            error: r.error_message.clone(),
+            reason: r.interrupted_reason,
+            child_still_running: r.child_still_running,
+        }
+    }
+
+    /// The run as hooks and listings see it.
+    pub fn info(&self) -> RunInfo {
+        let r = self;
+        RunInfo {
+            run_id: r.run_id.clone(),
+            parent_tool_call_id: r.parent_tool_call_id.clone(),
+            agent_type: r.agent_type.clone(),
+            input_preview: r.input_preview.clone(),
+            status: r.status,
+            display: r.display.clone(),
+            notify_source: r.detached.as_ref().and_then(|d| d.notify_source.clone()),
+            display_order: r.display_order,
+            started_at: r.started_at,
+            completed_at: r.completed_at,
+            detached: r.detached.is_some(),
+            reruns: r.reruns,
+        }
+    }
+
     pub(super) fn from_row(r: &Row) -> Self {
         Self {
             run_id: r.text(0).unwrap_or_default(),

@@ -1,6 +1,7 @@
 use super::*;
 use crate::protocol::AgentToolEvent;
 use crate::store::sqlite;
+use crate::types::EventDelivery;
 use serde_json::json;
 
 fn registry_db() -> rusqlite::Connection {

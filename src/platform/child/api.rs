@@ -13,8 +13,8 @@ use crate::platform::host::Host;
 use crate::platform::{json_error, now_ms, parse_json};
 use crate::protocol::child_api::{CancelRequest, StartRequest};
 use crate::routing::RequestUrl;
-use crate::run::ClearFilter;
 use crate::store::meta;
+use crate::types::ClearFilter;
 
 /// Live writes a child holds for one tail before it cuts a reader that does not keep up (each
 /// write is one flush of the turn: at most 256 lines).

@@ -6,13 +6,14 @@ use futures::channel::oneshot;
 use futures::future::{select, Either};
 use serde_json::Value;
 
-use crate::agent::{Agent, AgentClass};
+use crate::agent::Agent;
 use crate::parent::agent_tool::ChildRef;
 use crate::parent::engine::{cap_message, current_result, queues, Admitted, Dispatch};
-use crate::parent::registry::NewRun;
+use crate::parent::registry::{NewRun, RunRecord};
 use crate::platform::host::{missing_binding, Host};
 use crate::platform::{now_ms, random_id, AgentHost};
-use crate::run::{
+use crate::types::AgentClass;
+use crate::types::{
     validate_run_id, AgentToolChunk, ClearFilter, DetachedHandle, DetachedOptions, EventDelivery, Milestone,
     ProgressSnapshot, RunInfo, RunInspection, RunOptions, RunResult, RunStatus,
 };
@@ -285,12 +286,12 @@ impl Host {
     }
 
     pub(crate) fn agent_tool_runs(&self) -> Vec<RunInfo> {
-        self.registry().all().unwrap_or_default().iter().map(RunInfo::from_record).collect()
+        self.registry().all().unwrap_or_default().iter().map(RunRecord::info).collect()
     }
 
     pub(crate) fn inspect_agent_tool_run(&self, run_id: &str) -> Option<RunInspection> {
         let record = self.registry().get(run_id).ok().flatten()?;
-        let result = (!record.status.is_live()).then(|| RunResult::from_record(&record));
+        let result = (!record.status.is_live()).then(|| record.result());
         let milestone_data: Vec<Value> = self
             .registry()
             .milestones(run_id)
@@ -312,7 +313,7 @@ impl Host {
         });
         let milestones =
             milestone_data.into_iter().filter_map(|data| serde_json::from_value::<Milestone>(data).ok()).collect();
-        Some(RunInspection { info: RunInfo::from_record(&record), result, progress, milestones })
+        Some(RunInspection { info: record.info(), result, progress, milestones })
     }
 
     pub(crate) fn get_agent_tool_chunks(&self, run_id: &str, after_sequence: Option<i64>) -> Vec<AgentToolChunk> {

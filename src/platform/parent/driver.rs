@@ -301,8 +301,8 @@ impl Host {
     /// The chat message a `notify` run injects when it finishes, and the model's turn on it.
     async fn notify_finish(
         &self,
-        run: &crate::run::RunInfo,
-        result: &crate::run::RunResult,
+        run: &crate::types::RunInfo,
+        result: &crate::types::RunResult,
         source: &str,
     ) -> Result<(), String> {
         let text = self.0.hooks.format_detached_completion(run, result);
@@ -323,12 +323,12 @@ impl Host {
     /// is never held up by a model turn).
     fn notify_milestone(
         &self,
-        run: &crate::run::RunInfo,
+        run: &crate::types::RunInfo,
         milestone: &serde_json::Value,
-        mode: crate::run::MilestoneMode,
+        mode: crate::types::MilestoneMode,
         source: &str,
     ) {
-        let Ok(typed) = serde_json::from_value::<crate::run::Milestone>(milestone.clone()) else { return };
+        let Ok(typed) = serde_json::from_value::<crate::types::Milestone>(milestone.clone()) else { return };
         let text = self.0.hooks.format_detached_milestone(run, &typed);
         if text.is_empty() {
             return;
@@ -336,7 +336,7 @@ impl Host {
         let id = format!("detached-ms:{}:{}", run.run_id, typed.name);
         let metadata =
             json!({ "source": source, "runId": run.run_id, "agentType": run.agent_type, "milestone": typed.name });
-        let react = mode == crate::run::MilestoneMode::React;
+        let react = mode == crate::types::MilestoneMode::React;
         match self.inject(&id, if react { "user" } else { "assistant" }, &text, metadata) {
             Ok(true) if react => {
                 let host = self.clone();

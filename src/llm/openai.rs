@@ -224,7 +224,7 @@ impl StreamDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ToolSpec;
+    use crate::llm::ToolSpec;
 
     fn decode(events: &[&str]) -> Result<Vec<ModelEvent>, ModelError> {
         let mut d = StreamDecoder::default();

@@ -6,11 +6,83 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::cancel::CancelToken;
-pub use crate::parent::detached::{DetachedHandle, DetachedOptions, MilestoneMode, OnMilestones};
-use crate::parent::registry::RunRecord;
-pub use crate::parent::registry::{EventDelivery, RunStatus};
 pub use crate::protocol::chunk::Progress;
 pub use crate::protocol::InterruptedReason;
+
+/// Where a run is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunStatus {
+    /// Row inserted; the child has not accepted the run yet.
+    Starting,
+    /// The child accepted the run.
+    Running,
+    /// Finished with a result.
+    Completed,
+    /// Failed.
+    Error,
+    /// Cancelled.
+    Aborted,
+    /// The parent stopped waiting without a logical outcome; repairable.
+    Interrupted,
+}
+
+impl RunStatus {
+    /// The SQL spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Starting => "starting",
+            Self::Running => "running",
+            Self::Completed => "completed",
+            Self::Error => "error",
+            Self::Aborted => "aborted",
+            Self::Interrupted => "interrupted",
+        }
+    }
+
+    /// Parses the SQL spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "starting" => Self::Starting,
+            "running" => Self::Running,
+            "completed" => Self::Completed,
+            "error" => Self::Error,
+            "aborted" => Self::Aborted,
+            "interrupted" => Self::Interrupted,
+            _ => return None,
+        })
+    }
+
+    /// `completed`, `error` and `aborted`: final, never overwritten.
+    pub fn is_hard_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Error | Self::Aborted)
+    }
+
+    /// `starting` and `running`: holds a concurrency slot.
+    pub fn is_live(self) -> bool {
+        matches!(self, Self::Starting | Self::Running)
+    }
+}
+
+/// Whether a run's ordinary chunks reach clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EventDelivery {
+    /// Every chunk is forwarded and replayed.
+    #[default]
+    Full,
+    /// Only lifecycle, progress and milestone frames.
+    Terminal,
+}
+
+impl EventDelivery {
+    /// The SQL spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Full => "full",
+            Self::Terminal => "terminal",
+        }
+    }
+}
 
 /// Options of one dispatch ([`crate::AgentHost::run_agent_tool`]).
 ///
@@ -165,19 +237,6 @@ impl AgentToolFailure {
 }
 
 impl RunResult {
-    pub(crate) fn from_record(r: &RunRecord) -> Self {
-        Self {
-            run_id: r.run_id.clone(),
-            agent_type: r.agent_type.clone(),
-            status: r.status,
-            summary: r.summary.clone(),
-            output: r.output_json.as_deref().and_then(|s| serde_json::from_str(s).ok()),
-            error: r.error_message.clone(),
-            reason: r.interrupted_reason,
-            child_still_running: r.child_still_running,
-        }
-    }
-
     /// A dispatch refused before any row was written (bad run id, cap reached, …).
     pub(crate) fn refused(run_id: impl Into<String>, agent_type: impl Into<String>, error: impl Into<String>) -> Self {
         Self {
@@ -253,25 +312,6 @@ pub struct RunInfo {
     /// How many times the child ran the turn again after a restart cut it short
     /// ([`crate::RecoveryPolicy::Rerun`]).
     pub reruns: i64,
-}
-
-impl RunInfo {
-    pub(crate) fn from_record(r: &RunRecord) -> Self {
-        Self {
-            run_id: r.run_id.clone(),
-            parent_tool_call_id: r.parent_tool_call_id.clone(),
-            agent_type: r.agent_type.clone(),
-            input_preview: r.input_preview.clone(),
-            status: r.status,
-            display: r.display.clone(),
-            notify_source: r.detached.as_ref().and_then(|d| d.notify_source.clone()),
-            display_order: r.display_order,
-            started_at: r.started_at,
-            completed_at: r.completed_at,
-            detached: r.detached.is_some(),
-            reruns: r.reruns,
-        }
-    }
 }
 
 /// A run's latest progress signal (the TypeScript SDK's `AgentToolProgressSnapshot`).

@@ -1,4 +1,4 @@
-//! Models that drive a turn: the [`Model`] trait, the provider-neutral request and the events a
+//! The language-model seam (public as `agent_tools::model`): models that drive a turn: the [`Model`] trait, the provider-neutral request and the events a
 //! model streams, and the built-in providers' wire formats (their HTTP lives in `platform`).
 //!
 //! - `offline`: the built-in deterministic model (the default; no network, no keys).
@@ -11,7 +11,6 @@ pub(crate) mod openai;
 pub(crate) mod sse;
 pub(crate) mod workers_ai;
 
-pub use crate::platform::model::{ModelProvider, WorkersAiConfig};
 pub use offline::OfflineModel;
 pub use openai::OpenAiConfig;
 

@@ -1,0 +1,166 @@
+//! The shape of the crate, checked: the engines and the wire protocol never reach the platform,
+//! and the modules depend on each other without a cycle.
+//!
+//! The crate's modules, bottom to top:
+//!
+//! ```text
+//! store  routing  cancel  observability  schema      plain helpers, no crate imports (schema runs
+//! protocol                                            patterns on JavaScript's RegExp in a Worker)
+//! types                                              options, statuses, results: the contract's data
+//! llm  chat                                          the model seam, the chat core
+//! parent  child                                      the engines: events and time in, actions out
+//! agent  tools  platform  macros  wrangler_check     the edge: what an author implements and the
+//!                                                    host that binds it to a Durable Object
+//! ```
+//!
+//! The edge is one layer on purpose: the `Agent` trait's hooks receive the `AgentHost` that runs
+//! them, so the trait (`agent.rs`) and its host (`platform/`) name each other, as a trait and the
+//! type it is implemented for often do. Everything below the edge is acyclic, and nothing below it
+//! names the edge or the `worker` crate.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// Modules that make up the edge (one node of the graph).
+const EDGE: &[&str] = &["agent", "tools", "platform", "macros", "wrangler_check"];
+
+/// Modules that must not name the edge nor the platform's crates.
+const BELOW_THE_EDGE: &[&str] =
+    &["parent", "child", "protocol", "chat", "types", "store", "llm", "routing", "cancel", "observability"];
+
+/// Crates only the edge may use (the Workers runtime).
+const PLATFORM_CRATES: &[&str] = &["worker", "js_sys", "wasm_bindgen", "web_sys"];
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("src is readable") {
+        let path = entry.expect("an entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The code of a file as the library compiles it: its test module and its comments left out.
+fn library_code(text: &str) -> String {
+    let end = ["#[cfg(test)]", "#[cfg(all(test"]
+        .iter()
+        .filter_map(|marker| text.find(&format!("\n{marker}")))
+        .min()
+        .unwrap_or(text.len());
+    text[..end].lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
+}
+
+/// The identifiers that follow `prefix::` in `code`.
+fn paths_after<'a>(code: &'a str, prefix: &str) -> BTreeSet<&'a str> {
+    let needle = format!("{prefix}::");
+    code.match_indices(&needle)
+        .filter(|(at, _)| at.checked_sub(1).and_then(|i| code.as_bytes().get(i)).is_none_or(|b| !is_ident(*b)))
+        .map(|(at, _)| {
+            let rest = &code[at + needle.len()..];
+            &rest[..rest.bytes().position(|b| !is_ident(b)).unwrap_or(rest.len())]
+        })
+        .collect()
+}
+
+fn is_ident(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// Each top-level module's dependencies on the others (by `crate::` paths in its library code),
+/// and the platform crates it names.
+fn module_graph() -> BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut graph: BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> = BTreeMap::new();
+    for file in files {
+        let relative = file.strip_prefix(&src).expect("under src");
+        let top = relative.components().next().expect("a component").as_os_str().to_string_lossy();
+        let top = top.trim_end_matches(".rs").to_owned();
+        // The crate root is the public façade; tests and the demo Worker are not the library.
+        let test_only = ["sim", "fuzz_tests", "architecture_tests"].contains(&top.as_str())
+            || relative.file_name().is_some_and(|f| f == "tests.rs");
+        if top == "lib" || top == "demo" || test_only {
+            continue;
+        }
+        let code = library_code(&std::fs::read_to_string(&file).expect("readable"));
+        let (deps, crates) = graph.entry(top.clone()).or_default();
+        deps.extend(paths_after(&code, "crate").into_iter().filter(|m| *m != top).map(str::to_owned));
+        for name in PLATFORM_CRATES {
+            if code.contains(&format!("{name}::")) && !paths_after(&code, name).is_empty() {
+                crates.insert((*name).to_owned());
+            }
+        }
+    }
+    graph
+}
+
+fn node(module: &str) -> &str {
+    if EDGE.contains(&module) {
+        "edge"
+    } else {
+        module
+    }
+}
+
+#[test]
+fn nothing_below_the_edge_names_the_edge_or_the_platform() {
+    let graph = module_graph();
+    for module in BELOW_THE_EDGE {
+        let (deps, crates) = graph.get(*module).unwrap_or_else(|| panic!("no module {module}"));
+        let edge: Vec<&String> = deps.iter().filter(|d| EDGE.contains(&d.as_str())).collect();
+        assert!(edge.is_empty(), "{module} names the edge: {edge:?}");
+        assert!(crates.is_empty(), "{module} names the platform's crates: {crates:?}");
+    }
+}
+
+/// The modules of `edges` that cannot be ordered bottom to top (Kahn's algorithm): those on a
+/// cycle and those that depend on one. Empty when the graph has no cycle.
+fn unordered<'a>(mut edges: BTreeMap<&'a str, BTreeSet<&'a str>>) -> BTreeMap<&'a str, BTreeSet<&'a str>> {
+    while let Some(leaf) = edges.iter().find(|(_, to)| to.is_empty()).map(|(m, _)| *m) {
+        edges.remove(leaf);
+        for to in edges.values_mut() {
+            to.remove(leaf);
+        }
+    }
+    edges
+}
+
+#[test]
+fn the_module_graph_has_no_cycle() {
+    let graph = module_graph();
+    let nodes: BTreeSet<&str> = graph.keys().map(|m| node(m)).collect();
+    let mut edges: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (module, (deps, _)) in &graph {
+        let from = node(module);
+        let to = edges.entry(from).or_default();
+        to.extend(deps.iter().map(|d| node(d)).filter(|d| *d != from && nodes.contains(d)));
+    }
+    let cycle = unordered(edges);
+    assert!(cycle.is_empty(), "these modules depend on each other in a cycle: {cycle:?}");
+}
+
+#[test]
+fn the_checks_see_what_they_check() {
+    // A cycle, and what is not one.
+    let edges = |pairs: &[(&'static str, &'static str)]| {
+        let mut map: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+        for (from, to) in pairs {
+            map.entry(from).or_default().insert(to);
+            map.entry(to).or_default();
+        }
+        map
+    };
+    let cycle = unordered(edges(&[("parent", "types"), ("types", "platform"), ("platform", "parent"), ("x", "types")]));
+    assert_eq!(cycle.keys().copied().collect::<Vec<_>>(), ["parent", "platform", "types", "x"]);
+    assert!(unordered(edges(&[("parent", "types"), ("platform", "parent"), ("platform", "types")])).is_empty());
+    // The parsing: `crate::` paths in code, not in comments nor in the test module.
+    let code = library_code(
+        "use crate::platform::AgentHost;\n// crate::agent in a comment\nfn f() { worker::Delay::from(1); }\n#[cfg(test)]\nmod tests { use crate::demo; }",
+    );
+    assert_eq!(paths_after(&code, "crate"), BTreeSet::from(["platform"]));
+    assert_eq!(paths_after(&code, "worker"), BTreeSet::from(["Delay"]));
+    assert!(paths_after("my_crate::x", "crate").is_empty(), "a longer name is not `crate`");
+}

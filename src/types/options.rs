@@ -1,0 +1,117 @@
+//! The engine's settings for one agent class: its Durable Object class, its concurrency cap and
+//! admission, its re-attach, detached and retention budgets, and how it heals a lost turn (the
+//! TypeScript SDK's static `options`).
+
+/// A detached run's absolute budget by default: 24 h.
+pub const DEFAULT_MAX_BUDGET_MS: u64 = 24 * 60 * 60 * 1000;
+/// Its resetting no-progress budget by default: 1 h.
+pub const DEFAULT_NO_PROGRESS_BUDGET_MS: u64 = 60 * 60 * 1000;
+/// The backbone's cadence: 5, 15, 30, then every 120 s while nothing changes.
+pub const CADENCE_MS: [u64; 4] = [5_000, 15_000, 30_000, 120_000];
+
+/// The Durable Object class an agent is bound to. Implemented by [`crate::durable_object!`],
+/// never by hand: the class name is the name of the exported class, so the two cannot drift.
+pub trait AgentClass {
+    /// The class name (`Researcher`): the exported Durable Object class, the `agentType` of its
+    /// runs, and, in kebab-case, its URL segment (`/agents/researcher/…`).
+    const CLASS: &'static str;
+    /// The `[[durable_objects.bindings]]` name in `wrangler.toml` (by default the class name).
+    const BINDING: &'static str;
+}
+
+/// How a child that lost its turn to a restart (a deploy, an eviction mid-turn) heals.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecoveryPolicy {
+    /// Run the turn again from its stored input; the new answer alone becomes the result (the
+    /// partial one stays in the child's transcript, marked superseded). The child's own tool
+    /// calls run again too: make tools with side effects idempotent, or choose `Seal`.
+    #[default]
+    Rerun,
+    /// End the run `interrupted` (retryable) with the partial answer kept; dispatching the same
+    /// run id again runs it afresh.
+    Seal,
+}
+
+/// What a dispatch over [`AgentToolOptions::max_concurrent`] does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Admission {
+    /// Refuse it at once with a clear error, writing nothing: a retry of the same run id
+    /// succeeds once a slot is free. The default, because a caller (usually a model turn) should
+    /// learn about back-pressure rather than wait without bound.
+    #[default]
+    Reject,
+    /// Hold it until a slot frees, then dispatch it (first come, first served).
+    Queue,
+}
+
+/// The engine's settings for one agent (the TypeScript SDK's static `options`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentToolOptions {
+    /// The most runs `starting` or `running` at once (`maxConcurrentAgentTools`; default:
+    /// unlimited).
+    pub max_concurrent: Option<usize>,
+    /// What a dispatch over the cap does.
+    pub admission: Admission,
+    /// How long a followed child may send nothing before the run is sealed `interrupted`
+    /// (`no-progress`, the child left running). Default 120 000 ms.
+    pub reattach_no_progress_timeout_ms: u64,
+    /// The longest a run may be followed after its tail first broke; past it the child is torn
+    /// down and the run sealed `interrupted` (`window-exceeded`). Default: unlimited.
+    pub reattach_max_window_ms: Option<u64>,
+    /// How soon after a run starts the agent's alarm fires (and then how often, while runs are
+    /// live) to recover runs a restart left undriven. Default 10 000 ms.
+    pub recovery_alarm_ms: u64,
+    /// The detached backbone's cadence while nothing changes (default 5, 15, 30, then every
+    /// 120 s).
+    pub backbone_cadence_ms: Vec<u64>,
+    /// A detached run's absolute budget unless it sets one (default 24 h).
+    pub detached_max_budget_ms: u64,
+    /// A detached run's no-progress budget unless it sets one (default 1 h; 0 disables it).
+    pub detached_no_progress_budget_ms: u64,
+    /// How this agent, as a child, heals a turn a restart cut short.
+    pub recovery: RecoveryPolicy,
+    /// How long finished runs are kept (for replay, drill-in and inspection) before they are
+    /// cleared as `AgentHost::clear_agent_tool_runs` clears them.
+    pub retention: Retention,
+}
+
+/// Which finished runs a parent keeps. Live runs are never removed; a run past either limit is
+/// cleared (its row, its frames, its child's storage) by the agent's alarm and on the next
+/// dispatch. [`Retention::forever`] is the TypeScript SDK's "retained until cleared".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// The most finished runs kept; the oldest go first. Default 500.
+    pub max_runs: Option<usize>,
+    /// The longest a finished run is kept after it ended, in ms. Default 7 days.
+    pub max_age_ms: Option<u64>,
+}
+
+impl Retention {
+    /// Keep every run until it is cleared explicitly.
+    pub const fn forever() -> Self {
+        Self { max_runs: None, max_age_ms: None }
+    }
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self { max_runs: Some(500), max_age_ms: Some(7 * 24 * 60 * 60 * 1000) }
+    }
+}
+
+impl Default for AgentToolOptions {
+    fn default() -> Self {
+        Self {
+            max_concurrent: None,
+            admission: Admission::Reject,
+            reattach_no_progress_timeout_ms: 120_000,
+            reattach_max_window_ms: None,
+            recovery_alarm_ms: 10_000,
+            backbone_cadence_ms: CADENCE_MS.to_vec(),
+            detached_max_budget_ms: DEFAULT_MAX_BUDGET_MS,
+            detached_no_progress_budget_ms: DEFAULT_NO_PROGRESS_BUDGET_MS,
+            recovery: RecoveryPolicy::Rerun,
+            retention: Retention::default(),
+        }
+    }
+}
