@@ -79,6 +79,7 @@ mod parent;
 mod platform;
 mod protocol;
 mod routing;
+mod schedule;
 mod schema;
 mod store;
 mod tools;
@@ -189,11 +190,11 @@ pub use types::{
 /// The fixed limits (see the README's "Security and limits"); the adjustable ones are
 /// [`AgentToolOptions`] fields.
 pub mod limits {
+    pub use crate::chat::protocol::{MAX_QUEUED_TURNS, MAX_WAITING_TURNS};
     pub use crate::llm::sse::MAX_SSE_LINE_BYTES;
     pub use crate::parent::engine::MAX_CHILD_CLEAR_ATTEMPTS;
     pub use crate::parent::engine::{MAX_DISPLAY_BYTES, MAX_INPUT_BYTES, RETENTION_BATCH};
     pub use crate::parent::registry::{MAX_TOMBSTONES, REPLAY_PAGE_FRAMES, REPLAY_PAGE_RUNS};
-    pub use crate::platform::chat::{MAX_QUEUED_TURNS, MAX_WAITING_TURNS};
     pub use crate::platform::child::{TAIL_PAGE, TAIL_QUEUE};
     pub use crate::platform::route::MAX_BODY_BYTES;
     pub use crate::protocol::tail::MAX_TAIL_LINE_BYTES;

@@ -32,6 +32,11 @@ pub enum EventType {
     /// Delivering a detached run's completion failed; payload `{runId, error}`.
     #[serde(rename = "agent_tool:detached:delivery_failed")]
     DetachedDeliveryFailed,
+    /// A storage statement failed: the decision it belonged to was rolled back as a whole and is
+    /// taken again (the run is followed again from what storage holds, the alarm retries the
+    /// rest); payload `{runId?, step, error}`.
+    #[serde(rename = "agent_tool:storage_failed")]
+    StorageFailed,
     /// Many detached runs are live at once; payload `{live}`.
     #[serde(rename = "agent_tool:detached:live_count_warning")]
     DetachedLiveCountWarning,

@@ -109,6 +109,23 @@ pub trait Sql {
     fn one(&self, sql: &str, params: &[Value]) -> Result<Option<Row>, StoreError> {
         Ok(self.exec(sql, params)?.into_iter().next())
     }
+
+    /// Runs `work` as one unit: when it fails, everything it wrote is rolled back (a Durable
+    /// Object's `transactionSync`, a savepoint natively). The engines run every decision in one,
+    /// so a failed statement never leaves half a decision behind.
+    fn atomically(&self, work: &mut dyn FnMut() -> Result<(), StoreError>) -> Result<(), StoreError>;
+}
+
+/// [`Sql::atomically`] for work that returns a value.
+pub fn atomic<T>(sql: &(impl Sql + ?Sized), work: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
+    let mut work = Some(work);
+    let mut out = None;
+    sql.atomically(&mut || {
+        let work = work.take().ok_or_else(|| StoreError { message: "a unit of work ran twice".into() })?;
+        out = Some(work()?);
+        Ok(())
+    })?;
+    out.ok_or_else(|| StoreError { message: "a unit of work did not run".into() })
 }
 
 #[cfg(all(test, not(target_arch = "wasm32")))]
@@ -163,6 +180,31 @@ pub(crate) mod sqlite {
         fn batch(&self, sql: &str) -> Result<(), StoreError> {
             self.execute_batch(sql).map_err(err)
         }
+
+        fn atomically(&self, work: &mut dyn FnMut() -> Result<(), StoreError>) -> Result<(), StoreError> {
+            self.execute_batch("SAVEPOINT atomically").map_err(err)?;
+            match work() {
+                Ok(()) => self.execute_batch("RELEASE atomically").map_err(err),
+                Err(e) => {
+                    self.execute_batch("ROLLBACK TO atomically; RELEASE atomically").map_err(err)?;
+                    Err(e)
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_failed_unit_leaves_nothing_behind() {
+        let db = memory();
+        db.batch("CREATE TABLE t (v INTEGER);").unwrap();
+        let failed = super::atomic(&db, || {
+            db.exec("INSERT INTO t VALUES (1)", &[])?;
+            db.exec("INSERT INTO nowhere VALUES (2)", &[])
+        });
+        assert!(failed.is_err());
+        assert_eq!(super::atomic(&db, || db.exec("INSERT INTO t VALUES (3)", &[]).map(|_| 7)), Ok(7));
+        let rows = db.exec("SELECT v FROM t", &[]).unwrap();
+        assert_eq!(rows, vec![Row(vec![Value::Int(3)])], "the failed unit's insert was rolled back");
     }
 }
 

@@ -82,6 +82,18 @@ impl<'a, S: Sql + ?Sized> Messages<'a, S> {
         Ok(())
     }
 
+    /// Adds a message unless one with its id is there: `true` when it was added.
+    pub fn insert_new(&self, message: &Value, now: i64) -> Result<bool, StoreError> {
+        let id = message.get("id").and_then(Value::as_str).unwrap_or_default();
+        let rows = self.sql.exec(
+            "INSERT INTO chat_messages (id, ord, message_json, created_at) \
+             VALUES (?, (SELECT COALESCE(MAX(ord) + 1, 0) FROM chat_messages), ?, ?) \
+             ON CONFLICT (id) DO NOTHING RETURNING 1",
+            &[V::from(id), V::from(message.to_string()), V::Int(now)],
+        )?;
+        Ok(!rows.is_empty())
+    }
+
     /// Keeps a transcript a client sent: upserts every message; when every one of them is
     /// already known (a regenerate), drops the stored messages the client no longer has.
     pub fn persist_client(&self, messages: &[Value], now: i64) -> Result<(), StoreError> {

@@ -81,13 +81,6 @@ pub enum ChildAction {
         /// The run.
         run_id: String,
     },
-    /// Call [`ChildEngine::flush_progress`] for the run at this time.
-    FlushAt {
-        /// The run.
-        run_id: String,
-        /// Epoch ms.
-        at: i64,
-    },
     /// Mark the messages a restart cut short in the run's chat stream as superseded.
     SupersedeMessages {
         /// The run.
@@ -325,7 +318,17 @@ impl ChildEngine {
         let pending = std::mem::take(&mut run.pending);
         let stored: Vec<(i64, ChunkKind, &str)> =
             pending.iter().filter_map(|p| Some((p.index?, p.kind, p.body.as_str()))).collect();
-        StreamLog::new(sql).append_many(run_id, &stored)?;
+        let appended = StreamLog::new(sql).append_many(run_id, &stored);
+        drop(stored);
+        if let Err(e) = appended {
+            // Kept for the next flush (the append is idempotent by index): nothing the turn
+            // emitted is lost to a failed statement.
+            if let Some(run) = self.live.get_mut(run_id) {
+                let later = std::mem::replace(&mut run.pending, pending);
+                run.pending.extend(later);
+            }
+            return Err(e);
+        }
         let mut actions = Vec::new();
         let mut lines = Vec::new();
         let mut chat = Vec::new();
@@ -370,9 +373,38 @@ impl ChildEngine {
         }
         match decision {
             Decision::Emit(report) => self.send_progress(sql, run_id, &report, chat_streaming, new_id, now),
-            Decision::Defer { flush_at } => Ok(vec![ChildAction::FlushAt { run_id: run_id.to_owned(), at: flush_at }]),
-            Decision::Replaced => Ok(Vec::new()),
+            // Held: its window's end is this engine's deadline (see `poll_timeout`).
+            Decision::Defer { .. } | Decision::Replaced => Ok(Vec::new()),
         }
+    }
+
+    /// When the engine next needs the time (epoch ms): the end of a coalescing window that holds
+    /// a report back. The platform calls [`Self::handle_timeout`] then.
+    pub fn poll_timeout(&self) -> Option<i64> {
+        self.live.values().filter_map(|run| run.progress.due()).min()
+    }
+
+    /// The time came: every coalescing window that ended sends the report it held back.
+    /// `chat_streaming` says whether a run's chat stream is open.
+    pub fn handle_timeout(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        chat_streaming: &dyn Fn(&str) -> bool,
+        new_id: &dyn Fn() -> String,
+        now: i64,
+    ) -> Result<Vec<ChildAction>, StoreError> {
+        let mut due: Vec<String> = self
+            .live
+            .iter()
+            .filter(|(_, run)| run.progress.due().is_some_and(|at| at <= now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        due.sort();
+        let mut actions = Vec::new();
+        for run_id in due {
+            actions.extend(self.flush_progress(sql, &run_id, chat_streaming(&run_id), new_id, now)?);
+        }
+        Ok(actions)
     }
 
     /// A coalescing window closed: sends the report it held back, if any.
@@ -406,6 +438,49 @@ impl ChildEngine {
         let live = chunk::progress(&id, &report.progress);
         let kept = (!report.persist && report.progress.data.is_some()).then(|| chunk::progress(&id, &report.kept()));
         Ok(self.emit(sql, run_id, ChunkKind::Progress, live, kept, chat_streaming)?.1)
+    }
+
+    /// The run's turn begins: the run is `running` from now on.
+    pub fn turn_begins(&mut self, sql: &(impl Sql + ?Sized), run_id: &str) -> Result<(), StoreError> {
+        ChildRuns::new(sql).mark_running(run_id).map(drop)
+    }
+
+    /// The run's turn is over, as the platform saw it: `returned` is what it returned (its
+    /// summary and output, or its error), `None` when a cancel dropped it; `cancelled` holds the
+    /// cancel's reason when the run was cancelled. A cancelled run ends `aborted` whatever its
+    /// turn returned (a dropped turn's stream gets its `abort` chunk); otherwise the turn's
+    /// result is the run's. Then [`Self::turn_ended`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn turn_finished(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        returned: Option<Result<(String, Option<Value>), String>>,
+        cancelled: Option<Option<String>>,
+        chat_streaming: bool,
+        new_id: &dyn Fn() -> String,
+        now: i64,
+    ) -> Result<Vec<ChildAction>, StoreError> {
+        let mut actions = Vec::new();
+        let aborted = |error| RunOutcome { status: OutcomeStatus::Aborted, summary: None, output: None, error };
+        let outcome = match (returned, cancelled) {
+            (returned, Some(reason)) => {
+                if returned.is_none() {
+                    let abort = chunk::abort(reason.as_deref());
+                    actions.extend(self.emit(sql, run_id, ChunkKind::Stored, abort, None, chat_streaming)?.1);
+                }
+                aborted(reason)
+            }
+            (Some(Ok((summary, output))), None) => {
+                RunOutcome { status: OutcomeStatus::Completed, summary: Some(summary), output, error: None }
+            }
+            (Some(Err(message)), None) => {
+                RunOutcome { status: OutcomeStatus::Error, summary: None, output: None, error: Some(message) }
+            }
+            (None, None) => aborted(None),
+        };
+        actions.extend(self.turn_ended(sql, run_id, &outcome, chat_streaming, new_id, now)?);
+        Ok(actions)
     }
 
     /// The run's turn ended with `outcome`: held progress goes out first, the outcome is

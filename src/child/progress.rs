@@ -66,6 +66,11 @@ impl Coalescer {
         }
     }
 
+    /// When the held report is due, if one is held.
+    pub fn due(&self) -> Option<i64> {
+        self.pending.as_ref().map(|_| self.last_emit.map_or(0, |last| last + WINDOW_MS))
+    }
+
     /// The held report, if any, now due.
     pub fn flush(&mut self, now: i64) -> Option<Report> {
         let p = self.pending.take()?;

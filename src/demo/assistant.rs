@@ -225,7 +225,7 @@ impl Agent for Assistant {
             "cancel" => {
                 let run_id = arg.get("runId").and_then(Value::as_str).ok_or("cancel expects {runId, reason?}")?;
                 let reason = arg.get("reason").and_then(Value::as_str).map(str::to_owned);
-                host.cancel_agent_tool(run_id, reason).await;
+                host.cancel_agent_tool(run_id, reason).await?;
                 Ok(run_json(host, run_id))
             }
             "clear" => {
@@ -258,11 +258,11 @@ impl Agent for Assistant {
             "schedule" => {
                 let task: ScheduledResearch =
                     serde_json::from_value(arg).map_err(|e| format!("schedule expects {{inMs, topic, runId}}: {e}"))?;
-                if host.scheduled().len() >= DEMO_SCHEDULED_TASKS {
+                if host.scheduled()?.len() >= DEMO_SCHEDULED_TASKS {
                     return Err(format!("at most {DEMO_SCHEDULED_TASKS} scheduled tasks may wait at once"));
                 }
                 let id = host.schedule_in(task.in_ms, &task).await?;
-                Ok(json!({ "taskId": id, "scheduled": host.scheduled().len() }))
+                Ok(json!({ "taskId": id, "scheduled": host.scheduled()?.len() }))
             }
             "bench" if setting(host.env(), "BENCH_ROUTES").as_deref() == Some("1") => {
                 super::bench::bench(host, arg).await

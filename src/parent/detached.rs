@@ -21,7 +21,7 @@ pub const MAX_ATTEMPTS: i64 = 5;
 pub const LIVE_WARNING: i64 = 50;
 
 /// The two delivery slots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Slot {
     /// The run's real outcome (completed, error, aborted).
     Finish,
@@ -229,6 +229,24 @@ impl<'a, S: Sql + ?Sized> Ledger<'a, S> {
             &[V::from(run_id), V::from(name), V::Int(now)],
         )?;
         Ok(!rows.is_empty())
+    }
+
+    /// Forgets the milestone notices of deleted runs: a run dispatched again under one of their
+    /// ids is a new run.
+    pub fn forget(&self, run_ids: &[String]) -> Result<(), StoreError> {
+        for id in run_ids {
+            self.sql.exec("DELETE FROM agent_tool_milestone_deliveries WHERE run_id = ?", &[V::from(id)])?;
+        }
+        Ok(())
+    }
+
+    /// Whether the notification of milestone `name` of a run was claimed.
+    pub fn milestone_claimed(&self, run_id: &str, name: &str) -> Result<bool, StoreError> {
+        let row = self.sql.one(
+            "SELECT 1 FROM agent_tool_milestone_deliveries WHERE run_id = ? AND name = ?",
+            &[V::from(run_id), V::from(name)],
+        )?;
+        Ok(row.is_some())
     }
 }
 

@@ -26,6 +26,7 @@ use crate::parent::engine::ParentEngine;
 use crate::parent::registry::{Registry, ReplayCursor};
 use crate::protocol::rpc::RpcResponse;
 use crate::routing::{kebab_case, parse_agent_path, AgentPath, RequestUrl};
+use crate::schedule::Schedule;
 use crate::store::{meta, Sql};
 use crate::tools::Tools;
 use crate::types::AgentToolOptions;
@@ -44,7 +45,6 @@ pub(crate) struct Core {
     pub(crate) env: Env,
     pub(crate) sql: DoSql,
     pub(crate) chat: Chat,
-    pub(crate) options: AgentToolOptions,
     /// Why this agent cannot serve (a broken tool declaration, a missing binding); every
     /// request is answered with it.
     pub(crate) config_error: Option<String>,
@@ -63,8 +63,10 @@ pub(crate) struct Core {
     pub(crate) started_tails: RefCell<HashMap<String, (i64, worker::Response)>>,
     /// The agent-tool runs each chat turn dispatched, by request id (to cancel them with it).
     pub(crate) turn_runs: RefCell<HashMap<String, Vec<String>>>,
-    /// Dispatches queued for a concurrency slot.
-    pub(crate) slot_waiters: RefCell<Vec<oneshot::Sender<()>>>,
+    /// When the object's one timer fires, if armed (the engines' next deadline), and which arm
+    /// it is.
+    pub(crate) timer_at: Cell<Option<i64>>,
+    pub(crate) timer_gen: Cell<u64>,
     /// When the pending alarm fires, as far as this instance knows.
     pub(crate) alarm_at: Cell<Option<i64>>,
     /// Client sockets whose replay is still going out (not in the live broadcast yet).
@@ -101,20 +103,6 @@ impl<A: Agent> Clone for AgentHost<A> {
 #[derive(Clone)]
 pub(crate) struct Host(pub(crate) Rc<Core>);
 
-/// The schema every agent has: identity, scheduled tasks.
-const HOST_SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS agent_tool_schedule (
-  id TEXT PRIMARY KEY,
-  at INTEGER NOT NULL,
-  payload_json TEXT NOT NULL,
-  claimed_at INTEGER
-);
-CREATE INDEX IF NOT EXISTS agent_tool_schedule_by_at ON agent_tool_schedule (at);
-";
-
-/// How long a claimed scheduled task is held before another alarm may run it again.
-const TASK_LEASE_MS: i64 = 60_000;
-
 /// Frames a replay sends before it lets the socket drain.
 const REPLAY_PAGE: usize = 1024;
 
@@ -122,7 +110,7 @@ impl<A: Agent> AgentHost<A> {
     #[doc(hidden)] // called by the class `durable_object!` generates
     /// Creates the host and its tables. Called by the Durable Object's constructor.
     pub fn new(state: State, env: Env) -> Self {
-        let sql = DoSql(state.storage().sql());
+        let sql = DoSql::of(&state);
         let agent = A::default();
         let migrated = migrate(&sql);
         let parent_tables = matches!(migrated, Ok(true));
@@ -171,7 +159,7 @@ impl<A: Agent> AgentHost<A> {
     /// [`AgentHost::agent_tool_runs`] and its siblings, and never write those tables (a write
     /// there bypasses the run state machine).
     pub fn sql(&self) -> &worker::SqlStorage {
-        &self.host.0.sql.0
+        &self.host.0.sql.sql
     }
 
     /// The chat transcript (`UIMessage` JSON, oldest first).
@@ -255,12 +243,12 @@ impl<A: Agent> AgentHost<A> {
     }
 
     /// Cancels a scheduled task. Returns whether it was still pending.
-    pub fn cancel_schedule(&self, id: &str) -> bool {
+    pub fn cancel_schedule(&self, id: &str) -> Result<bool, String> {
         self.host.cancel_schedule(id)
     }
 
     /// The tasks not yet run, soonest first.
-    pub fn scheduled(&self) -> Vec<ScheduledTask> {
+    pub fn scheduled(&self) -> Result<Vec<ScheduledTask>, String> {
         self.host.scheduled()
     }
 }
@@ -286,16 +274,16 @@ impl Host {
             env,
             sql,
             chat,
-            parent: RefCell::new(ParentEngine::new(class, options.clone())),
+            parent: RefCell::new(ParentEngine::new(class, options.clone(), incarnation())),
             child: RefCell::new(ChildEngine::new(options.recovery)),
-            options,
             config_error,
             parent_tables: Cell::new(parent_tables),
             waiters: RefCell::new(HashMap::new()),
             tails: RefCell::new(HashMap::new()),
             started_tails: RefCell::new(HashMap::new()),
             turn_runs: RefCell::new(HashMap::new()),
-            slot_waiters: RefCell::new(Vec::new()),
+            timer_at: Cell::new(None),
+            timer_gen: Cell::new(0),
             alarm_at: Cell::new(None),
             alarm_lock: futures::lock::Mutex::new(()),
             catching_up: RefCell::new(HashSet::new()),
@@ -536,9 +524,6 @@ impl Host {
             self.carry_out(actions);
         }
         self.run_due_tasks().await;
-        if let Some(at) = self.next_task_at() {
-            self.arm_alarm_at(at.max(super::now_ms())).await;
-        }
         Response::ok("")
     }
 
@@ -546,69 +531,49 @@ impl Host {
 
     pub(crate) async fn schedule(&self, at: i64, payload: String) -> Result<String, String> {
         let id = super::random_id();
-        self.0
-            .sql
-            .exec(
-                "INSERT INTO agent_tool_schedule (id, at, payload_json) VALUES (?, ?, ?)",
-                &[id.as_str().into(), at.into(), payload.into()],
-            )
-            .map_err(|e| e.to_string())?;
+        Schedule::new(&self.0.sql).add(&id, at, &payload).map_err(|e| e.to_string())?;
         self.arm_alarm_at(at.max(super::now_ms())).await;
         Ok(id)
     }
 
-    pub fn cancel_schedule(&self, id: &str) -> bool {
-        self.0
-            .sql
-            .exec("DELETE FROM agent_tool_schedule WHERE id = ? RETURNING 1", &[id.into()])
-            .is_ok_and(|rows| !rows.is_empty())
+    pub fn cancel_schedule(&self, id: &str) -> Result<bool, String> {
+        Schedule::new(&self.0.sql).cancel(id).map_err(|e| e.to_string())
     }
 
-    pub(crate) fn scheduled(&self) -> Vec<ScheduledTask> {
-        self.0
-            .sql
-            .exec("SELECT id, at, payload_json FROM agent_tool_schedule ORDER BY at, id", &[])
-            .unwrap_or_default()
-            .iter()
-            .map(|r| ScheduledTask {
-                id: r.text(0).unwrap_or_default(),
-                at: r.int(1).unwrap_or(0),
-                payload: r.text(2).and_then(|p| serde_json::from_str(&p).ok()).unwrap_or(Value::Null),
-            })
-            .collect()
+    pub(crate) fn scheduled(&self) -> Result<Vec<ScheduledTask>, String> {
+        Schedule::new(&self.0.sql).pending().map_err(|e| e.to_string())
     }
 
-    fn next_task_at(&self) -> Option<i64> {
-        self.0.sql.one("SELECT MIN(at) FROM agent_tool_schedule", &[]).ok().flatten().and_then(|r| r.int(0))
-    }
-
-    /// Runs the tasks that are due, each claimed under a lease first (one synchronous step) so
-    /// two alarms never run one task at once; a task is deleted once its hook returned.
+    /// Runs the tasks that are due (claimed under a lease, so two alarms never run one task at
+    /// once); a task is done once its hook returned. Then the alarm is armed for the next.
     async fn run_due_tasks(&self) {
-        let now = super::now_ms();
-        let due = self
-            .0
-            .sql
-            .exec(
-                "UPDATE agent_tool_schedule SET claimed_at = ?1 WHERE at <= ?1 AND (claimed_at IS NULL OR claimed_at <= ?2) \
-                 RETURNING id, at, payload_json",
-                &[now.into(), (now - TASK_LEASE_MS).into()],
-            )
-            .unwrap_or_default();
-        let mut tasks: Vec<ScheduledTask> = due
-            .iter()
-            .map(|r| ScheduledTask {
-                id: r.text(0).unwrap_or_default(),
-                at: r.int(1).unwrap_or(0),
-                payload: r.text(2).and_then(|p| serde_json::from_str(&p).ok()).unwrap_or(Value::Null),
-            })
-            .collect();
-        tasks.sort_by(|a, b| a.at.cmp(&b.at).then_with(|| a.id.cmp(&b.id)));
-        for task in tasks {
+        let schedule = Schedule::new(&self.0.sql);
+        let due = match schedule.claim_due(super::now_ms()) {
+            Ok(due) => due,
+            Err(e) => return self.storage_failed("schedule", &e),
+        };
+        for task in due {
             let id = task.id.clone();
             self.hooks().on_schedule(self, task).await;
-            let _ = self.0.sql.exec("DELETE FROM agent_tool_schedule WHERE id = ?", &[id.as_str().into()]);
+            if let Err(e) = schedule.done(&id) {
+                // Run again when its lease ends.
+                self.storage_failed("schedule", &e);
+            }
         }
+        match schedule.next_at() {
+            Ok(Some(at)) => self.arm_alarm_at(at.max(super::now_ms())).await,
+            Ok(None) => {}
+            Err(e) => {
+                self.storage_failed("schedule", &e);
+                self.arm_alarm_at(super::now_ms() + crate::schedule::TASK_LEASE_MS).await;
+            }
+        }
+    }
+
+    /// Reports a storage failure outside the engines (`agent_tool:storage_failed`).
+    pub(crate) fn storage_failed(&self, step: &str, error: &crate::store::StoreError) {
+        let payload = json!({ "step": step, "error": error.to_string() });
+        self.observe(crate::observability::EventType::StorageFailed, payload);
     }
 
     /// Makes sure the alarm fires by `at` (an earlier pending one stays).
@@ -655,7 +620,7 @@ pub(crate) fn migrate(sql: &DoSql) -> Result<bool, crate::store::StoreError> {
     let [_registry, _ledger, meta] = crate::parent::engine::SCHEMAS;
     let [child, chat] = crate::child::runs::SCHEMAS;
     let mut parent_tables = false;
-    crate::store::migrate(sql, &[meta, child, chat, HOST_SCHEMA], || {
+    crate::store::migrate(sql, &[meta, child, chat, crate::schedule::SCHEMA], || {
         parent_tables = crate::parent::engine::has_tables(sql)?;
         if parent_tables {
             crate::parent::engine::migrate(sql)?;
@@ -663,9 +628,15 @@ pub(crate) fn migrate(sql: &DoSql) -> Result<bool, crate::store::StoreError> {
             sql.batch(meta)?;
         }
         ChildRuns::new(sql).migrate()?;
-        sql.batch(HOST_SCHEMA)
+        sql.batch(crate::schedule::SCHEMA)
     })?;
     Ok(parent_tables)
+}
+
+/// A random number naming this instance's exchanges with children (see [`ParentEngine::new`]).
+fn incarnation() -> u32 {
+    let bytes = uuid::Uuid::new_v4().into_bytes();
+    u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
 }
 
 /// Checks that every child class an agent's tools dispatch has its Durable Object binding.

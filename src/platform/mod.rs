@@ -23,7 +23,35 @@ use crate::store::{Row, Sql, StoreError, Value};
 
 /// Durable Object SQLite behind [`Sql`].
 #[derive(Clone, Debug)]
-pub(crate) struct DoSql(pub SqlStorage);
+pub(crate) struct DoSql {
+    /// `ctx.storage.sql`.
+    pub(crate) sql: SqlStorage,
+    /// `ctx.storage`, for `transactionSync`.
+    storage: wasm_bindgen::JsValue,
+}
+
+impl DoSql {
+    /// The object's SQL storage.
+    pub(crate) fn of(state: &worker::State) -> Self {
+        let storage = state.as_raw().storage().map(wasm_bindgen::JsValue::from).unwrap_or_default();
+        Self { sql: state.storage().sql(), storage }
+    }
+}
+
+// `transactionSync` rolls back when its callback throws; the callback here is Rust's, which
+// reports failure by returning `false` (a stack closure, valid only during the call), and the
+// snippet turns that into the throw and back.
+#[wasm_bindgen::prelude::wasm_bindgen(inline_js = "export function atomically(storage, work) { \
+    const rollback = new Error('rollback'); \
+    try { storage.transactionSync(() => { if (!work()) throw rollback; }); return true; } \
+    catch (e) { if (e === rollback) return false; throw e; } }")]
+extern "C" {
+    #[wasm_bindgen(catch)]
+    fn atomically(
+        storage: &wasm_bindgen::JsValue,
+        work: &mut dyn FnMut() -> bool,
+    ) -> Result<bool, wasm_bindgen::JsValue>;
+}
 
 fn to_sql_value(v: &Value) -> SqlStorageValue {
     match v {
@@ -54,7 +82,7 @@ fn store_error(sql: &str, e: impl std::fmt::Display) -> StoreError {
 impl Sql for DoSql {
     fn exec(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError> {
         let bindings: Vec<SqlStorageValue> = params.iter().map(to_sql_value).collect();
-        let cursor = self.0.exec(sql, Some(bindings)).map_err(|e| store_error(sql, e))?;
+        let cursor = self.sql.exec(sql, Some(bindings)).map_err(|e| store_error(sql, e))?;
         let mut rows = Vec::new();
         for row in cursor.raw() {
             let row = row.map_err(|e| store_error(sql, e))?;
@@ -65,11 +93,28 @@ impl Sql for DoSql {
 
     fn batch(&self, sql: &str) -> Result<(), StoreError> {
         // Durable Object SQL runs every `;`-separated statement of one `exec`.
-        let cursor = self.0.exec(sql, None).map_err(|e| store_error(sql, e))?;
+        let cursor = self.sql.exec(sql, None).map_err(|e| store_error(sql, e))?;
         for row in cursor.raw() {
             row.map_err(|e| store_error(sql, e))?;
         }
         Ok(())
+    }
+
+    fn atomically(&self, work: &mut dyn FnMut() -> Result<(), StoreError>) -> Result<(), StoreError> {
+        let mut failure = None;
+        let committed = atomically(&self.storage, &mut || match work() {
+            Ok(()) => true,
+            Err(e) => {
+                failure = Some(e);
+                false
+            }
+        });
+        match (committed, failure) {
+            (Ok(true), _) => Ok(()),
+            (_, Some(e)) => Err(e),
+            (Ok(false), None) => Err(StoreError { message: "a unit of work was rolled back".into() }),
+            (Err(e), None) => Err(StoreError { message: format!("transactionSync failed: {e:?}") }),
+        }
     }
 }
 

@@ -68,7 +68,7 @@ impl Host {
     /// Cancels a chat turn (running or still queued) and the child runs it was waiting on: the
     /// model stops first, then the children are cancelled together.
     pub(crate) async fn cancel_chat_turn(&self, request_id: &str) {
-        if self.0.chat.cancel(request_id, "cancelled by the client").is_none() {
+        if !self.0.chat.cancel(request_id, "cancelled by the client") {
             return;
         }
         self.cancel_turn_runs(request_id, "the chat turn was cancelled").await;
@@ -77,7 +77,19 @@ impl Host {
     /// Cancels the child runs a turn dispatched.
     pub(crate) async fn cancel_turn_runs(&self, request_id: &str, reason: &str) {
         let runs = self.0.turn_runs.borrow_mut().remove(request_id).unwrap_or_default();
+        self.cancel_runs(&runs, reason).await;
+    }
+
+    /// Cancels runs, together.
+    pub(crate) async fn cancel_runs(&self, runs: &[String], reason: &str) {
         let reason = || Some(reason.to_owned());
-        futures::future::join_all(runs.iter().map(|run_id| self.cancel_agent_tool(run_id, reason()))).await;
+        let cancels = futures::future::join_all(runs.iter().map(|run_id| self.cancel_agent_tool(run_id, reason())));
+        // A cancel that storage refused was reported by the engine (`agent_tool:storage_failed`),
+        // and its run is recovered by the alarm.
+        for (run_id, result) in runs.iter().zip(cancels.await) {
+            if let Err(e) = result {
+                worker::console_error!("agent-tools: cancelling {run_id} with its chat turn failed: {e}");
+            }
+        }
     }
 }

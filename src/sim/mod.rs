@@ -67,6 +67,8 @@ fn scenario(seed: u64) -> (World, Option<usize>) {
                 stall_ms: rng.range(1_000, 200_000),
                 milestone: rng.chance(0.5),
             },
+            notify: false,
+            on_milestones: false,
         });
     }
     let options = AgentToolOptions {
@@ -107,6 +109,22 @@ fn scenario(seed: u64) -> (World, Option<usize>) {
     if rng.chance(0.15) {
         world.crash_all_at(rng.range(100, 7_000));
     }
+    // The hostile network and storage, the queue, and the chat's notices: drawn after all the
+    // rest, for the same reason.
+    world.hostile = rng.chance(0.5);
+    world.storage_fault_rate = if rng.chance(0.3) { 0.03 } else { 0.0 };
+    if cap.is_some() && rng.chance(0.5) {
+        world.queue_admissions();
+    }
+    for plan in &mut world.planned {
+        if plan.detached.is_some() {
+            plan.notify = rng.chance(0.3);
+            plan.on_milestones = rng.chance(0.4);
+        }
+    }
+    if rng.chance(0.2) {
+        world.abandon_at(rng.range(50, 6_000), &format!("r{}", rng.range(0, runs as i64 - 1)));
+    }
     (world, cap)
 }
 
@@ -134,6 +152,23 @@ fn check_step(world: &World, cap: Option<usize>) -> Result<(), String> {
     }
     if let Some(((run, name), n)) = world.observed.notices.iter().find(|(_, n)| **n > 1) {
         return Err(format!("{run}: milestone {name} surfaced {n} times"));
+    }
+    if let Some(((run, status), n)) = world.observed.notified.iter().find(|(_, n)| **n > 1) {
+        return Err(format!("{run}: its {status} outcome was posted to the chat {n} times"));
+    }
+    if let Some(run) = world.observed.early_results.first() {
+        return Err(format!("a caller of {run} got its result before the run's finish hook returned"));
+    }
+    if let Some((run, at, frame)) = world.observed.after_terminal.first() {
+        return Err(format!("run {run}: {frame} was broadcast after its terminal frame @{at}"));
+    }
+    if let Some((run, at, frame)) = world.observed.replay_after_terminal.first() {
+        return Err(format!("run {run}: a replay sent {frame} after its terminal frame @{at}"));
+    }
+    let failed = world.parent_db.failures.get();
+    let reported: usize = world.observed.storage_failures.values().sum();
+    if failed != reported {
+        return Err(format!("{failed} storage statements failed and {reported} failures were reported"));
     }
     Ok(())
 }
@@ -167,7 +202,7 @@ fn one_attempt(text: &str, whole_of: Option<usize>) -> Result<(), String> {
 
 /// What the end must show.
 fn check_end(world: &mut World) -> Result<(), String> {
-    let registry = Registry::new(&world.parent_db);
+    let registry = Registry::new(world.parent_db.as_ref());
     let runs = registry.all().map_err(|e| e.to_string())?;
     for run in &runs {
         if run.status.is_live() {
@@ -250,6 +285,10 @@ fn check_end(world: &mut World) -> Result<(), String> {
             return Err(format!("the child of cleared run {run_id} still holds it"));
         }
     }
+    // Callers: every one that waited got its result (the queued ones too).
+    if let Some((run, n)) = world.waiting_callers().first() {
+        return Err(format!("{n} callers of {run} never got its result"));
+    }
     // Slots: none leaked.
     let live = registry.live_count().map_err(|e| e.to_string())?;
     if live != 0 {
@@ -280,6 +319,8 @@ fn check_end(world: &mut World) -> Result<(), String> {
             return Err(format!("run {}: on_agent_tool_finish fired {hooks} times without a crash", run.run_id));
         }
         let Some(handler) = plan.detached else { continue };
+        // A `notify` run has no handler of its own: posting its notice is the delivery.
+        let handler = if plan.notify { Handler::Ok } else { handler };
         for slot in ["Finish", "GiveUp"] {
             let key = (run.run_id.clone(), slot.to_owned());
             let attempts = world.observed.deliveries.get(&key).copied().unwrap_or(0);
@@ -290,7 +331,8 @@ fn check_end(world: &mut World) -> Result<(), String> {
             if handler == Handler::Always && delivered > 0 {
                 return Err(format!("run {}: a handler that always fails was delivered", run.run_id));
             }
-            if !crashed && delivered > 1 {
+            let storage_failed = world.observed.storage_failures.get(&run.run_id).copied().unwrap_or(0) > 0;
+            if !crashed && !storage_failed && delivered > 1 {
                 return Err(format!("run {}: {slot} delivered {delivered} times without a crash", run.run_id));
             }
         }

@@ -15,15 +15,14 @@ use crate::child::engine::{ChildAction, ChildEngine, SubscriberId, TailError};
 use crate::child::progress::Report;
 use crate::child::runs::ChildRuns;
 use crate::parent::engine::{
-    Admitted, Delivery, Dispatch, HookCall, ParentAction, ParentEngine, ParentEvent, StartError, TailOpenError,
+    Admitted, Dispatch, HookCall, NoticeOf, ParentAction, ParentEngine, ParentEvent, StartError, TailOpenError,
     INSPECT_TIMEOUT_MS,
 };
 use crate::parent::registry::{NewRun, Registry};
 use crate::protocol::child_api::{InspectionReply, StartRequest};
 use crate::protocol::chunk::Progress;
 use crate::protocol::tail::{ChunkKind, LineSplitter, OutcomeStatus, RunOutcome};
-use crate::protocol::InterruptedReason;
-use crate::store::{meta, Sql};
+use crate::store::{meta, Sql, StoreError};
 use crate::types::{AgentToolOptions, DetachedOptions, EventDelivery, RecoveryPolicy, RunResult, RunStatus};
 
 /// A small, fast, seeded generator (SplitMix64).
@@ -53,6 +52,55 @@ impl Rng {
     /// True with probability `p`.
     pub fn chance(&mut self, p: f64) -> bool {
         (self.next() % 1_000_000) as f64 / 1_000_000.0 < p
+    }
+}
+
+/// The parent's storage: a real SQLite database whose statements fail at random while faults
+/// are on (`rate`), as a full disk or a storage hiccup would. A unit of work
+/// ([`Sql::atomically`]) rolls back as a Durable Object's `transactionSync` does.
+pub struct FaultyDb {
+    /// The database.
+    pub conn: rusqlite::Connection,
+    rng: std::cell::RefCell<Rng>,
+    /// The chance a statement fails now (0 outside the engine's calls).
+    rate: std::cell::Cell<f64>,
+    /// Statements failed so far.
+    pub failures: std::cell::Cell<usize>,
+}
+
+impl FaultyDb {
+    fn new(conn: rusqlite::Connection, seed: u64) -> Self {
+        Self {
+            conn,
+            rng: std::cell::RefCell::new(Rng::new(seed ^ 0x5ee1)),
+            rate: std::cell::Cell::new(0.0),
+            failures: std::cell::Cell::new(0),
+        }
+    }
+
+    fn fails(&self) -> Result<(), StoreError> {
+        let rate = self.rate.get();
+        if rate > 0.0 && self.rng.borrow_mut().chance(rate) {
+            self.failures.set(self.failures.get() + 1);
+            return Err(StoreError { message: "injected: the statement failed".into() });
+        }
+        Ok(())
+    }
+}
+
+impl Sql for FaultyDb {
+    fn exec(&self, sql: &str, params: &[crate::store::Value]) -> Result<Vec<crate::store::Row>, StoreError> {
+        self.fails()?;
+        self.conn.exec(sql, params)
+    }
+
+    fn batch(&self, sql: &str) -> Result<(), StoreError> {
+        self.fails()?;
+        self.conn.batch(sql)
+    }
+
+    fn atomically(&self, work: &mut dyn FnMut() -> Result<(), StoreError>) -> Result<(), StoreError> {
+        self.conn.atomically(work)
     }
 }
 
@@ -98,6 +146,10 @@ pub struct Planned {
     pub budgets: (Option<u64>, Option<u64>),
     /// What the child's turn does.
     pub script: TurnScript,
+    /// A detached run that tells the chat when it ends (instead of a handler).
+    pub notify: bool,
+    /// A detached run that surfaces its milestone in the chat.
+    pub on_milestones: bool,
 }
 
 /// Something that happens at a time.
@@ -106,6 +158,8 @@ enum Ev {
     Dispatch(usize),
     Redispatch(String),
     Cancel(String),
+    /// An awaited run's callers give up (their signal is cancelled).
+    Abandon(String),
     ClearFinished,
     /// A parent event, from I/O the parent incarnation `epoch` began.
     Parent {
@@ -131,9 +185,29 @@ enum Ev {
         epoch: u64,
         reason: Option<String>,
     },
-    Flush {
+    /// The child's one deadline (a coalescing window that holds progress back).
+    ChildTimeout {
         run_id: String,
         epoch: u64,
+    },
+    /// The parent's one deadline ([`ParentEngine::poll_timeout`]).
+    ParentTimeout {
+        epoch: u64,
+    },
+    /// The agent's finish hook of a run returns (in parent incarnation `epoch`).
+    HookReturns {
+        run_id: String,
+        epoch: u64,
+    },
+    /// A detached handler returns: it ran (`ok`: successfully), and the engine hears of it.
+    Delivered {
+        key: (String, String),
+        /// How many times the run's id had been cleared when it was handed over (a delivery of
+        /// a cleared run is not one of the run dispatched again under its id).
+        clears: usize,
+        ok: bool,
+        epoch: u64,
+        event: ParentEvent,
     },
     /// The child's turn yielded: its buffered chunks are stored and sent.
     FlushChunks {
@@ -185,6 +259,8 @@ struct ChildObj {
     engine: Option<ChildEngine>,
     epoch: u64,
     turn: Option<Turn>,
+    /// When its one timer is armed for.
+    timer_at: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -223,8 +299,24 @@ pub struct Observed {
     pub delivered: BTreeMap<(String, String), i64>,
     /// Attempts made past the limit.
     pub past_dead_letter: Vec<String>,
-    /// Milestone notices per (run, name).
+    /// Milestone notices posted per (run, name).
     pub notices: BTreeMap<(String, String), usize>,
+    /// Milestone notices the engine offered per (run, name) (posted at most once each).
+    pub notices_offered: BTreeMap<(String, String), usize>,
+    /// Outcome notices posted per (run, status) (`notify` runs).
+    pub notified: BTreeMap<(String, String), usize>,
+    /// Runs whose finish hook is running.
+    pub hooks_running: std::collections::BTreeSet<String>,
+    /// Runs whose caller got the result while the run's finish hook was still running.
+    pub early_results: Vec<String>,
+    /// How many times each run id was cleared.
+    pub clears: BTreeMap<String, usize>,
+    /// Frames broadcast after their run's hard terminal frame: `(run, terminal seq, frame)`.
+    pub after_terminal: Vec<(String, i64, String)>,
+    /// The same, in a replay.
+    pub replay_after_terminal: Vec<(String, i64, String)>,
+    /// Storage failures the engine reported, by run (`""` for those of no one run).
+    pub storage_failures: BTreeMap<String, usize>,
     /// Results handed to awaited callers: (run, status).
     pub resolved: Vec<(String, RunStatus)>,
     /// The most live runs seen at once.
@@ -247,9 +339,16 @@ pub struct World {
     queue: BinaryHeap<Reverse<(i64, u64, usize)>>,
     events: Vec<Option<Ev>>,
     /// The parent's storage.
-    pub parent_db: rusqlite::Connection,
+    pub parent_db: std::rc::Rc<FaultyDb>,
+    /// The chance a statement of the parent's fails while faults are on.
+    pub storage_fault_rate: f64,
+    /// Whether I/O the engine moved past (a closed tail's lines, an earlier instance's answers,
+    /// a reply sent twice) still reaches it, as a real network delivers it.
+    pub hostile: bool,
     parent: Option<ParentEngine>,
     parent_epoch: u64,
+    /// When the parent's one timer is armed for.
+    parent_timer_at: Option<i64>,
     alarm_at: Option<i64>,
     children: BTreeMap<String, ChildObj>,
     conns: BTreeMap<u64, Conn>,
@@ -258,6 +357,8 @@ pub struct World {
     pub clients: Vec<SimClient>,
     /// The last live sequence broadcast per run.
     last_live: BTreeMap<String, i64>,
+    /// The sequence of each run's hard terminal frame, once broadcast.
+    hard_ended: BTreeMap<String, i64>,
     /// Run ids with an awaited caller waiting.
     waiting: BTreeMap<String, usize>,
     /// The scenario's dispatches.
@@ -294,6 +395,8 @@ impl World {
         let parent_db = memory();
         crate::parent::engine::migrate(&parent_db).expect("parent schema");
         meta::set(&parent_db, "name", "p").expect("parent name");
+        parent_db.batch(crate::chat::store::SCHEMA).expect("chat schema");
+        let parent_db = std::rc::Rc::new(FaultyDb::new(parent_db, seed));
         let mut world = Self {
             rng: Rng::new(seed),
             now: 0,
@@ -301,8 +404,11 @@ impl World {
             queue: BinaryHeap::new(),
             events: Vec::new(),
             parent_db,
+            storage_fault_rate: 0.0,
+            hostile: false,
             parent: None,
             parent_epoch: 0,
+            parent_timer_at: None,
             alarm_at: None,
             children: BTreeMap::new(),
             conns: BTreeMap::new(),
@@ -311,6 +417,7 @@ impl World {
                 .map(|_| SimClient { reducer: Reducer::new(), connected: false, reconnected: false })
                 .collect(),
             last_live: BTreeMap::new(),
+            hard_ended: BTreeMap::new(),
             waiting: BTreeMap::new(),
             planned,
             options,
@@ -349,7 +456,20 @@ impl World {
     }
 
     fn hop(&mut self) -> i64 {
+        // Now and then a slow hop: answers overtake one another.
+        if self.hostile && self.rng.chance(0.05) {
+            return self.rng.range(100, 800);
+        }
         self.rng.range(1, 15)
+    }
+
+    /// Delivers a child's answer to the parent, now and then twice.
+    fn reply(&mut self, at: i64, epoch: u64, event: ParentEvent) {
+        if self.hostile && self.rng.chance(0.15) {
+            let again = at + self.rng.range(1, 3_000);
+            self.schedule(again, Ev::Parent { epoch, event: event.clone() });
+        }
+        self.schedule(at, Ev::Parent { epoch, event });
     }
 
     fn dropped(&mut self) -> bool {
@@ -405,6 +525,21 @@ impl World {
         self.schedule(at, Ev::Redispatch(run_id.to_owned()));
     }
 
+    /// Dispatches over the cap wait for a slot instead of being refused.
+    pub fn queue_admissions(&mut self) {
+        self.options.admission = crate::types::Admission::Queue;
+    }
+
+    /// Schedules the callers of run `run_id` to give up at `at`.
+    pub fn abandon_at(&mut self, at: i64, run_id: &str) {
+        self.schedule(at, Ev::Abandon(run_id.to_owned()));
+    }
+
+    /// The runs with callers still waiting for their result, and how many.
+    pub fn waiting_callers(&self) -> Vec<(String, usize)> {
+        self.waiting.iter().map(|(run, n)| (run.clone(), *n)).collect()
+    }
+
     /// Schedules a clear of the finished runs.
     pub fn clear_at(&mut self, at: i64) {
         self.schedule(at, Ev::ClearFinished);
@@ -426,7 +561,9 @@ impl World {
 
     fn engine(&mut self) -> &mut ParentEngine {
         if self.parent.is_none() {
-            self.parent = Some(ParentEngine::new(PARENT, self.options.clone()));
+            // Each instance numbers its exchanges its own way (as the platform's random salt).
+            let incarnation = self.parent_epoch as u32 + 1;
+            self.parent = Some(ParentEngine::new(PARENT, self.options.clone(), incarnation));
         }
         self.parent.as_mut().expect("just made")
     }
@@ -435,20 +572,20 @@ impl World {
     /// Object's first request does.
     fn parent_wake(&mut self) {
         if self.parent.is_none() {
-            let now = self.now;
-            let db = std::mem::replace(&mut self.parent_db, memory());
-            let actions = self.engine().wake(&db, now);
-            self.parent_db = db;
+            let actions = self.with_parent(|e, db, now| e.wake(db, now));
             self.trace(|| "parent activated".into());
             self.carry_out(actions);
         }
     }
 
-    fn with_parent<T>(&mut self, f: impl FnOnce(&mut ParentEngine, &rusqlite::Connection, i64) -> T) -> T {
+    /// Calls the parent engine over its storage, which fails statements at random while
+    /// faults are on (and never outside the engine's calls: the checks read it).
+    fn with_parent<T>(&mut self, f: impl FnOnce(&mut ParentEngine, &FaultyDb, i64) -> T) -> T {
         let now = self.now;
-        let db = std::mem::replace(&mut self.parent_db, memory());
+        let db = self.parent_db.clone();
+        db.rate.set(if self.faults_allowed() { self.storage_fault_rate } else { 0.0 });
         let out = f(self.engine(), &db, now);
-        self.parent_db = db;
+        db.rate.set(0.0);
         out
     }
 
@@ -468,7 +605,16 @@ impl World {
             Ev::Cancel(run_id) => {
                 self.parent_wake();
                 self.trace(|| format!("cancel {run_id}"));
-                let actions = self.with_parent(|e, db, now| e.cancel(db, &run_id, Some("cancelled".into()), now));
+                let called = self.with_parent(|e, db, now| e.cancel(db, &run_id, Some("cancelled".into()), now));
+                self.carry_out(called.actions);
+            }
+            Ev::Abandon(run_id) => {
+                if !self.waiting.contains_key(&run_id) {
+                    return;
+                }
+                self.parent_wake();
+                self.trace(|| format!("the callers of {run_id} give up"));
+                let actions = self.with_parent(|e, db, now| e.abandon(db, &run_id, "the caller gave up".into(), now));
                 self.carry_out(actions);
             }
             Ev::ClearFinished => {
@@ -477,7 +623,10 @@ impl World {
                     status: Some(vec![RunStatus::Completed, RunStatus::Error, RunStatus::Aborted]),
                     older_than: None,
                 };
-                if let Ok((cleared, actions)) = self.with_parent(|e, db, now| e.clear(db, &filter, now)) {
+                let called = self.with_parent(|e, db, now| e.clear(db, &filter, now));
+                let actions = called.actions;
+                let cleared = called.result.map(|c| c.runs).unwrap_or_default();
+                {
                     self.trace(|| format!("cleared {cleared:?}"));
                     // The stock reducer cannot be told to forget a run (a `started` frame for
                     // a run it has as finished is ignored): an app that clears runs has its
@@ -494,8 +643,11 @@ impl World {
                     // A run dispatched again under a cleared id is a new run: count afresh.
                     let o = &mut self.observed;
                     for id in &cleared {
+                        self.hard_ended.remove(id);
+                        *o.clears.entry(id.clone()).or_default() += 1;
                         o.finish_hooks.remove(id);
                         o.notices.retain(|(run, _), _| run != id);
+                        o.notified.retain(|(run, _), _| run != id);
                         o.deliveries.retain(|(run, _), _| run != id);
                         o.delivered.retain(|(run, _), _| run != id);
                     }
@@ -503,8 +655,11 @@ impl World {
                 }
             }
             Ev::Parent { epoch, event } => {
-                if epoch != self.parent_epoch {
-                    return; // I/O of an incarnation that crashed
+                // I/O an earlier instance began still arrives now and then (a hook call does
+                // not: it ran in the instance that crashed).
+                let late = !matches!(event, ParentEvent::FinishHookDone { .. }) && self.hostile && self.rng.chance(0.5);
+                if epoch != self.parent_epoch && !late {
+                    return;
                 }
                 self.parent_wake();
                 self.trace(|| format!("parent <- {}", describe(&event)));
@@ -540,17 +695,40 @@ impl World {
                 let outcome = RunOutcome { status: OutcomeStatus::Aborted, summary: None, output: None, error: reason };
                 self.end_turn(&run_id, outcome);
             }
-            Ev::Flush { run_id, epoch } => {
+            Ev::ChildTimeout { run_id, epoch } => {
                 let now = self.now;
                 let id = self.fresh_id();
                 let Some(child) = self.children.get_mut(&run_id) else { return };
                 if child.epoch != epoch {
                     return;
                 }
+                child.timer_at = None;
                 let Some(engine) = child.engine.as_mut() else { return };
                 let actions =
-                    engine.flush_progress(&child.db, &run_id, false, &move || id.clone(), now).unwrap_or_default();
+                    engine.handle_timeout(&child.db, &|_| false, &move || id.clone(), now).expect("child store");
                 self.child_actions(&run_id, actions);
+            }
+            Ev::HookReturns { run_id, epoch } => {
+                if epoch != self.parent_epoch {
+                    return;
+                }
+                self.observed.hooks_running.remove(&run_id);
+                self.step(Ev::Parent { epoch, event: ParentEvent::FinishHookDone { run_id } });
+            }
+            Ev::Delivered { key, clears, ok, epoch, event } => {
+                // The handler ran, whatever became of the instance that called it.
+                if ok && clears == self.clears_of(&key.0) {
+                    *self.observed.delivered.entry(key).or_default() += 1;
+                }
+                self.step(Ev::Parent { epoch, event });
+            }
+            Ev::ParentTimeout { epoch } => {
+                if epoch != self.parent_epoch || self.parent.is_none() {
+                    return;
+                }
+                self.parent_timer_at = None;
+                let actions = self.with_parent(|e, db, now| e.handle_timeout(db, now));
+                self.carry_out(actions);
             }
             Ev::FlushChunks { run_id, epoch } => {
                 let Some(child) = self.children.get_mut(&run_id) else { return };
@@ -578,6 +756,9 @@ impl World {
                 self.observed.crashes += 1;
                 self.parent = None;
                 self.parent_epoch += 1;
+                self.parent_timer_at = None;
+                // Hooks running in the instance die with it (and so do their callers).
+                self.observed.hooks_running.clear();
                 self.waiting.clear(); // the callers' connections died with it
                 for conn in self.conns.values_mut() {
                     conn.open = false;
@@ -600,6 +781,7 @@ impl World {
                 child.engine = None;
                 child.epoch += 1;
                 child.turn = None;
+                child.timer_at = None;
                 self.observed.crashes += 1;
                 self.trace(|| format!("CRASH child {run_id}"));
                 let broken: Vec<u64> = self.conns.iter().filter(|(_, c)| c.run_id == run_id).map(|(k, _)| *k).collect();
@@ -640,8 +822,22 @@ impl World {
 
     /// Sends client `i` the replay a connection gets.
     fn replay_to(&mut self, i: usize) {
-        let frames = Registry::new(&self.parent_db).replay().unwrap_or_default();
+        let frames = Registry::new(self.parent_db.as_ref()).replay().unwrap_or_default();
         self.trace(|| format!("client {i} connects: {} replay frames", frames.len()));
+        // In a replay too, a run's hard terminal frame is its last.
+        let mut ended: BTreeMap<String, i64> = BTreeMap::new();
+        for frame in &frames {
+            let frame = serde_json::to_value(frame).unwrap_or(Value::Null);
+            let run_id = frame["event"]["runId"].as_str().unwrap_or_default().to_owned();
+            let (kind, seq) =
+                (frame["event"]["kind"].as_str().unwrap_or_default(), frame["sequence"].as_i64().unwrap_or(-1));
+            if let Some(&at) = ended.get(&run_id) {
+                self.observed.replay_after_terminal.push((run_id.clone(), at, format!("{kind}@{seq}")));
+            }
+            if matches!(kind, "finished" | "error" | "aborted") {
+                ended.insert(run_id, seq);
+            }
+        }
         for frame in frames {
             let text = frame.to_json();
             self.observe_frame(&text);
@@ -662,15 +858,25 @@ impl World {
             input: json!({ "run": plan.run_id }),
         };
         let detached = plan.detached.map(|_| DetachedOptions {
-            on_finish: Some(json!("handler")),
+            on_finish: (!plan.notify).then(|| json!("handler")),
+            notify: plan.notify,
             max_budget_ms: plan.budgets.0,
             no_progress_budget_ms: plan.budgets.1,
+            on_milestones: plan.on_milestones.then(|| crate::types::OnMilestones {
+                names: vec!["first-word".into()],
+                mode: if plan.notify {
+                    crate::types::MilestoneMode::React
+                } else {
+                    crate::types::MilestoneMode::Narrate
+                },
+            }),
             ..DetachedOptions::default()
         });
         let input = new.input.clone();
-        let (admitted, actions) = self.with_parent(|e, db, now| e.dispatch(db, Dispatch { new, detached }, input, now));
+        let dispatch = Dispatch { new, detached, abandoned: None };
+        let (admitted, actions) = self.with_parent(|e, db, now| e.dispatch(db, dispatch, input, now));
         self.trace(|| format!("dispatch {} -> {}", plan.run_id, admitted_name(&admitted)));
-        if let (Admitted::Driving(_) | Admitted::Joined(_), None) = (&admitted, plan.detached) {
+        if let (Admitted::Driving(_) | Admitted::Joined(_) | Admitted::Queued, None) = (&admitted, plan.detached) {
             *self.waiting.entry(plan.run_id.clone()).or_default() += 1;
         }
         if let Admitted::Finished(result) = &admitted {
@@ -683,7 +889,7 @@ impl World {
     }
 
     fn note_live(&mut self) {
-        let live = Registry::new(&self.parent_db).live_count().unwrap_or(0);
+        let live = Registry::new(self.parent_db.as_ref()).live_count().unwrap_or(0);
         self.observed.max_live = self.observed.max_live.max(live);
     }
 
@@ -721,6 +927,14 @@ impl World {
                         if seq <= last {
                             self.observed.out_of_order.push((run_id.clone(), last, seq));
                         }
+                    }
+                    // Nothing of a run goes out after its hard terminal frame.
+                    let kind = frame["event"]["kind"].as_str().unwrap_or_default();
+                    if let Some(&ended) = self.hard_ended.get(&run_id) {
+                        self.observed.after_terminal.push((run_id.clone(), ended, format!("{kind}@{seq}")));
+                    }
+                    if matches!(kind, "finished" | "error" | "aborted") {
+                        self.hard_ended.insert(run_id.clone(), seq);
                     }
                     self.last_live.insert(run_id, seq);
                     for client in self.clients.iter_mut().filter(|c| c.connected) {
@@ -761,13 +975,7 @@ impl World {
                     }
                 }
                 ParentAction::InspectChild { run_id, gen, .. } => {
-                    // The platform answers every inspection: the child's reply, or a timeout.
-                    let timeout = ParentEvent::Inspected {
-                        run_id: run_id.clone(),
-                        gen,
-                        result: Err(InterruptedReason::InspectTimeout),
-                    };
-                    self.schedule(self.now + INSPECT_TIMEOUT_MS, Ev::Parent { epoch, event: timeout });
+                    // A dropped inspection never answers: the engine times it out.
                     if !self.dropped() {
                         let at = self.now + self.hop();
                         self.schedule(at, Ev::Child { run_id, epoch, req: ChildReq::Inspect { gen } });
@@ -787,9 +995,6 @@ impl World {
                         self.schedule(at, Ev::Child { run_id, epoch, req: ChildReq::Clear });
                     }
                 }
-                ParentAction::SetTimer { run_id, gen, timer, at } => {
-                    self.schedule(at, Ev::Parent { epoch, event: ParentEvent::Timer { run_id, gen, timer } });
-                }
                 ParentAction::ArmAlarm { at } => {
                     if self.alarm_at.is_none_or(|pending| at < pending) {
                         self.alarm_at = Some(at);
@@ -797,41 +1002,93 @@ impl World {
                     }
                 }
                 ParentAction::Resolve { run_id, result } => self.resolve(&run_id, &result),
-                ParentAction::SlotFreed => {}
                 ParentAction::Hook(HookCall::Finish(run, _)) => {
-                    *self.observed.finish_hooks.entry(run.run_id).or_default() += 1;
+                    *self.observed.finish_hooks.entry(run.run_id.clone()).or_default() += 1;
+                    // The agent's hook takes a while (now and then a long while); its run's
+                    // callers must not get the result before it returned.
+                    self.observed.hooks_running.insert(run.run_id.clone());
+                    let at = self.now + if self.rng.chance(0.2) { self.rng.range(500, 5_000) } else { self.hop() };
+                    self.schedule(at, Ev::HookReturns { run_id: run.run_id, epoch });
                 }
-                ParentAction::Hook(_) => {}
-                ParentAction::Deliver { run, slot, attempt, delivery, .. } => {
+                ParentAction::Hook(_) | ParentAction::Transcript => {}
+                ParentAction::Deliver { run, slot, gen, attempt, .. } => {
+                    self.trace(|| format!("deliver {} {slot:?} #{attempt} ({gen})", run.run_id));
                     let key = (run.run_id.clone(), format!("{slot:?}"));
                     *self.observed.deliveries.entry(key.clone()).or_default() += 1;
                     if attempt > crate::parent::detached::MAX_ATTEMPTS {
                         self.observed.past_dead_letter.push(run.run_id.clone());
                     }
                     let handler = self.planned.iter().find(|p| p.run_id == run.run_id).and_then(|p| p.detached);
-                    let ok = match (handler, delivery) {
-                        (Some(Handler::FailFirst(n)), Delivery::Handler(_)) => attempt > n,
-                        (Some(Handler::Always), Delivery::Handler(_)) => false,
+                    let ok = match handler {
+                        Some(Handler::FailFirst(n)) => attempt > n,
+                        Some(Handler::Always) => false,
                         _ => true,
                     };
-                    if ok {
-                        *self.observed.delivered.entry(key).or_default() += 1;
-                    }
                     let event = ParentEvent::DeliveryDone {
                         run_id: run.run_id,
                         slot,
+                        gen,
                         attempt,
                         result: if ok { Ok(()) } else { Err("the handler failed".into()) },
                     };
-                    let at = self.now + self.hop();
-                    self.schedule(at, Ev::Parent { epoch, event });
+                    // Now and then a handler slower than the delivery lease and the backbone's
+                    // cadence: it must not be delivered again meanwhile.
+                    let at = self.now + if self.rng.chance(0.1) { self.rng.range(60_000, 130_000) } else { self.hop() };
+                    let clears = self.clears_of(&key.0);
+                    self.schedule(at, Ev::Delivered { key, clears, ok, epoch, event });
                 }
-                ParentAction::MilestoneNotice { run, milestone, .. } => {
-                    let name = milestone["name"].as_str().unwrap_or_default().to_owned();
-                    *self.observed.notices.entry((run.run_id, name)).or_default() += 1;
+                ParentAction::Notice(notice) => {
+                    self.trace(|| format!("notice {} ({:?})", notice.id, notice.delivery));
+                    // The agent words it (now and then it suppresses a milestone with an empty text).
+                    let milestone = matches!(notice.of, NoticeOf::Milestone(_));
+                    let suppressed = milestone && self.rng.chance(0.1);
+                    let text = if suppressed { String::new() } else { format!("notice {}", notice.id) };
+                    if let NoticeOf::Milestone(milestone) = &notice.of {
+                        let key = (notice.run.run_id.clone(), milestone.name.clone());
+                        *self.observed.notices_offered.entry(key).or_default() += 1;
+                    }
+                    let of = notice.of.clone();
+                    let run_id = notice.run.run_id.clone();
+                    let delivery = notice.delivery;
+                    if let Some(delivery) = delivery {
+                        let key = (run_id.clone(), format!("{:?}", delivery.slot));
+                        *self.observed.deliveries.entry(key).or_default() += 1;
+                        if delivery.attempt > crate::parent::detached::MAX_ATTEMPTS {
+                            self.observed.past_dead_letter.push(run_id.clone());
+                        }
+                    }
+                    let posted = self.with_parent(|e, db, now| e.post_notice(db, notice, text, now));
+                    if posted.iter().any(|a| matches!(a, ParentAction::Transcript)) {
+                        match of {
+                            NoticeOf::Milestone(milestone) => {
+                                *self.observed.notices.entry((run_id, milestone.name)).or_default() += 1;
+                            }
+                            NoticeOf::Outcome(result) => {
+                                let key = (run_id.clone(), result.status.as_str().to_owned());
+                                *self.observed.notified.entry(key).or_default() += 1;
+                                if let Some(delivery) = delivery {
+                                    let key = (run_id, format!("{:?}", delivery.slot));
+                                    *self.observed.delivered.entry(key).or_default() += 1;
+                                }
+                            }
+                        }
+                    }
+                    self.carry_out(posted);
+                }
+                ParentAction::RunChatTurn { delivery, .. } => {
+                    // The model's turn on the notice, then its delivery is settled.
+                    if let Some((run_id, delivery)) = delivery {
+                        let event = delivery.done(run_id, Ok(()));
+                        let at = self.now + self.rng.range(20, 400);
+                        self.schedule(at, Ev::Parent { epoch, event });
+                    }
                 }
                 ParentAction::Observe(kind, payload) => {
                     self.trace(|| format!("observe {kind:?} {payload}"));
+                    if kind == crate::observability::EventType::StorageFailed {
+                        let run_id = payload["runId"].as_str().unwrap_or_default().to_owned();
+                        *self.observed.storage_failures.entry(run_id).or_default() += 1;
+                    }
                     if kind == crate::observability::EventType::DrainIncomplete {
                         let run_id = payload["runId"].as_str().unwrap_or_default().to_owned();
                         self.observed.drains_incomplete.insert(run_id);
@@ -840,9 +1097,40 @@ impl World {
             }
         }
         self.note_live();
+        self.rearm_parent();
+    }
+
+    fn clears_of(&self, run_id: &str) -> usize {
+        self.observed.clears.get(run_id).copied().unwrap_or(0)
+    }
+
+    /// Arms the parent's one timer for its engine's deadline, as the platform does.
+    fn rearm_parent(&mut self) {
+        let Some(at) = self.parent.as_ref().and_then(ParentEngine::poll_timeout) else { return };
+        if self.parent_timer_at.is_some_and(|armed| armed <= at) {
+            return;
+        }
+        self.parent_timer_at = Some(at);
+        let epoch = self.parent_epoch;
+        self.schedule(at, Ev::ParentTimeout { epoch });
+    }
+
+    /// Arms a child's one timer for its engine's deadline.
+    fn rearm_child(&mut self, run_id: &str) {
+        let Some(child) = self.children.get_mut(run_id) else { return };
+        let Some(at) = child.engine.as_ref().and_then(ChildEngine::poll_timeout) else { return };
+        if child.timer_at.is_some_and(|armed| armed <= at) {
+            return;
+        }
+        child.timer_at = Some(at);
+        let epoch = child.epoch;
+        self.schedule(at, Ev::ChildTimeout { run_id: run_id.to_owned(), epoch });
     }
 
     fn resolve(&mut self, run_id: &str, result: &RunResult) {
+        if self.observed.hooks_running.contains(run_id) {
+            self.observed.early_results.push(run_id.to_owned());
+        }
         if let Some(n) = self.waiting.remove(run_id) {
             for _ in 0..n {
                 self.observed.resolved.push((run_id.to_owned(), result.status));
@@ -859,7 +1147,7 @@ impl World {
             let db = memory();
             ChildRuns::new(&db).migrate().expect("child schema");
             db.batch(crate::chat::store::SCHEMA).expect("chat schema");
-            ChildObj { db, engine: None, epoch: 0, turn: None }
+            ChildObj { db, engine: None, epoch: 0, turn: None, timer_at: None }
         });
         if child.engine.is_none() {
             // A fresh instance: what a restart cut short in its chat is saved, marked.
@@ -889,7 +1177,7 @@ impl World {
                     result: reply.map(|_| ()).map_err(StartError::Refused),
                 };
                 let at = self.now + self.hop();
-                self.schedule(at, Ev::Parent { epoch: parent_epoch, event });
+                self.reply(at, parent_epoch, event);
             }
             ChildReq::Tail { after, gen } => {
                 let child = self.child(run_id);
@@ -960,7 +1248,7 @@ impl World {
                 let slow = self.faults_allowed() && self.rng.chance(0.05);
                 let at = self.now + if slow { INSPECT_TIMEOUT_MS + 500 } else { self.hop() };
                 let event = ParentEvent::Inspected { run_id: run_id.to_owned(), gen, result: Ok(reply) };
-                self.schedule(at, Ev::Parent { epoch: parent_epoch, event });
+                self.reply(at, parent_epoch, event);
             }
             ChildReq::Cancel(reason) => {
                 let child = self.child(run_id);
@@ -976,6 +1264,7 @@ impl World {
                     child.engine = None;
                     child.turn = None;
                     child.epoch += 1;
+                    child.timer_at = None;
                 }
                 let event = ParentEvent::ChildCleared { run_id: run_id.to_owned(), result: Ok(()) };
                 let at = self.now + self.hop();
@@ -1036,10 +1325,6 @@ impl World {
                     let at = self.now + if self.rng.chance(0.3) { self.rng.range(1, 60) } else { 0 };
                     self.schedule(at, Ev::FlushChunks { run_id: run_id.to_owned(), epoch });
                 }
-                ChildAction::FlushAt { at, .. } => {
-                    let epoch = self.children.get(run_id).map_or(0, |c| c.epoch);
-                    self.schedule(at, Ev::Flush { run_id: run_id.to_owned(), epoch });
-                }
                 ChildAction::SupersedeMessages { .. } => {
                     if let Some(child) = self.children.get(run_id) {
                         let _ = crate::chat::store::StreamLog::new(&child.db).mark_superseded(run_id);
@@ -1048,6 +1333,7 @@ impl World {
                 ChildAction::Observe(kind, payload) => self.trace(|| format!("child observe {kind:?} {payload}")),
             }
         }
+        self.rearm_child(run_id);
     }
 
     /// The connection of a child's subscriber (of the child as it is now).
@@ -1068,8 +1354,11 @@ impl World {
     }
 
     fn line(&mut self, conn: u64, line: Vec<u8>) {
+        let hostile = self.hostile && self.rng.chance(0.5);
         let Some(c) = self.conns.get_mut(&conn) else { return };
-        if !c.open || c.parent_epoch != self.parent_epoch {
+        // Lines in flight when the tail closed, or when the instance that opened it crashed,
+        // still arrive now and then, with the tail's old exchange number.
+        if (!c.open || c.parent_epoch != self.parent_epoch) && !hostile {
             return;
         }
         let lines: Vec<_> =
@@ -1207,7 +1496,7 @@ fn admitted_name(a: &Admitted) -> &'static str {
         Admitted::Finished(_) => "finished",
         Admitted::Driving(_) => "driving",
         Admitted::Joined(_) => "joined",
-        Admitted::Full(_) => "full",
+        Admitted::Queued => "queued",
     }
 }
 
@@ -1221,8 +1510,8 @@ fn describe(event: &ParentEvent) -> String {
         ParentEvent::Inspected { run_id, gen, result } => {
             format!("inspected {run_id}#{gen}: {:?}", result.as_ref().map(|r| r.as_ref().map(|i| i.status.clone())))
         }
-        ParentEvent::Timer { run_id, gen, timer } => format!("timer {timer:?} {run_id}#{gen}"),
-        ParentEvent::DeliveryDone { run_id, slot, attempt, result } => {
+        ParentEvent::FinishHookDone { run_id } => format!("finish hook of {run_id} returned"),
+        ParentEvent::DeliveryDone { run_id, slot, attempt, result, .. } => {
             format!("delivered {run_id} {slot:?} #{attempt}: {result:?}")
         }
         ParentEvent::ChildCleared { run_id, result } => format!("child {run_id} cleared: {result:?}"),

@@ -1,66 +1,88 @@
-//! Cancel, clear and retention: runs removed with their frames and their children's storage.
-
-use super::*;
+//! Cancel, clear and retention: runs stopped, and runs removed with their frames and their
+//! children's storage.
 
 use serde_json::json;
 
-use crate::observability::EventType;
-use crate::parent::detached::Ledger;
-use crate::parent::registry::{Registry, RunRecord, Terminal};
-use crate::store::{Sql, StoreError};
+use super::*;
 use crate::types::ClearFilter;
 
-impl ParentEngine {
-    // ----- cancel and clear ---------------------------------------------------------------
+/// What a call on the engine that answers its caller gives back: the answer, and the actions to
+/// carry out either way (a failure is reported and retried through them).
+#[derive(Debug)]
+pub struct Called<T> {
+    /// The answer: `Err` when a storage statement failed and the call was rolled back.
+    pub result: Result<T, StoreError>,
+    /// What the platform must do.
+    pub actions: Vec<ParentAction>,
+}
 
+/// What [`ParentEngine::clear`] did: the runs it cleared, and the failure that stopped the
+/// others (each run is cleared as one unit: one that failed stays as it was).
+#[derive(Debug, Default)]
+pub struct Cleared {
+    /// The cleared run ids.
+    pub runs: Vec<String>,
+    /// The first storage failure, if any run could not be cleared.
+    pub failed: Option<StoreError>,
+}
+
+impl ParentEngine {
     /// Cancels a run: the child is told to stop, the run ends `aborted`, and a caller waiting
-    /// on it gets the result at once. Idempotent: an unknown or finished run is left as it is.
-    pub fn cancel(
+    /// on it gets the result. Idempotent: an unknown or finished run is left as it is.
+    pub fn cancel(&mut self, sql: &(impl Sql + ?Sized), run_id: &str, reason: Option<String>, now: i64) -> Called<()> {
+        let (result, mut actions) = match atomic(sql, || self.cancel_run(sql, run_id, reason, now)) {
+            Ok(actions) => (Ok(()), actions),
+            Err(error) => {
+                let actions = self.trouble(Some(run_id), "cancel", &error, now);
+                (Err(error), actions)
+            }
+        };
+        actions.extend(self.settle(sql, now));
+        Called { result, actions: self.account(actions) }
+    }
+
+    pub(super) fn cancel_run(
         &mut self,
         sql: &(impl Sql + ?Sized),
         run_id: &str,
         reason: Option<String>,
         now: i64,
-    ) -> Vec<ParentAction> {
-        let Ok(Some(record)) = Registry::new(sql).get(run_id) else { return Vec::new() };
+    ) -> Result<Vec<ParentAction>, StoreError> {
+        let Some(record) = Registry::new(sql).get(run_id)? else { return Ok(Vec::new()) };
         if record.status.is_hard_terminal() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
+        let to = self.address(sql, &record)?;
         self.watching.remove(run_id);
-        let mut actions = vec![ParentAction::CancelChild {
-            run_id: run_id.to_owned(),
-            to: self.address(sql, &record),
-            reason: reason.clone(),
-        }];
-        actions.extend(self.conclude(sql, &record, Terminal::Aborted { reason }, now));
-        actions
+        let mut actions = vec![ParentAction::CancelChild { run_id: run_id.to_owned(), to, reason: reason.clone() }];
+        actions.extend(self.conclude(sql, &record, Terminal::Aborted { reason }, now)?);
+        Ok(actions)
     }
 
     /// Clears finished runs past the retention policy (at most [`RETENTION_BATCH`] at a time;
     /// the alarm comes back soon for the rest). Runs with a delivery still owed stay.
-    pub fn retain(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Vec<ParentAction> {
+    pub(super) fn retain(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Result<Vec<ParentAction>, StoreError> {
         let policy = self.options.retention;
         if policy.max_runs.is_none() && policy.max_age_ms.is_none() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         let registry = Registry::new(sql);
         let ended_before = policy.max_age_ms.map(|ms| now.saturating_sub(ms as i64));
-        let Ok(candidates) = registry.beyond_retention(policy.max_runs, ended_before, RETENTION_BATCH) else {
-            return Vec::new();
-        };
+        let candidates = registry.beyond_retention(policy.max_runs, ended_before, RETENTION_BATCH)?;
         if candidates.is_empty() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
-        let owed = Ledger::new(sql).outstanding().unwrap_or_default();
+        let owed = Ledger::new(sql).outstanding()?;
         let doomed: Vec<String> = candidates.into_iter().filter(|id| !owed.contains(id)).collect();
         let mut actions = Vec::new();
         for run_id in &doomed {
-            let Ok(Some(record)) = registry.get(run_id) else { continue };
-            actions.push(self.clear_child(sql, &record, now));
-            self.watching.remove(run_id);
+            let Some(record) = registry.get(run_id)? else { continue };
+            actions.extend(self.clear_child(sql, &record, now)?);
         }
-        if registry.delete(&doomed).is_err() {
-            return Vec::new();
+        registry.delete(&doomed)?;
+        Ledger::new(sql).forget(&doomed)?;
+        for run_id in &doomed {
+            self.watching.remove(run_id);
         }
         if doomed.len() == RETENTION_BATCH {
             actions.push(ParentAction::ArmAlarm { at: now + RETAIL_PAUSE_MS });
@@ -71,60 +93,82 @@ impl ParentEngine {
                 json!({ "cleared": doomed.len(), "maxRuns": policy.max_runs, "maxAgeMs": policy.max_age_ms }),
             ));
         }
-        actions
+        Ok(actions)
     }
 
-    /// Removes the runs `filter` matches: the live ones are cancelled, each child's storage is
-    /// deleted and the rows and frames too (each run id keeps its sequence high-water mark).
-    /// Returns the cleared run ids.
-    pub fn clear(
-        &mut self,
-        sql: &(impl Sql + ?Sized),
-        filter: &ClearFilter,
-        now: i64,
-    ) -> Result<(Vec<String>, Vec<ParentAction>), StoreError> {
-        let registry = Registry::new(sql);
-        let runs = registry.matching(filter.status.as_deref(), filter.older_than)?;
+    /// Removes the runs `filter` matches, each as one unit: the live ones are cancelled, each
+    /// child's storage is deleted and the rows and frames too (each run id keeps its sequence
+    /// high-water mark). Answers the cleared run ids and the first failure, if any; `Err` when
+    /// the runs could not even be listed.
+    pub fn clear(&mut self, sql: &(impl Sql + ?Sized), filter: &ClearFilter, now: i64) -> Called<Cleared> {
+        let runs = match Registry::new(sql).matching(filter.status.as_deref(), filter.older_than) {
+            Ok(runs) => runs,
+            Err(error) => {
+                let actions = self.trouble(None, "clear", &error, now);
+                return Called { result: Err(error), actions };
+            }
+        };
         let mut actions = Vec::new();
         let mut cleared = Vec::new();
+        let mut failure = None;
         for run in runs {
-            if !run.status.is_hard_terminal() {
-                actions.extend(self.cancel(sql, &run.run_id, Some("cleared".into()), now));
+            let result = atomic(sql, || {
+                let mut actions = Vec::new();
+                if !run.status.is_hard_terminal() {
+                    actions.extend(self.cancel_run(sql, &run.run_id, Some("cleared".into()), now)?);
+                }
+                actions.extend(self.clear_child(sql, &run, now)?);
+                let ids = std::slice::from_ref(&run.run_id);
+                Registry::new(sql).delete(ids)?;
+                Ledger::new(sql).forget(ids)?;
+                Ok(actions)
+            });
+            match result {
+                Ok(done) => {
+                    self.watching.remove(&run.run_id);
+                    // A delivery still running for it settles nothing now (see its exchange).
+                    self.in_flight.retain(|(id, _), _| *id != run.run_id);
+                    actions.extend(done);
+                    cleared.push(run.run_id);
+                }
+                Err(error) => {
+                    actions.extend(self.trouble(Some(&run.run_id), "clear", &error, now));
+                    failure.get_or_insert(error);
+                }
             }
-            actions.push(self.clear_child(sql, &run, now));
-            registry.delete(std::slice::from_ref(&run.run_id))?;
-            self.watching.remove(&run.run_id);
-            cleared.push(run.run_id);
         }
-        Ok((cleared, actions))
+        actions.extend(self.settle(sql, now));
+        Called { result: Ok(Cleared { runs: cleared, failed: failure }), actions: self.account(actions) }
     }
 
     /// Asks the child of a run being deleted to delete its storage, and keeps that owed until
-    /// the child says it did (the alarm retries a failed call).
-    pub(super) fn clear_child(&self, sql: &(impl Sql + ?Sized), run: &RunRecord, now: i64) -> ParentAction {
-        let to = self.address(sql, run);
-        if let Err(e) =
-            Registry::new(sql).owe_child_clear(&run.run_id, &to.binding, &to.name, now + CHILD_CLEAR_RETRY_MS)
-        {
-            return ParentAction::Observe(
-                EventType::ChildClearFailed,
-                json!({ "runId": run.run_id, "error": e.to_string() }),
-            );
-        }
-        ParentAction::ClearChild { run_id: run.run_id.clone(), to }
+    /// the child says it did: the alarm asks again when no answer came (a failed call, or an
+    /// answer this instance did not live to hear).
+    pub(super) fn clear_child(
+        &self,
+        sql: &(impl Sql + ?Sized),
+        run: &RunRecord,
+        now: i64,
+    ) -> Result<[ParentAction; 2], StoreError> {
+        let to = self.address(sql, run)?;
+        let retry_at = now + CHILD_CLEAR_RETRY_MS;
+        Registry::new(sql).owe_child_clear(&run.run_id, &to.binding, &to.name, retry_at)?;
+        Ok([ParentAction::ClearChild { run_id: run.run_id.clone(), to }, ParentAction::ArmAlarm { at: retry_at }])
     }
 
     /// The owed clears that are due again, asked again; one tried
     /// [`MAX_CHILD_CLEAR_ATTEMPTS`] times is given up with an event.
-    pub(super) fn retry_child_clears(&self, sql: &(impl Sql + ?Sized), now: i64) -> Vec<ParentAction> {
+    pub(super) fn retry_child_clears(
+        &self,
+        sql: &(impl Sql + ?Sized),
+        now: i64,
+    ) -> Result<Vec<ParentAction>, StoreError> {
         let registry = Registry::new(sql);
-        let Ok(due) = registry.child_clears_due(now, now + CHILD_CLEAR_RETRY_MS, CHILD_CLEAR_BATCH) else {
-            return Vec::new();
-        };
+        let due = registry.child_clears_due(now, now + CHILD_CLEAR_RETRY_MS, CHILD_CLEAR_BATCH)?;
         let mut actions = Vec::new();
         for (run_id, binding, name, attempts) in due {
             if attempts > MAX_CHILD_CLEAR_ATTEMPTS {
-                let _ = registry.child_cleared(&run_id);
+                registry.child_cleared(&run_id)?;
                 actions.push(ParentAction::Observe(
                     EventType::ChildClearFailed,
                     json!({ "runId": run_id, "child": name, "attempts": attempts - 1 }),
@@ -133,6 +177,42 @@ impl ParentEngine {
             }
             actions.push(ParentAction::ClearChild { run_id, to: ChildAddress { binding, name } });
         }
-        actions
+        Ok(actions)
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::super::testing::*;
+    use crate::types::Retention;
+
+    #[test]
+    fn retention_clears_the_oldest_finished_runs_and_their_children() {
+        let options = AgentToolOptions {
+            retention: Retention { max_runs: Some(2), max_age_ms: None },
+            ..AgentToolOptions::default()
+        };
+        let (db, mut engine) = engine(options);
+        let registry = Registry::new(&db);
+        for i in 0..4 {
+            let id = format!("r{i}");
+            registry.insert(&new_run(&id, &json!(i)), i).unwrap();
+            registry.finish(&id, &Terminal::Completed { summary: "s".into(), output: None }, 100 + i).unwrap();
+        }
+        let actions = engine.alarm(&db, 200);
+        let cleared: Vec<&str> = actions
+            .iter()
+            .filter_map(|a| match a {
+                ParentAction::ClearChild { run_id, .. } => Some(run_id.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(cleared, ["r0", "r1"]);
+        let left: Vec<String> = registry.all().unwrap().into_iter().map(|r| r.run_id).collect();
+        assert_eq!(left, ["r2", "r3"]);
+        assert!(actions.iter().any(|a| matches!(a, ParentAction::Observe(EventType::Retention, _))));
+        // A new dispatch trims too: the live run is never counted against the policy.
+        assert!(matches!(dispatch(&mut engine, &db, "r4", json!(4)).0, Admitted::Driving(_)));
+        assert_eq!(registry.all().unwrap().len(), 3);
     }
 }

@@ -1,143 +1,438 @@
-//! Concluding a run: its terminal result recorded once, its frame, its callers, its finish
-//! hook, and a detached run's deliveries through the ledger.
+//! Concluding a run: its terminal result recorded once, its frame, its callers (after its
+//! finish hook), and a detached run's deliveries through the ledger and the chat.
+
+use serde_json::{json, Value};
 
 use super::*;
-
-use serde_json::json;
-
-use crate::observability::EventType;
-use crate::parent::detached::{finish_due, give_up_due, Claim, FinishDue, Ledger, Slot, MAX_ATTEMPTS};
-use crate::parent::registry::{Registry, RunRecord, Terminal};
-use crate::store::Sql;
-use crate::types::{RunResult, DEFAULT_NOTIFY_SOURCE};
+use crate::chat::store::Messages;
+use crate::parent::detached::{finish_due, give_up_due, Claim, FinishDue, MAX_ATTEMPTS};
+use crate::types::DEFAULT_NOTIFY_SOURCE;
 
 impl ParentEngine {
-    // ----- conclusion ---------------------------------------------------------------------
-
     /// Records the terminal result (unless the row is already final), broadcasts its frame,
-    /// frees the slot, resolves the callers, and delivers it: `on_agent_tool_finish` once per
-    /// run for an awaited run, the ledger for a detached one. The run is no longer driven.
+    /// resolves the callers (once the finish hook returned), and delivers it:
+    /// `on_agent_tool_finish` once per run for an awaited run, the ledger for a detached one.
+    /// The run is no longer driven.
     pub(super) fn conclude(
         &mut self,
         sql: &(impl Sql + ?Sized),
         record: &RunRecord,
         terminal: Terminal,
         now: i64,
-    ) -> Vec<ParentAction> {
-        self.conclude_run(sql, &record.run_id, &record.agent_type, terminal, now)
+    ) -> Result<Vec<ParentAction>, StoreError> {
+        self.conclude_run(sql, &record.run_id, terminal, now)
     }
 
-    /// [`Self::conclude`] by the run's id and agent type (its row is read by the finish).
+    /// [`Self::conclude`] by the run's id (its row is read by the finish).
     pub(super) fn conclude_run(
         &mut self,
         sql: &(impl Sql + ?Sized),
         run_id: &str,
-        agent_type: &str,
         terminal: Terminal,
         now: i64,
-    ) -> Vec<ParentAction> {
-        self.drivers.remove(run_id);
+    ) -> Result<Vec<ParentAction>, StoreError> {
         let registry = Registry::new(sql);
         let mut actions = vec![ParentAction::CloseTail { run_id: run_id.to_owned() }];
-        match registry.finish(run_id, &terminal, now) {
-            Ok(Some(done)) => {
-                if let Some(frame) = done.terminal_frame() {
-                    actions.push(ParentAction::Broadcast(frame.to_json()));
-                }
-                actions.push(ParentAction::SlotFreed);
-                let result = done.result();
-                if done.detached.is_some() {
-                    actions.extend(self.deliveries(sql, &done, now));
-                    self.quiet_ticks = 0;
-                    actions.push(ParentAction::ArmAlarm { at: now + self.cadence() as i64 });
-                } else if registry.claim_finish_hook(&done.run_id, now).unwrap_or(false) {
-                    actions.push(ParentAction::Hook(HookCall::Finish(done.info(), result.clone())));
-                }
-                if done.child_still_running == Some(true) {
-                    // Soft: the child goes on; the backbone watches it for a late result.
-                    actions.push(ParentAction::ArmAlarm { at: now + self.cadence() as i64 });
-                }
-                actions.push(ParentAction::Resolve { run_id: done.run_id.clone(), result });
-            }
-            Ok(None) => actions.extend(self.forget(sql, run_id)),
-            Err(e) => {
-                let result =
-                    RunResult { status: terminal.status(), ..RunResult::refused(run_id, agent_type, e.to_string()) };
-                actions.push(ParentAction::Resolve { run_id: run_id.to_owned(), result });
-            }
+        // Hard terminals are final: the finish writes only a row that is not.
+        let Some(done) = registry.finish(run_id, &terminal, now)? else {
+            actions.extend(self.forget(sql, run_id)?);
+            return Ok(actions);
+        };
+        if let Some(frame) = done.terminal_frame() {
+            actions.push(ParentAction::Broadcast(frame.to_json()));
         }
-        actions
+        let result = done.result();
+        if done.detached.is_some() {
+            actions.extend(self.deliveries(sql, &done, now)?);
+            self.quiet_ticks = 0;
+            actions.push(ParentAction::ArmAlarm { at: now + self.cadence() as i64 });
+        } else if registry.claim_finish_hook(run_id, now)? {
+            actions.push(ParentAction::Hook(HookCall::Finish(done.info(), result.clone())));
+        }
+        if done.child_still_running == Some(true) {
+            // Soft: the child goes on; the backbone watches it for a late result.
+            actions.push(ParentAction::ArmAlarm { at: now + self.cadence() as i64 });
+        }
+        self.stop_driving(run_id);
+        actions.extend(self.resolve(run_id, result));
+        Ok(actions)
     }
 
-    /// Stops driving a run and hands its waiting callers what its row says.
-    pub(super) fn forget(&mut self, sql: &(impl Sql + ?Sized), run_id: &str) -> Vec<ParentAction> {
-        self.drivers.remove(run_id);
-        vec![ParentAction::Resolve { run_id: run_id.to_owned(), result: current_result(sql, run_id, "") }]
+    /// Stops driving a run and hands its waiting callers what its row says (`aborted` when it
+    /// was cleared).
+    pub(super) fn forget(&mut self, sql: &(impl Sql + ?Sized), run_id: &str) -> Result<Vec<ParentAction>, StoreError> {
+        let result = current_result(sql, run_id, "")?;
+        self.stop_driving(run_id);
+        Ok(self.resolve(run_id, result))
+    }
+
+    /// Hands a run's result to its callers ([`Self::account`] holds it while the run's finish
+    /// hook runs).
+    pub(super) fn resolve(&self, run_id: &str, result: RunResult) -> Vec<ParentAction> {
+        vec![ParentAction::Resolve { run_id: run_id.to_owned(), result }]
+    }
+
+    /// Keeps the engine's books on what a call hands the platform, in order: a finish hook
+    /// starts running (its run's callers wait for it), a result for a run whose finish hook runs
+    /// is held until it returned, a delivery is in flight until it is answered. Every public call
+    /// returns its actions through here.
+    pub(super) fn account(&mut self, actions: Vec<ParentAction>) -> Vec<ParentAction> {
+        let mut out = Vec::with_capacity(actions.len());
+        for action in actions {
+            match &action {
+                ParentAction::Hook(HookCall::Finish(run, _)) => {
+                    self.finishing.insert(run.run_id.clone(), None);
+                }
+                ParentAction::Resolve { run_id, result } => {
+                    if let Some(held) = self.finishing.get_mut(run_id) {
+                        *held = Some(result.clone());
+                        continue;
+                    }
+                }
+                ParentAction::Deliver { run, slot, gen, .. } => {
+                    self.in_flight.insert((run.run_id.clone(), *slot), *gen);
+                }
+                ParentAction::Notice(Notice { run, delivery: Some(delivery), .. }) => {
+                    self.in_flight.insert((run.run_id.clone(), delivery.slot), delivery.gen);
+                }
+                _ => {}
+            }
+            out.push(action);
+        }
+        out
+    }
+
+    /// A run's finish hook returned: its callers get the result now.
+    pub(super) fn finish_hook_done(&mut self, run_id: &str) -> Vec<ParentAction> {
+        match self.finishing.remove(run_id).flatten() {
+            Some(result) => self.resolve(run_id, result),
+            None => Vec::new(),
+        }
     }
 
     /// What a detached run's ledger has due: its outcome (`finish`) or a give-up, each claimed
-    /// under a lease; the global hook once per run.
-    pub(super) fn deliveries(&mut self, sql: &(impl Sql + ?Sized), run: &RunRecord, now: i64) -> Vec<ParentAction> {
-        let Some(detached) = &run.detached else { return Vec::new() };
+    /// under a lease; the global hook once per run. A delivery this instance has in flight is
+    /// not claimed again, however slow its handler.
+    pub(super) fn deliveries(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run: &RunRecord,
+        now: i64,
+    ) -> Result<Vec<ParentAction>, StoreError> {
+        let Some(detached) = &run.detached else { return Ok(Vec::new()) };
         let ledger = Ledger::new(sql);
         let mut actions = Vec::new();
         let mut slots = Vec::new();
         match finish_due(run) {
             FinishDue::No => {}
-            FinishDue::Suppress => {
-                let _ = ledger.delivered(&run.run_id, Slot::Finish, now);
-            }
+            FinishDue::Suppress => ledger.delivered(&run.run_id, Slot::Finish, now)?,
             FinishDue::Deliver => slots.push(Slot::Finish),
         }
         if give_up_due(run) {
             slots.push(Slot::GiveUp);
         }
         for slot in slots {
-            let Ok(Claim::Claimed(attempt)) = ledger.claim(&run.run_id, slot, now) else { continue };
-            let info = run.info();
-            let result = run.result();
-            if Registry::new(sql).claim_finish_hook(&run.run_id, now).unwrap_or(false) {
+            if self.in_flight.contains_key(&(run.run_id.clone(), slot)) {
+                continue;
+            }
+            let Claim::Claimed(attempt) = ledger.claim(&run.run_id, slot, now)? else { continue };
+            let gen = self.gen();
+            let (info, result) = (run.info(), run.result());
+            if Registry::new(sql).claim_finish_hook(&run.run_id, now)? {
                 actions.push(ParentAction::Hook(HookCall::Finish(info.clone(), result.clone())));
             }
-            let delivery = match (&detached.on_finish, detached.notify) {
-                (Some(handler), _) => Delivery::Handler(handler.clone()),
-                (None, true) => Delivery::Notify {
+            match (&detached.on_finish, detached.notify) {
+                (Some(handler), _) => actions.push(ParentAction::Deliver {
+                    run: info,
+                    result,
+                    slot,
+                    gen,
+                    attempt,
+                    handler: handler.clone(),
+                }),
+                (None, true) => actions.push(ParentAction::Notice(Notice {
+                    id: format!("detached-finish:{}:{}", super::io::notice_key(run), result.status.as_str()),
                     source: detached.notify_source.clone().unwrap_or_else(|| DEFAULT_NOTIFY_SOURCE.into()),
-                },
-                (None, false) => Delivery::Nothing,
-            };
-            actions.push(ParentAction::Deliver { run: info, result, slot, attempt, delivery });
+                    run: info,
+                    of: NoticeOf::Outcome(result),
+                    turn: true,
+                    delivery: Some(Delivery { slot, gen, attempt }),
+                })),
+                // Nothing beyond the global hook: settled at once.
+                (None, false) => ledger.delivered(&run.run_id, slot, now)?,
+            }
         }
-        actions
+        Ok(actions)
     }
 
     pub(super) fn on_delivery_done(
         &mut self,
         sql: &(impl Sql + ?Sized),
         run_id: &str,
-        slot: Slot,
-        attempt: i64,
+        delivery: Delivery,
         result: Result<(), String>,
         now: i64,
-    ) -> Vec<ParentAction> {
+    ) -> Result<Vec<ParentAction>, StoreError> {
+        let Delivery { slot, gen, attempt } = delivery;
+        // An answer to a delivery this instance no longer waits for (its run was cleared and
+        // dispatched again, or a storage failure handed it back to the backbone) settles nothing.
+        if self.in_flight.get(&(run_id.to_owned(), slot)) != Some(&gen) {
+            return Ok(Vec::new());
+        }
+        self.in_flight.remove(&(run_id.to_owned(), slot));
         let ledger = Ledger::new(sql);
         match result {
             Ok(()) => {
-                let _ = ledger.delivered(run_id, slot, now);
-                Vec::new()
+                ledger.delivered(run_id, slot, now)?;
+                Ok(Vec::new())
             }
             Err(error) => {
-                let _ = ledger.failed(run_id, slot);
+                ledger.failed(run_id, slot)?;
                 let dead = attempt >= MAX_ATTEMPTS;
                 let slot = if slot == Slot::Finish { "finish" } else { "give_up" };
-                vec![
-                    ParentAction::Observe(
-                        EventType::DetachedDeliveryFailed,
-                        json!({ "runId": run_id, "slot": slot, "attempt": attempt, "deadLetter": dead, "error": error }),
-                    ),
+                let payload =
+                    json!({ "runId": run_id, "slot": slot, "attempt": attempt, "deadLetter": dead, "error": error });
+                Ok(vec![
+                    ParentAction::Observe(EventType::DetachedDeliveryFailed, payload),
                     ParentAction::ArmAlarm { at: now + self.cadence() as i64 },
-                ]
+                ])
             }
         }
+    }
+
+    /// Posts a notice the platform worded with the agent's hook (`text`; empty: nothing is
+    /// posted): the message goes into the chat once by its id (a milestone once per
+    /// `(run, name)`, however often it was offered, live or reconciled), then the transcript goes
+    /// out and, for a turn, a model turn runs. An outcome's delivery is settled when the message
+    /// is posted (or was already there), or when its turn ended.
+    pub fn post_notice(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        notice: Notice,
+        text: String,
+        now: i64,
+    ) -> Vec<ParentAction> {
+        let run_id = notice.run.run_id.clone();
+        let delivery = notice.delivery;
+        let mut actions = self.unit(sql, None, "notice", now, |engine| engine.post(sql, notice, text, now));
+        if actions.iter().any(|a| matches!(a, ParentAction::Observe(EventType::StorageFailed, _))) {
+            // Rolled back: the delivery is the backbone's to retry once its lease ends.
+            if let Some(delivery) = delivery {
+                self.in_flight.remove(&(run_id, delivery.slot));
+            }
+        }
+        actions.extend(self.settle(sql, now));
+        self.account(actions)
+    }
+
+    fn post(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        notice: Notice,
+        text: String,
+        now: i64,
+    ) -> Result<Vec<ParentAction>, StoreError> {
+        let run_id = notice.run.run_id.clone();
+        let settle = |engine: &mut Self| match notice.delivery {
+            Some(delivery) => engine.on_delivery_done(sql, &run_id, delivery, Ok(()), now),
+            None => Ok(Vec::new()),
+        };
+        if let NoticeOf::Milestone(milestone) = &notice.of {
+            // Claimed even when the hook suppresses it: a milestone is handled once.
+            if !Ledger::new(sql).claim_milestone(&run_id, &milestone.name, now)? {
+                return Ok(Vec::new());
+            }
+        }
+        if text.is_empty() {
+            return settle(self);
+        }
+        let message = json!({
+            "id": notice.id, "role": notice.role(), "parts": [{ "type": "text", "text": text }],
+            "metadata": notice.metadata(),
+        });
+        if !Messages::new(sql).insert_new(&message, now)? {
+            return settle(self);
+        }
+        let mut actions = vec![ParentAction::Transcript];
+        if notice.turn {
+            let delivery = notice.delivery.map(|delivery| (run_id.clone(), delivery));
+            actions.push(ParentAction::RunChatTurn { request_id: notice.id.clone(), delivery });
+        } else {
+            actions.extend(settle(self)?);
+        }
+        Ok(actions)
+    }
+}
+
+/// A milestone body's `data`, as a value (for a notice reconciled from a stored frame).
+pub(super) fn milestone_data(body: &str) -> Option<Value> {
+    serde_json::from_str::<Value>(body).ok()?.get("data").cloned()
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::super::testing::*;
+    use super::*;
+    use crate::protocol::tail::{OutcomeStatus, RunOutcome, TailLine};
+    use crate::types::DetachedOptions;
+
+    /// A run driven to the point where its child says it ended.
+    fn ended(
+        db: &rusqlite::Connection,
+        engine: &mut ParentEngine,
+        detached: Option<DetachedOptions>,
+    ) -> Vec<ParentAction> {
+        let dispatch = Dispatch { new: new_run("r", &json!(1)), detached, abandoned: None };
+        let (_, actions) = engine.dispatch(db, dispatch, json!(1), 10);
+        let start = gen_of(&actions, "start", "r").unwrap();
+        let actions =
+            engine.handle(db, ParentEvent::StartReplied { run_id: "r".into(), gen: start, result: Ok(()) }, 11);
+        let tail = gen_of(&actions, "tail", "r").unwrap();
+        let outcome =
+            RunOutcome { status: OutcomeStatus::Completed, summary: Some("done".into()), output: None, error: None };
+        let lines = vec![TailLine::End { outcome }];
+        engine.handle(db, ParentEvent::TailBatch { run_id: "r".into(), gen: tail, lines }, 12)
+    }
+
+    fn finish_hooks(actions: &[ParentAction]) -> usize {
+        actions.iter().filter(|a| matches!(a, ParentAction::Hook(HookCall::Finish(..)))).count()
+    }
+
+    #[test]
+    fn a_caller_gets_the_result_only_after_the_finish_hook_returned() {
+        let (db, mut engine) = engine(AgentToolOptions::default());
+        let actions = ended(&db, &mut engine, None);
+        assert_eq!(finish_hooks(&actions), 1);
+        assert!(resolved(&actions).is_empty(), "held while the hook runs: {actions:?}");
+        // Anything that would answer the callers meanwhile is held too.
+        assert!(resolved(&engine.abandon(&db, "r", "late".into(), 13)).is_empty());
+        let actions = engine.handle(&db, ParentEvent::FinishHookDone { run_id: "r".into() }, 14);
+        assert_eq!(resolved(&actions), [("r".to_owned(), RunStatus::Completed)]);
+        assert!(engine.handle(&db, ParentEvent::FinishHookDone { run_id: "r".into() }, 15).is_empty(), "once");
+    }
+
+    fn handler() -> Option<DetachedOptions> {
+        Some(DetachedOptions { on_finish: Some(json!("h")), ..DetachedOptions::default() })
+    }
+
+    fn delivery(actions: &[ParentAction]) -> Option<Delivery> {
+        actions.iter().find_map(|a| match a {
+            ParentAction::Deliver { slot, gen, attempt, .. } => {
+                Some(Delivery { slot: *slot, gen: *gen, attempt: *attempt })
+            }
+            ParentAction::Notice(Notice { delivery, .. }) => *delivery,
+            _ => None,
+        })
+    }
+
+    /// A detached outcome's delivery, answered: done, failed (retried on the backbone until the
+    /// dead letter), or an answer to a delivery no longer waited for.
+    #[test]
+    fn deliveries_done_failed_and_stale() {
+        struct Case {
+            name: &'static str,
+            answers: &'static [Result<(), &'static str>],
+            stale: bool,
+            delivered: bool,
+            attempts: i64,
+        }
+        let cases = [
+            Case { name: "done", answers: &[Ok(())], stale: false, delivered: true, attempts: 1 },
+            Case {
+                name: "failed, then done",
+                answers: &[Err("boom"), Ok(())],
+                stale: false,
+                delivered: true,
+                attempts: 2,
+            },
+            Case {
+                name: "failed until the dead letter",
+                answers: &[Err("1"), Err("2"), Err("3"), Err("4"), Err("5")],
+                stale: false,
+                delivered: false,
+                attempts: 5,
+            },
+            Case {
+                name: "a stale answer settles nothing",
+                answers: &[Ok(())],
+                stale: true,
+                delivered: false,
+                attempts: 1,
+            },
+        ];
+        for case in cases {
+            let (db, mut engine) = engine(AgentToolOptions::default());
+            let mut actions = ended(&db, &mut engine, handler());
+            let mut failures = 0;
+            for (n, answer) in case.answers.iter().enumerate() {
+                let mut d =
+                    delivery(&actions).unwrap_or_else(|| panic!("{}: attempt {} handed over", case.name, n + 1));
+                assert_eq!(d.attempt, n as i64 + 1, "{}", case.name);
+                if case.stale {
+                    d.gen += 1000;
+                }
+                let result = answer.map_err(str::to_owned);
+                let done = engine.handle(&db, d.done("r".into(), result), 20 + n as i64);
+                failures += done
+                    .iter()
+                    .filter(|a| matches!(a, ParentAction::Observe(EventType::DetachedDeliveryFailed, _)))
+                    .count();
+                // The backbone's next tick claims what is due again.
+                actions = engine.alarm(&db, 100_000 * (n as i64 + 1));
+            }
+            let row = Registry::new(&db).get("r").unwrap().unwrap();
+            let slot = row.detached.unwrap().finish;
+            assert_eq!(slot.delivered_at.is_some(), case.delivered, "{}", case.name);
+            assert_eq!(slot.attempts, case.attempts, "{}", case.name);
+            assert_eq!(
+                failures,
+                case.answers.iter().filter(|a| a.is_err()).count(),
+                "{}: one event a failure",
+                case.name
+            );
+            assert!(delivery(&actions).is_none(), "{}: nothing handed over again", case.name);
+        }
+    }
+
+    #[test]
+    fn a_slow_delivery_is_not_handed_over_again_while_it_runs() {
+        let (db, mut engine) = engine(AgentToolOptions::default());
+        let actions = ended(&db, &mut engine, handler());
+        let first = delivery(&actions).unwrap();
+        // Past the lease and several backbone ticks: this instance still waits for it.
+        for tick in 1..5 {
+            assert!(delivery(&engine.alarm(&db, tick * 70_000)).is_none(), "tick {tick}");
+        }
+        engine.handle(&db, first.done("r".into(), Ok(())), 400_000);
+        let row = Registry::new(&db).get("r").unwrap().unwrap();
+        assert!(row.detached.unwrap().finish.delivered_at.is_some());
+    }
+
+    #[test]
+    fn a_notice_is_posted_once_and_settles_its_delivery() {
+        let (db, mut engine) = engine(AgentToolOptions::default());
+        db.batch(crate::chat::store::SCHEMA).unwrap();
+        let notify = Some(DetachedOptions { notify: true, ..DetachedOptions::default() });
+        let actions = ended(&db, &mut engine, notify);
+        let Some(ParentAction::Notice(notice)) = actions.iter().find(|a| matches!(a, ParentAction::Notice(_))).cloned()
+        else {
+            panic!("a notice: {actions:?}")
+        };
+        assert_eq!(notice.id, "detached-finish:r:completed");
+        let posted = engine.post_notice(&db, notice.clone(), "it finished".into(), 20);
+        assert!(posted.contains(&ParentAction::Transcript));
+        let Some(ParentAction::RunChatTurn { request_id, delivery: Some((run, d)) }) =
+            posted.iter().find(|a| matches!(a, ParentAction::RunChatTurn { .. })).cloned()
+        else {
+            panic!("a model turn: {posted:?}")
+        };
+        assert_eq!(request_id, notice.id);
+        // Offered again (a crash before the turn ended): not posted twice, settled.
+        assert!(engine.post_notice(&db, notice, "it finished".into(), 21).is_empty());
+        engine.handle(&db, d.done(run, Ok(())), 22);
+        let messages = crate::chat::store::Messages::new(&db).list().unwrap();
+        assert_eq!(messages.len(), 1, "{messages:?}");
+        assert_eq!(messages[0]["role"], "user");
+        assert!(Registry::new(&db).get("r").unwrap().unwrap().detached.unwrap().finish.delivered_at.is_some());
     }
 }

@@ -1,16 +1,13 @@
-//! Dispatch and admission: one synchronous step looks the run id up, checks the cap and inserts
-//! the row, then the child is started.
-
-use super::*;
+//! Dispatch and admission: one unit looks the run id up, checks the cap and inserts the row (or
+//! queues the dispatch for a slot), then the child is started. A caller that gives up is
+//! answered here too.
 
 use serde_json::{json, Value};
 
-use crate::observability::EventType;
-use crate::parent::detached::{Ledger, LIVE_WARNING};
-use crate::parent::registry::{Inserted, NewRun, Registry, RegistryError, RunRecord};
+use super::*;
+use crate::parent::registry::{Inserted, NewRun, RegistryError};
 use crate::protocol::child_api::StartRequest;
-use crate::store::Sql;
-use crate::types::EventDelivery;
+use crate::types::Admission;
 
 /// Why a dispatch is too big to take, if it is.
 fn oversized(new: &NewRun, input: &Value) -> Option<String> {
@@ -27,12 +24,16 @@ fn oversized(new: &NewRun, input: &Value) -> Option<String> {
     None
 }
 
-impl ParentEngine {
-    // ----- dispatch -----------------------------------------------------------------------
+/// The result a caller that gave up gets for a run it never started.
+fn gave_up(new: &NewRun, reason: String) -> RunResult {
+    RunResult { status: RunStatus::Aborted, ..RunResult::refused(&new.run_id, &new.agent_type, reason) }
+}
 
+impl ParentEngine {
     /// Admits a dispatch: looks the run id up, checks the cap, inserts the row (configured, for
-    /// a detached run) and starts driving it, all in one synchronous step, so two dispatches
-    /// can never both take the last slot nor both drive one run.
+    /// a detached run) and starts driving it, as one unit, so two dispatches can never both
+    /// take the last slot nor both drive one run. Over the cap it is refused, writing nothing,
+    /// or (an awaited run under [`Admission::Queue`]) queued until a slot frees.
     pub fn dispatch(
         &mut self,
         sql: &(impl Sql + ?Sized),
@@ -40,85 +41,175 @@ impl ParentEngine {
         input: Value,
         now: i64,
     ) -> (Admitted, Vec<ParentAction>) {
-        let registry = Registry::new(sql);
-        let new = dispatch.new;
-        if let Some(problem) = oversized(&new, &input) {
-            return (Admitted::Refused(problem), Vec::new());
+        let (admitted, actions) = self.admit_one(sql, dispatch, input, false, now);
+        (admitted, self.account(actions))
+    }
+
+    fn admit_one(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        dispatch: Dispatch,
+        input: Value,
+        from_queue: bool,
+        now: i64,
+    ) -> (Admitted, Vec<ParentAction>) {
+        let mut admitted = None;
+        let mut actions = self.unit(sql, None, "dispatch", now, |engine| {
+            let (outcome, actions) = engine.admit(sql, dispatch, input, from_queue, now)?;
+            admitted = Some(outcome);
+            Ok(actions)
+        });
+        let admitted = admitted.unwrap_or_else(|| {
+            Admitted::Refused("the dispatch could not be recorded (a storage failure); nothing was started".into())
+        });
+        if matches!(admitted, Admitted::Driving(_)) {
+            actions.extend(self.unit(sql, None, "retention", now, |engine| engine.retain(sql, now)));
         }
-        let existing = match registry.get(&new.run_id) {
-            Ok(existing) => existing,
-            Err(e) => return (Admitted::Refused(e.to_string()), Vec::new()),
-        };
-        if let Some(existing) = existing {
+        (admitted, actions)
+    }
+
+    fn admit(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        dispatch: Dispatch,
+        input: Value,
+        from_queue: bool,
+        now: i64,
+    ) -> Result<(Admitted, Vec<ParentAction>), StoreError> {
+        let Dispatch { new, detached, abandoned } = dispatch;
+        if detached.is_some() && new.event_delivery == EventDelivery::Terminal {
+            let problem = "event_delivery \"terminal\" is not supported for detached runs".to_owned();
+            return Ok((Admitted::Refused(problem), Vec::new()));
+        }
+        if let Some(problem) = oversized(&new, &input) {
+            return Ok((Admitted::Refused(problem), Vec::new()));
+        }
+        let registry = Registry::new(sql);
+        if let Some(existing) = registry.get(&new.run_id)? {
             if existing.agent_type != new.agent_type {
                 let error = RegistryError::AgentTypeMismatch {
                     run_id: new.run_id.clone(),
                     existing: existing.agent_type,
                     requested: new.agent_type.clone(),
                 };
-                return (Admitted::Refused(error.to_string()), Vec::new());
+                return Ok((Admitted::Refused(error.to_string()), Vec::new()));
             }
             if existing.status.is_hard_terminal() {
-                return (Admitted::Finished(existing.result()), Vec::new());
+                return Ok((Admitted::Finished(existing.result()), Vec::new()));
             }
             if self.drivers.contains_key(&new.run_id) {
-                return (Admitted::Joined(existing), Vec::new());
+                return Ok((Admitted::Joined(existing), Vec::new()));
             }
             // Known but driven by nobody (a restart, or a soft `interrupted` dispatched again):
             // follow it again; the child's start is idempotent.
             self.watching.remove(&new.run_id);
             let input = existing.input.clone().unwrap_or(input);
-            let detached = existing.detached.is_some();
-            let actions = self.drive(sql, &existing, input, detached, true, now);
-            return (Admitted::Driving(existing), actions);
+            let actions = self.drive(sql, &existing, input, true, now)?;
+            return Ok((Admitted::Driving(existing), actions));
+        }
+        if let Some(reason) = abandoned {
+            // The caller gave up before the run was admitted: nothing is written.
+            return Ok((Admitted::Finished(gave_up(&new, reason)), Vec::new()));
+        }
+        if self.queue.iter().any(|q| q.dispatch.new.run_id == new.run_id) {
+            return Ok((Admitted::Queued, Vec::new()));
         }
         // A deleted run whose child has not yet deleted its storage: starting it now would find
         // the old run there. Refused (nothing written) and the clear asked again.
-        if let Ok(Some((binding, name))) = registry.child_clear_owed(&new.run_id) {
+        if let Some((binding, name)) = registry.child_clear_owed(&new.run_id)? {
             let problem = format!(
                 "run id {:?} was cleared and its child has not yet deleted its storage; dispatch it again shortly",
                 new.run_id
             );
             let retry = ParentAction::ClearChild { run_id: new.run_id.clone(), to: ChildAddress { binding, name } };
-            return (Admitted::Refused(problem), vec![retry]);
+            return Ok((Admitted::Refused(problem), vec![retry]));
         }
         if let Some(limit) = self.options.max_concurrent {
-            match registry.live_count() {
-                Ok(live) if live >= limit as i64 => return (Admitted::Full(limit), Vec::new()),
-                Ok(_) => {}
-                Err(e) => return (Admitted::Refused(e.to_string()), Vec::new()),
+            let queues = self.options.admission == Admission::Queue && detached.is_none();
+            // First come, first served: a dispatch does not pass the ones already waiting.
+            let waiting = queues && !from_queue && !self.queue.is_empty();
+            if waiting || registry.live_count()? >= limit as i64 {
+                if !queues {
+                    // A detached dispatch must return at once: over the cap it is refused.
+                    return Ok((Admitted::Refused(cap_message(limit)), Vec::new()));
+                }
+                let dispatch = Dispatch { new, detached, abandoned: None };
+                self.queue.push_back(Queued { dispatch, input });
+                return Ok((Admitted::Queued, Vec::new()));
             }
         }
-        let record = match registry.insert(&new, now) {
+        let mut record = match registry.insert(&new, now) {
             Ok(Inserted::New(record)) => record,
-            Ok(Inserted::Existing(record)) => return (Admitted::Joined(record), Vec::new()),
-            Err(e) => return (Admitted::Refused(e.to_string()), Vec::new()),
+            Ok(Inserted::Existing(record)) => return Ok((Admitted::Joined(record), Vec::new())),
+            Err(RegistryError::Store(error)) => return Err(error),
+            Err(mismatch) => return Ok((Admitted::Refused(mismatch.to_string()), Vec::new())),
         };
-        let mut actions = Vec::new();
-        let detached = dispatch.detached.is_some();
-        let mut record = record;
-        if let Some(mut options) = dispatch.detached {
+        let mut actions = vec![ParentAction::Broadcast(record.started_frame().to_json())];
+        if let Some(mut options) = detached {
             options.max_budget_ms.get_or_insert(self.options.detached_max_budget_ms);
             options.no_progress_budget_ms.get_or_insert(self.options.detached_no_progress_budget_ms);
-            if let Err(e) = Ledger::new(sql).configure(&record.run_id, &options, now) {
-                return (Admitted::Refused(e.to_string()), Vec::new());
-            }
-            // The row as configured.
-            record = registry.get(&record.run_id).ok().flatten().unwrap_or(record);
+            let ledger = Ledger::new(sql);
+            ledger.configure(&record.run_id, &options, now)?;
+            record = registry.get(&record.run_id)?.unwrap_or(record);
             self.quiet_ticks = 0;
             actions.push(ParentAction::ArmAlarm { at: now + self.cadence() as i64 });
-            let live = Ledger::new(sql).live_count().unwrap_or(0);
-            if live >= LIVE_WARNING {
+            let live = ledger.live_count()?;
+            if live >= crate::parent::detached::LIVE_WARNING {
                 actions.push(ParentAction::Observe(EventType::DetachedLiveCountWarning, json!({ "live": live })));
             }
         } else {
             actions.push(ParentAction::ArmAlarm { at: now + self.options.recovery_alarm_ms as i64 });
         }
-        actions.extend(self.retain(sql, now));
-        actions.insert(0, ParentAction::Broadcast(record.started_frame().to_json()));
         actions.push(ParentAction::Hook(HookCall::Start(record.info())));
-        actions.extend(self.drive(sql, &record, input, detached, false, now));
-        (Admitted::Driving(record), actions)
+        actions.extend(self.drive(sql, &record, input, false, now)?);
+        Ok((Admitted::Driving(record), actions))
+    }
+
+    /// Admits the queued dispatches while slots are free, first come first served; each one's
+    /// callers get its result when it ends (or at once when it is refused or already over).
+    pub(super) fn admit_queued(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Vec<ParentAction> {
+        let mut actions = Vec::new();
+        while let (Some(limit), false) = (self.options.max_concurrent, self.queue.is_empty()) {
+            match Registry::new(sql).live_count() {
+                Ok(live) if live >= limit as i64 => break,
+                Ok(_) => {}
+                Err(error) => {
+                    actions.extend(self.trouble(None, "admission", &error, now));
+                    break;
+                }
+            }
+            let Some(Queued { dispatch, input }) = self.queue.pop_front() else { break };
+            let (run_id, agent_type) = (dispatch.new.run_id.clone(), dispatch.new.agent_type.clone());
+            let (admitted, more) = self.admit_one(sql, dispatch, input, true, now);
+            actions.extend(more);
+            let result = match admitted {
+                Admitted::Refused(problem) => RunResult::refused(&run_id, &agent_type, problem),
+                Admitted::Finished(result) => result,
+                Admitted::Driving(_) | Admitted::Joined(_) | Admitted::Queued => continue,
+            };
+            actions.extend(self.resolve(&run_id, result));
+        }
+        actions
+    }
+
+    /// A caller waiting on a run gave up (its signal was cancelled): a dispatch still queued is
+    /// dropped, writing nothing; an admitted run is cancelled, as
+    /// [`ParentEngine::cancel`] does. Either way its callers get the result.
+    pub fn abandon(&mut self, sql: &(impl Sql + ?Sized), run_id: &str, reason: String, now: i64) -> Vec<ParentAction> {
+        if let Some(at) = self.queue.iter().position(|q| q.dispatch.new.run_id == run_id) {
+            let queued = self.queue.remove(at).map(|q| q.dispatch.new);
+            self.queue.retain(|q| q.dispatch.new.run_id != run_id);
+            let result = match queued {
+                Some(new) => gave_up(&new, reason),
+                None => RunResult::refused(run_id, "", reason),
+            };
+            let actions = self.resolve(run_id, result);
+            return self.account(actions);
+        }
+        let mut actions =
+            self.unit(sql, Some(run_id), "cancel", now, |engine| engine.cancel_run(sql, run_id, Some(reason), now));
+        actions.extend(self.settle(sql, now));
+        self.account(actions)
     }
 
     /// Starts driving a run: the child's start (idempotent), then its tail.
@@ -127,25 +218,15 @@ impl ParentEngine {
         sql: &(impl Sql + ?Sized),
         record: &RunRecord,
         input: Value,
-        detached: bool,
         reattaching: bool,
         now: i64,
-    ) -> Vec<ParentAction> {
+    ) -> Result<Vec<ParentAction>, StoreError> {
         let gen = self.gen();
-        let driver = Driver {
-            detached,
-            phase: Phase::Starting,
-            gen,
-            reattaching,
-            last_progress: now,
-            window_end: None,
-            failed_tails: 0,
-            draining: None,
-            recovering: false,
-            frames: Frames::of(record),
-        };
+        let start = self.start_action(sql, record, input, gen)?;
+        let mut driver = Driver::new(record, Phase::Starting, reattaching, now);
+        driver.gen = gen;
         self.drivers.insert(record.run_id.clone(), driver);
-        vec![self.start_action(sql, record, input, gen)]
+        Ok(vec![start])
     }
 
     pub(super) fn start_action(
@@ -154,19 +235,176 @@ impl ParentEngine {
         record: &RunRecord,
         input: Value,
         gen: u64,
-    ) -> ParentAction {
-        let to = self.address(sql, record);
+    ) -> Result<ParentAction, StoreError> {
+        let to = self.address(sql, record)?;
         let request = StartRequest {
             run_id: record.run_id.clone(),
             input,
             parent_class: self.class.clone(),
-            parent_name: self.name(sql),
+            parent_name: self.name(sql)?,
             child_name: to.name.clone(),
             terminal_only: record.event_delivery == EventDelivery::Terminal,
             // The tail this start is followed by, from where it will start (the platform may
             // open it in the same round trip; see `ParentAction::OpenTail`).
             tail_after: Some(record.child_cursor),
         };
-        ParentAction::StartChild { run_id: record.run_id.clone(), gen, to, request }
+        Ok(ParentAction::StartChild { run_id: record.run_id.clone(), gen, to, request })
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::super::testing::*;
+    use super::*;
+    use crate::types::DetachedOptions;
+
+    #[test]
+    fn oversized_input_or_display_is_refused_before_anything_is_written() {
+        let (db, mut engine) = engine(AgentToolOptions::default());
+        let big = Value::String("x".repeat(MAX_INPUT_BYTES));
+        let Admitted::Refused(why) = dispatch(&mut engine, &db, "big", big).0 else { panic!("refused") };
+        assert!(why.contains("at most 262144"), "{why}");
+        let display = Some(json!({ "name": "y".repeat(MAX_DISPLAY_BYTES) }));
+        let mut new = new_run("wide", &json!("ok"));
+        new.display = display;
+        let (admitted, actions) = engine.dispatch(&db, awaited(new), json!("ok"), 10);
+        assert!(matches!(admitted, Admitted::Refused(ref why) if why.contains("display")));
+        assert!(actions.is_empty());
+        assert!(Registry::new(&db).all().unwrap().is_empty(), "no row");
+        assert!(matches!(dispatch(&mut engine, &db, "fine", json!("ok")).0, Admitted::Driving(_)));
+    }
+
+    /// What each admission rule does with a dispatch, and that a refusal writes nothing.
+    #[test]
+    fn admission_rules() {
+        let capped = |admission| AgentToolOptions { max_concurrent: Some(1), admission, ..AgentToolOptions::default() };
+        struct Case {
+            name: &'static str,
+            options: AgentToolOptions,
+            first: Option<&'static str>,
+            detached: bool,
+            terminal: bool,
+            abandoned: bool,
+            expect: &'static str,
+            rows: usize,
+        }
+        let cases = [
+            Case {
+                name: "fresh",
+                options: AgentToolOptions::default(),
+                first: None,
+                detached: false,
+                terminal: false,
+                abandoned: false,
+                expect: "driving",
+                rows: 1,
+            },
+            Case {
+                name: "over the cap, reject",
+                options: capped(Admission::Reject),
+                first: Some("a"),
+                detached: false,
+                terminal: false,
+                abandoned: false,
+                expect: "refused",
+                rows: 1,
+            },
+            Case {
+                name: "over the cap, queue",
+                options: capped(Admission::Queue),
+                first: Some("a"),
+                detached: false,
+                terminal: false,
+                abandoned: false,
+                expect: "queued",
+                rows: 1,
+            },
+            Case {
+                name: "detached over the cap never queues",
+                options: capped(Admission::Queue),
+                first: Some("a"),
+                detached: true,
+                terminal: false,
+                abandoned: false,
+                expect: "refused",
+                rows: 1,
+            },
+            Case {
+                name: "detached with terminal delivery",
+                options: AgentToolOptions::default(),
+                first: None,
+                detached: true,
+                terminal: true,
+                abandoned: false,
+                expect: "refused",
+                rows: 0,
+            },
+            Case {
+                name: "awaited with terminal delivery",
+                options: AgentToolOptions::default(),
+                first: None,
+                detached: false,
+                terminal: true,
+                abandoned: false,
+                expect: "driving",
+                rows: 1,
+            },
+            Case {
+                name: "abandoned before admission",
+                options: AgentToolOptions::default(),
+                first: None,
+                detached: false,
+                terminal: false,
+                abandoned: true,
+                expect: "finished",
+                rows: 0,
+            },
+            Case {
+                name: "the same id again joins",
+                options: AgentToolOptions::default(),
+                first: Some("r"),
+                detached: false,
+                terminal: false,
+                abandoned: false,
+                expect: "joined",
+                rows: 1,
+            },
+        ];
+        for case in cases {
+            let (db, mut engine) = engine(case.options);
+            if let Some(first) = case.first {
+                assert!(matches!(dispatch(&mut engine, &db, first, json!(1)).0, Admitted::Driving(_)), "{}", case.name);
+            }
+            let mut new = new_run("r", &json!(2));
+            if case.terminal {
+                new.event_delivery = EventDelivery::Terminal;
+            }
+            let dispatch = Dispatch {
+                new,
+                detached: case.detached.then(DetachedOptions::default),
+                abandoned: case.abandoned.then(|| "gave up".to_owned()),
+            };
+            let (admitted, _) = engine.dispatch(&db, dispatch, json!(2), 10);
+            assert_eq!(admitted_name(&admitted), case.expect, "{}", case.name);
+            assert_eq!(Registry::new(&db).all().unwrap().len(), case.rows, "{}: rows", case.name);
+        }
+    }
+
+    #[test]
+    fn a_queued_dispatch_is_admitted_when_a_slot_frees_and_an_abandoned_one_writes_nothing() {
+        let options = AgentToolOptions { max_concurrent: Some(1), admission: Admission::Queue, ..Default::default() };
+        let (db, mut engine) = engine(options);
+        dispatch(&mut engine, &db, "a", json!(1));
+        assert_eq!(admitted_name(&dispatch(&mut engine, &db, "b", json!(2)).0), "queued");
+        assert_eq!(admitted_name(&dispatch(&mut engine, &db, "c", json!(3)).0), "queued");
+        // The caller of `c` gives up: it is dropped, written nowhere, and answered.
+        let actions = engine.abandon(&db, "c", "no longer needed".into(), 11);
+        let resolved = resolved(&actions);
+        assert_eq!(resolved, [("c".to_owned(), RunStatus::Aborted)]);
+        // `a` ends: `b` takes its slot, and only then.
+        let actions = engine.cancel(&db, "a", None, 12).actions;
+        assert!(actions.iter().any(|a| matches!(a, ParentAction::StartChild { run_id, .. } if run_id == "b")));
+        let ids: Vec<String> = Registry::new(&db).all().unwrap().into_iter().map(|r| r.run_id).collect();
+        assert_eq!(ids, ["a", "b"], "c was never written");
     }
 }

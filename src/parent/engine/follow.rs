@@ -1,18 +1,32 @@
 //! Following a child: its start's answer, its tail's batches and end, the inspection that
 //! decides what a broken tail means, and the re-attach budgets.
 
-use super::*;
-
 use serde_json::{json, Value};
 
-use crate::observability::EventType;
-use crate::parent::detached::Ledger;
-use crate::parent::registry::{Forward, Registry, RunRecord, Terminal};
+use super::*;
+use crate::parent::registry::Forward;
 use crate::protocol::child_api::InspectionReply;
-use crate::protocol::tail::{ChunkKind, RunOutcome, TailLine};
+use crate::protocol::tail::{ChunkKind, TailLine};
 use crate::protocol::{EventFrame, InterruptedReason};
-use crate::store::Sql;
-use crate::types::{AgentToolOptions, OnMilestones, ProgressSnapshot, RunStatus, DEFAULT_NOTIFY_SOURCE};
+use crate::types::{Milestone, OnMilestones, ProgressSnapshot, DEFAULT_NOTIFY_SOURCE};
+
+/// A chunk of a tail batch to forward: its kind, its body, and what replay keeps instead.
+type Forwarded = (ChunkKind, String, Option<String>);
+
+/// What to do after an inspection.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Decide {
+    /// Record this outcome.
+    Conclude(Terminal),
+    /// Stop the child, then record this outcome.
+    TearDown(Terminal),
+    /// The child ended: read what it stored after the cursor, then record this.
+    Drain(RunOutcome),
+    /// The child does not know the run: start it again with this input.
+    Restart(Value),
+    /// The child still runs: tail it again after a pause.
+    Retail,
+}
 
 impl ParentEngine {
     pub(super) fn on_start_replied(
@@ -22,12 +36,12 @@ impl ParentEngine {
         gen: u64,
         result: Result<(), StartError>,
         now: i64,
-    ) -> Vec<ParentAction> {
+    ) -> Result<Vec<ParentAction>, StoreError> {
         if self.current(run_id, gen).is_none() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         let registry = Registry::new(sql);
-        let Ok(Some(record)) = registry.get(run_id) else { return self.forget(sql, run_id) };
+        let Some(record) = registry.get(run_id)? else { return self.forget(sql, run_id) };
         match result {
             Ok(()) => {}
             Err(StartError::Refused(message)) => return self.conclude(sql, &record, Terminal::Error { message }, now),
@@ -42,57 +56,46 @@ impl ParentEngine {
         }
         if record.status.is_hard_terminal() {
             // A cancel landed while the child was being started: make sure the child stops.
-            let mut actions = vec![ParentAction::CancelChild {
-                run_id: run_id.to_owned(),
-                to: self.address(sql, &record),
-                reason: record.error_message.clone(),
-            }];
-            actions.push(ParentAction::Resolve { run_id: run_id.to_owned(), result: record.result() });
-            self.drivers.remove(run_id);
-            return actions;
+            let to = self.address(sql, &record)?;
+            let reason = record.error_message.clone();
+            self.stop_driving(run_id);
+            let mut actions = vec![ParentAction::CancelChild { run_id: run_id.to_owned(), to, reason }];
+            actions.extend(self.resolve(run_id, record.result()));
+            return Ok(actions);
         }
         // `starting` becomes `running`; an `interrupted` run dispatched again is live again.
         // Neither changes where the tail starts.
-        let marked = match record.status {
-            RunStatus::Starting => registry.mark_running(run_id).map(drop),
-            RunStatus::Interrupted => registry.reattach(run_id).map(drop),
-            _ => Ok(()),
-        };
-        if marked.is_err() {
-            return self.forget(sql, run_id);
+        match record.status {
+            RunStatus::Starting => drop(registry.mark_running(run_id)?),
+            RunStatus::Interrupted => drop(registry.reattach(run_id)?),
+            _ => {}
         }
-        self.open_tail_at(sql, &record, now)
+        self.open_tail_at(sql, &record)
     }
 
-    pub(super) fn open_tail(&mut self, sql: &(impl Sql + ?Sized), run_id: &str, now: i64) -> Vec<ParentAction> {
-        let Ok(Some(record)) = Registry::new(sql).get(run_id) else { return self.forget(sql, run_id) };
-        self.open_tail_at(sql, &record, now)
-    }
-
-    /// Opens the run's tail after its child cursor (`record` is its row as it is now).
-    pub(super) fn open_tail_at(
+    pub(super) fn open_tail(
         &mut self,
         sql: &(impl Sql + ?Sized),
-        record: &RunRecord,
+        run_id: &str,
         now: i64,
-    ) -> Vec<ParentAction> {
-        let run_id = record.run_id.as_str();
+    ) -> Result<Vec<ParentAction>, StoreError> {
+        let _ = now;
+        let Some(record) = Registry::new(sql).get(run_id)? else { return self.forget(sql, run_id) };
+        self.open_tail_at(sql, &record)
+    }
+
+    /// Opens the run's tail after its child cursor (`record` is its row as it is now). A
+    /// re-attached awaited run is watched for silence and for its window from now on (see
+    /// [`Driver::deadline`]).
+    fn open_tail_at(&mut self, sql: &(impl Sql + ?Sized), record: &RunRecord) -> Result<Vec<ParentAction>, StoreError> {
+        let to = self.address(sql, record)?;
         let gen = self.gen();
-        let no_progress = self.options.reattach_no_progress_timeout_ms as i64;
-        let to = self.address(sql, record);
-        let Some(driver) = self.drivers.get_mut(run_id) else { return Vec::new() };
+        let run_id = record.run_id.as_str();
+        let Some(driver) = self.drivers.get_mut(run_id) else { return Ok(Vec::new()) };
         driver.gen = gen;
         driver.phase = Phase::Tailing;
-        let mut actions =
-            vec![ParentAction::OpenTail { run_id: run_id.to_owned(), gen, to, after: record.child_cursor }];
-        if driver.reattaching && !driver.detached {
-            let at = driver.last_progress.max(now - no_progress) + no_progress;
-            actions.push(ParentAction::SetTimer { run_id: run_id.to_owned(), gen, timer: Timer::Silence, at });
-            if let Some(end) = driver.window_end {
-                actions.push(ParentAction::SetTimer { run_id: run_id.to_owned(), gen, timer: Timer::Window, at: end });
-            }
-        }
-        actions
+        driver.due = None;
+        Ok(vec![ParentAction::OpenTail { run_id: run_id.to_owned(), gen, to, after: record.child_cursor }])
     }
 
     pub(super) fn on_tail_batch(
@@ -102,15 +105,13 @@ impl ParentEngine {
         gen: u64,
         lines: Vec<TailLine>,
         now: i64,
-    ) -> Vec<ParentAction> {
-        let no_progress = self.options.reattach_no_progress_timeout_ms as i64;
-        let Some(driver) = self.current(run_id, gen) else { return Vec::new() };
-        driver.last_progress = now;
-        driver.failed_tails = 0;
-        let rearm = driver.reattaching && !driver.detached;
+    ) -> Result<Vec<ParentAction>, StoreError> {
+        // A batch of a tail this instance has moved past (closed, replaced, or an earlier
+        // instance's) is dropped: its chunks come again, in order, from the tail that replaced it.
+        let Some(driver) = self.current(run_id, gen) else { return Ok(Vec::new()) };
         let frames = driver.frames.clone();
         let mut actions = Vec::new();
-        let mut forwards: Vec<(ChunkKind, String, Option<String>)> = Vec::new();
+        let mut forwards: Vec<Forwarded> = Vec::new();
         let mut cursor = None;
         let mut end = None;
         for line in lines {
@@ -130,55 +131,37 @@ impl ParentEngine {
                 .iter()
                 .map(|(kind, body, kept)| Forward { kind: *kind, body, replay: kept.as_deref() })
                 .collect();
-            // The append checks the run is still live here (it updates only a live row).
-            match Registry::new(sql).append(run_id, &batch, cursor, now) {
-                Ok(Some(seqs)) => {
-                    for (seq, (_, body, _)) in seqs.into_iter().zip(&forwards) {
-                        let frame = EventFrame::chunk(frames.parent_tool_call_id.clone(), seq, run_id, body.clone());
-                        actions.push(ParentAction::Broadcast(frame.to_json()));
-                    }
-                    let signalled =
-                        forwards.iter().any(|(k, _, _)| matches!(k, ChunkKind::Progress | ChunkKind::Milestone));
-                    if signalled {
-                        if let Ok(Some(record)) = Registry::new(sql).get(run_id) {
-                            actions.extend(self.signals(sql, &record, &forwards, now));
-                        }
-                    }
+            // The append writes only a live row: a run concluded meanwhile (a cancel) or cleared
+            // gets nothing after its terminal frame.
+            let Some(seqs) = Registry::new(sql).append(run_id, &batch, cursor, now)? else {
+                actions.push(ParentAction::CloseTail { run_id: run_id.to_owned() });
+                actions.extend(self.forget(sql, run_id)?);
+                return Ok(actions);
+            };
+            for (seq, (_, body, _)) in seqs.into_iter().zip(&forwards) {
+                let frame = EventFrame::chunk(frames.parent_tool_call_id.clone(), seq, run_id, body.clone());
+                actions.push(ParentAction::Broadcast(frame.to_json()));
+            }
+            if forwards.iter().any(|(k, _, _)| matches!(k, ChunkKind::Progress | ChunkKind::Milestone)) {
+                if let Some(record) = Registry::new(sql).get(run_id)? {
+                    actions.extend(self.signals(&record, &forwards, now));
                 }
-                // The run is no longer live (concluded elsewhere, or cleared): its row has the
-                // result.
-                Ok(None) => {
-                    actions.push(ParentAction::CloseTail { run_id: run_id.to_owned() });
-                    actions.extend(self.forget(sql, run_id));
-                    return actions;
-                }
-                Err(e) => actions.extend(store_err(e)),
             }
         }
-        if let Some(outcome) = end {
-            actions.push(ParentAction::CloseTail { run_id: run_id.to_owned() });
-            // The finish writes only a live row; a gone one is forgotten.
-            actions.extend(self.conclude_run(sql, run_id, &frames.agent_type, terminal_from(outcome), now));
-        } else if rearm {
-            actions.push(ParentAction::SetTimer {
-                run_id: run_id.to_owned(),
-                gen,
-                timer: Timer::Silence,
-                at: now + no_progress,
-            });
+        if let Some(driver) = self.drivers.get_mut(run_id) {
+            driver.last_progress = now;
+            driver.failed_tails = 0;
         }
-        actions
+        if let Some(outcome) = end {
+            // The finish writes only a live row; a gone one is forgotten.
+            actions.extend(self.conclude_run(sql, run_id, terminal_from(outcome), now)?);
+        }
+        Ok(actions)
     }
 
     /// Progress and milestones of a forwarded batch: `on_progress`, and a detached run's
-    /// milestone notices.
-    pub(super) fn signals(
-        &mut self,
-        sql: &(impl Sql + ?Sized),
-        record: &RunRecord,
-        forwards: &[(ChunkKind, String, Option<String>)],
-        now: i64,
-    ) -> Vec<ParentAction> {
+    /// milestone notices (posted once per `(run, name)`, see [`ParentEngine::post_notice`]).
+    fn signals(&self, record: &RunRecord, forwards: &[Forwarded], now: i64) -> Vec<ParentAction> {
         let mut actions = Vec::new();
         let info = record.info();
         for (kind, body, _) in
@@ -187,7 +170,7 @@ impl ParentEngine {
             let Ok(mut chunk) = serde_json::from_str::<Value>(body) else { continue };
             let mut data = chunk.get_mut("data").map_or(Value::Null, Value::take);
             if *kind == ChunkKind::Milestone {
-                actions.extend(self.milestone_notice(sql, record, &data, now));
+                actions.extend(self.milestone_notice(record, &data));
                 if let Some(name) = data.get("name").cloned() {
                     data["milestone"] = name;
                 }
@@ -202,111 +185,75 @@ impl ParentEngine {
         actions
     }
 
-    /// A milestone of a detached run that asked for it: one notice per `(run, name)`.
-    pub(super) fn milestone_notice(
-        &mut self,
-        sql: &(impl Sql + ?Sized),
-        record: &RunRecord,
-        milestone: &Value,
-        now: i64,
-    ) -> Vec<ParentAction> {
-        let Some(detached) = &record.detached else { return Vec::new() };
-        let Some(name) = milestone.get("name").and_then(Value::as_str) else { return Vec::new() };
-        let Some(wanted) = detached.on_milestones.clone().and_then(|w| serde_json::from_value::<OnMilestones>(w).ok())
-        else {
-            return Vec::new();
-        };
-        if !wanted.names.iter().any(|n| n == name)
-            || !Ledger::new(sql).claim_milestone(&record.run_id, name, now).unwrap_or(false)
-        {
-            return Vec::new();
+    /// A notice for a milestone of a detached run that asked for it by name (posted once).
+    pub(super) fn milestone_notice(&self, record: &RunRecord, milestone: &Value) -> Option<ParentAction> {
+        let detached = record.detached.as_ref()?;
+        let wanted = serde_json::from_value::<OnMilestones>(detached.on_milestones.clone()?).ok()?;
+        let milestone = serde_json::from_value::<Milestone>(milestone.clone()).ok()?;
+        if !wanted.names.contains(&milestone.name) {
+            return None;
         }
         let source = detached.notify_source.clone().unwrap_or_else(|| DEFAULT_NOTIFY_SOURCE.into());
-        vec![ParentAction::MilestoneNotice {
-            run: record.info(),
-            milestone: milestone.clone(),
-            mode: wanted.mode,
-            source,
-        }]
+        let key = super::io::notice_key(record);
+        Some(ParentAction::Notice(Notice::milestone(record.info(), &key, milestone, wanted.mode, source)))
     }
 
-    /// The tail ended without an outcome: ask the child where the run stands (a run whose
-    /// outcome was already known records it).
-    pub(super) fn on_tail_ended(
+    pub(super) fn on_tail_refused(
         &mut self,
         sql: &(impl Sql + ?Sized),
         run_id: &str,
         gen: u64,
+        error: String,
         now: i64,
-    ) -> Vec<ParentAction> {
+    ) -> Result<Vec<ParentAction>, StoreError> {
+        if self.current(run_id, gen).is_none() {
+            return Ok(Vec::new());
+        }
+        let Some(record) = Registry::new(sql).get(run_id)? else { return self.forget(sql, run_id) };
+        let to = self.address(sql, &record)?;
+        let mut actions =
+            vec![ParentAction::CancelChild { run_id: run_id.to_owned(), to, reason: Some(error.clone()) }];
+        actions.extend(self.conclude(sql, &record, Terminal::Error { message: error }, now)?);
+        Ok(actions)
+    }
+
+    /// The run's tail ended without an outcome, or its re-attach budgets ran out: ask the child
+    /// where the run stands (a run whose outcome was already known records it). The caller has
+    /// checked the exchange is current.
+    pub(super) fn on_tail_ended(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        now: i64,
+    ) -> Result<Vec<ParentAction>, StoreError> {
+        let Some(record) = Registry::new(sql).get(run_id)? else { return self.forget(sql, run_id) };
+        let to = self.address(sql, &record)?;
         let max_window = self.options.reattach_max_window_ms;
         let next = self.gen();
-        let Some(driver) = self.current(run_id, gen) else { return Vec::new() };
+        let Some(driver) = self.drivers.get_mut(run_id) else { return Ok(Vec::new()) };
+        let close = ParentAction::CloseTail { run_id: run_id.to_owned() };
         if driver.draining.is_some() && driver.failed_tails < NOT_TAILABLE_AFTER {
             // The drain broke off: read again after a pause (a batch that brought chunks
             // resets the count, so a stream that keeps breaking but moves on is read to the end).
             driver.gen = next;
             driver.phase = Phase::Waiting;
-            return vec![
-                ParentAction::CloseTail { run_id: run_id.to_owned() },
-                ParentAction::SetTimer {
-                    run_id: run_id.to_owned(),
-                    gen: next,
-                    timer: Timer::Retail,
-                    at: now + RETAIL_PAUSE_MS,
-                },
-            ];
+            driver.due = Some(now + RETAIL_PAUSE_MS);
+            return Ok(vec![close]);
         }
         if let Some(outcome) = driver.draining.take() {
-            let Ok(Some(record)) = Registry::new(sql).get(run_id) else { return self.forget(sql, run_id) };
-            let mut actions = vec![ParentAction::Observe(
-                EventType::DrainIncomplete,
-                json!({ "runId": run_id, "status": outcome.status.as_str() }),
-            )];
-            actions.extend(self.conclude(sql, &record, terminal_from(outcome), now));
-            return actions;
+            let payload = json!({ "runId": run_id, "status": outcome.status.as_str() });
+            let mut actions = vec![close, ParentAction::Observe(EventType::DrainIncomplete, payload)];
+            actions.extend(self.conclude(sql, &record, terminal_from(outcome), now)?);
+            return Ok(actions);
         }
-        if !driver.reattaching {
-            driver.reattaching = true;
-        }
+        driver.reattaching = true;
         if driver.window_end.is_none() && !driver.detached {
             driver.window_end = max_window.map(|ms| now.saturating_add(ms as i64));
         }
         driver.gen = next;
         driver.phase = Phase::Inspecting;
-        let Ok(Some(record)) = Registry::new(sql).get(run_id) else { return self.forget(sql, run_id) };
-        let to = self.address(sql, &record);
-        vec![
-            ParentAction::CloseTail { run_id: run_id.to_owned() },
-            ParentAction::InspectChild { run_id: run_id.to_owned(), gen: next, to },
-        ]
-    }
-
-    pub(super) fn on_timer(
-        &mut self,
-        sql: &(impl Sql + ?Sized),
-        run_id: &str,
-        gen: u64,
-        timer: Timer,
-        now: i64,
-    ) -> Vec<ParentAction> {
-        let no_progress = self.options.reattach_no_progress_timeout_ms as i64;
-        let Some(driver) = self.current(run_id, gen) else { return Vec::new() };
-        let draining = driver.draining.is_some();
-        match (timer, driver.phase) {
-            (Timer::Retail, Phase::Waiting) => self.open_tail(sql, run_id, now),
-            // The child has finished: its stored chunks are being read, no budget applies.
-            (Timer::Silence | Timer::Window, _) if draining => Vec::new(),
-            // Silent past the budget, or past the window, while tailing: stop reading and ask
-            // the child (the decision follows its answer).
-            (Timer::Silence, Phase::Tailing) if now - driver.last_progress >= no_progress => {
-                self.on_tail_ended(sql, run_id, gen, now)
-            }
-            (Timer::Window, Phase::Tailing) if driver.window_end.is_some_and(|end| now >= end) => {
-                self.on_tail_ended(sql, run_id, gen, now)
-            }
-            _ => Vec::new(),
-        }
+        driver.due = Some(now + INSPECT_TIMEOUT_MS);
+        Ok(vec![close, ParentAction::InspectChild { run_id: run_id.to_owned(), gen: next, to }])
     }
 
     pub(super) fn on_inspected(
@@ -316,155 +263,419 @@ impl ParentEngine {
         gen: u64,
         result: Result<Option<InspectionReply>, InterruptedReason>,
         now: i64,
-    ) -> Vec<ParentAction> {
-        if let Some((watch_gen, watch)) = self.watching.get(run_id).copied() {
-            if watch_gen == gen {
-                self.watching.remove(run_id);
-                return self.on_watch_inspected(sql, run_id, watch, result, now);
-            }
+    ) -> Result<Vec<ParentAction>, StoreError> {
+        if self.watching.get(run_id).is_some_and(|w| w.gen == gen) {
+            let watch = self.watching.remove(run_id).map(|w| w.watch);
+            return match watch {
+                Some(watch) => self.on_watch_inspected(sql, run_id, watch, result, now),
+                None => Ok(Vec::new()),
+            };
         }
-        if self.current(run_id, gen).is_none() {
+        let Some(driver) = self.current(run_id, gen) else {
             // The row the recovery pass waits on was concluded meanwhile (a cancel): move on.
-            let waited_on =
-                self.pass.as_ref().and_then(|p| p.current.as_ref()).is_some_and(|(id, g)| id == run_id && *g == gen);
-            if waited_on {
-                if let Some(pass) = self.pass.as_mut() {
+            if let Some(pass) = self.pass.as_mut() {
+                if pass.current.as_ref().is_some_and(|(id, g)| id == run_id && *g == gen) {
                     pass.current = None;
                 }
-                return self.next_recovery_row(sql, now);
             }
-            return Vec::new();
-        }
-        let driver = self.drivers.get_mut(run_id).expect("checked above");
-        let recovering = driver.recovering;
-        driver.recovering = false;
+            return Ok(Vec::new());
+        };
+        let recovering = std::mem::take(&mut driver.recovering);
         let mut actions = Vec::new();
         if recovering {
             actions.extend(self.recovery_row_inspected(run_id, &result));
         }
-        let record = match Registry::new(sql).get(run_id) {
-            Ok(Some(record)) if record.status.is_live() || record.status == RunStatus::Interrupted => record,
+        let record = match Registry::new(sql).get(run_id)? {
+            Some(record) if record.status.is_live() || record.status == RunStatus::Interrupted => record,
             // Concluded meanwhile (a cancel) or cleared: nothing to decide.
             _ => {
-                actions.extend(self.forget(sql, run_id));
-                if recovering {
-                    actions.extend(self.next_recovery_row(sql, now));
-                }
-                return actions;
+                actions.extend(self.forget(sql, run_id)?);
+                return Ok(actions);
             }
         };
-        let driver = self.drivers.get_mut(run_id).expect("checked above");
-        let decision = match result {
-            Err(reason) => Decide::Conclude(Terminal::inspect_failed(reason)),
-            Ok(Some(inspection)) => match inspection.outcome() {
-                // The run ended: read the chunks stored after the cursor first, then record it.
-                Some(outcome) => Decide::Drain(outcome),
-                None => driver.keep_waiting(&self.options, now),
-            },
-            // The child does not know the run: its start was lost. Send it again.
-            Ok(None) => match record.input.clone() {
-                Some(input) => Decide::Restart(input),
-                None => Decide::Conclude(Terminal::Error {
-                    message: "the child never accepted the run and its input was not kept; dispatch it again".into(),
-                }),
-            },
-        };
-        actions.extend(self.decide(sql, &record, decision, now));
-        if recovering {
-            actions.extend(self.next_recovery_row(sql, now));
-        }
-        actions
+        let Some(driver) = self.drivers.get(run_id) else { return Ok(actions) };
+        let decision = decide(driver, &record, result, &self.options, now);
+        actions.extend(self.carry_decision(sql, &record, decision, now)?);
+        Ok(actions)
     }
 
-    pub(super) fn decide(
+    fn carry_decision(
         &mut self,
         sql: &(impl Sql + ?Sized),
         record: &RunRecord,
         decision: Decide,
         now: i64,
-    ) -> Vec<ParentAction> {
+    ) -> Result<Vec<ParentAction>, StoreError> {
         let run_id = &record.run_id;
         match decision {
             Decide::Conclude(terminal) => self.conclude(sql, record, terminal, now),
             Decide::TearDown(terminal) => {
-                let mut actions = vec![ParentAction::CancelChild {
-                    run_id: run_id.clone(),
-                    to: self.address(sql, record),
-                    reason: Some("window-exceeded".into()),
-                }];
-                actions.extend(self.conclude(sql, record, terminal, now));
-                actions
+                let to = self.address(sql, record)?;
+                let reason = Some("window-exceeded".to_owned());
+                let mut actions = vec![ParentAction::CancelChild { run_id: run_id.clone(), to, reason }];
+                actions.extend(self.conclude(sql, record, terminal, now)?);
+                Ok(actions)
             }
             Decide::Drain(outcome) => {
                 if let Some(driver) = self.drivers.get_mut(run_id) {
                     driver.draining = Some(outcome);
                 }
-                self.open_tail(sql, run_id, now)
+                self.open_tail_at(sql, record)
             }
             Decide::Restart(input) => {
                 let gen = self.gen();
+                let start = self.start_action(sql, record, input, gen)?;
                 if let Some(driver) = self.drivers.get_mut(run_id) {
                     driver.gen = gen;
                     driver.phase = Phase::Starting;
+                    driver.due = None;
                 }
-                vec![self.start_action(sql, record, input, gen)]
+                Ok(vec![start])
             }
             Decide::Retail => {
                 let gen = self.gen();
-                let Some(driver) = self.drivers.get_mut(run_id) else { return Vec::new() };
-                driver.gen = gen;
-                driver.phase = Phase::Waiting;
-                vec![ParentAction::SetTimer {
-                    run_id: run_id.clone(),
-                    gen,
-                    timer: Timer::Retail,
-                    at: now + RETAIL_PAUSE_MS,
-                }]
+                if let Some(driver) = self.drivers.get_mut(run_id) {
+                    driver.gen = gen;
+                    driver.phase = Phase::Waiting;
+                    driver.due = Some(now + RETAIL_PAUSE_MS);
+                }
+                Ok(Vec::new())
             }
         }
     }
 }
 
-/// What to do after an inspection.
-pub(super) enum Decide {
-    Conclude(Terminal),
-    TearDown(Terminal),
-    Drain(RunOutcome),
-    Restart(Value),
-    Retail,
+/// What an inspection's answer means for a driven run (the inspect contract): a failed or
+/// timed-out inspection is an interruption, retryable; `None` means the child never got the
+/// start (it is sent again), never a failure; an ended run is drained, then recorded; a live
+/// one is waited on within the re-attach budgets.
+pub(super) fn decide(
+    driver: &Driver,
+    record: &RunRecord,
+    result: Result<Option<InspectionReply>, InterruptedReason>,
+    options: &AgentToolOptions,
+    now: i64,
+) -> Decide {
+    match result {
+        Err(reason) => Decide::Conclude(Terminal::inspect_failed(reason)),
+        Ok(Some(inspection)) => match inspection.outcome() {
+            // The run ended: read the chunks stored after the cursor first, then record it.
+            Some(outcome) => Decide::Drain(outcome),
+            None => keep_waiting(driver, options, now),
+        },
+        // The child does not know the run: its start was lost. Send it again.
+        Ok(None) => match record.input.clone() {
+            Some(input) => Decide::Restart(input),
+            None => Decide::Conclude(Terminal::Error {
+                message: "the child never accepted the run and its input was not kept; dispatch it again".into(),
+            }),
+        },
+    }
 }
 
-impl Driver {
-    /// The child says the run is live: wait more, within the re-attach budgets (a detached run
-    /// is bounded by its own budgets instead, on the backbone).
-    pub(super) fn keep_waiting(&self, options: &AgentToolOptions, now: i64) -> Decide {
-        if self.failed_tails >= NOT_TAILABLE_AFTER {
-            return Decide::Conclude(Terminal::Interrupted {
-                error: format!(
-                    "the child's stream could not be tailed ({NOT_TAILABLE_AFTER} attempts); it may still be running"
-                ),
-                reason: Some(InterruptedReason::NotTailable),
-                child_still_running: Some(true),
-            });
+/// The child says the run is live: wait more, within the re-attach budgets (a detached run is
+/// bounded by its own budgets instead, on the backbone).
+fn keep_waiting(driver: &Driver, options: &AgentToolOptions, now: i64) -> Decide {
+    if driver.failed_tails >= NOT_TAILABLE_AFTER {
+        return Decide::Conclude(Terminal::Interrupted {
+            error: format!(
+                "the child's stream could not be tailed ({NOT_TAILABLE_AFTER} attempts); it may still be running"
+            ),
+            reason: Some(InterruptedReason::NotTailable),
+            child_still_running: Some(true),
+        });
+    }
+    if driver.detached {
+        return Decide::Retail;
+    }
+    if driver.window_end.is_some_and(|end| now >= end) {
+        return Decide::TearDown(Terminal::Interrupted {
+            error: "the re-attach window ran out; the child was torn down".into(),
+            reason: Some(InterruptedReason::WindowExceeded),
+            child_still_running: Some(false),
+        });
+    }
+    let no_progress = options.reattach_no_progress_timeout_ms as i64;
+    if now - driver.last_progress >= no_progress {
+        return Decide::Conclude(Terminal::Interrupted {
+            error: format!("the child made no progress for {no_progress} ms; it may still be running"),
+            reason: Some(InterruptedReason::NoProgress),
+            child_still_running: Some(true),
+        });
+    }
+    Decide::Retail
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::super::testing::*;
+    use super::*;
+    use crate::types::DetachedOptions;
+
+    fn reply(status: &str) -> InspectionReply {
+        InspectionReply {
+            status: status.into(),
+            summary: Some("s".into()),
+            output: None,
+            error: None,
+            attempt: Some(1),
         }
-        if self.detached {
-            return Decide::Retail;
+    }
+
+    /// What a batch of actions amounts to, for the tables below.
+    fn effect(actions: &[ParentAction]) -> String {
+        let mut parts = Vec::new();
+        for action in actions {
+            match action {
+                ParentAction::Broadcast(frame) => {
+                    let frame: Value = serde_json::from_str(frame).unwrap();
+                    let event = &frame["event"];
+                    let mut kind = event["kind"].as_str().unwrap_or_default().to_owned();
+                    if let Some(reason) = event["reason"].as_str() {
+                        kind = format!("{kind}:{reason}");
+                    }
+                    parts.push(kind);
+                }
+                ParentAction::StartChild { .. } => parts.push("start".into()),
+                ParentAction::OpenTail { .. } => parts.push("tail".into()),
+                ParentAction::InspectChild { .. } => parts.push("inspect".into()),
+                ParentAction::CancelChild { .. } => parts.push("teardown".into()),
+                _ => {}
+            }
         }
-        if self.window_end.is_some_and(|end| now >= end) {
-            return Decide::TearDown(Terminal::Interrupted {
-                error: "the re-attach window ran out; the child was torn down".into(),
-                reason: Some(InterruptedReason::WindowExceeded),
-                child_still_running: Some(false),
-            });
+        parts.join(" ")
+    }
+
+    /// A run driven by an engine (awaited or detached), its tail broken so it is being
+    /// inspected, or (`recovering`) found live by a fresh engine's recovery pass. Returns the
+    /// inspection's exchange.
+    fn inspected_run(db: &rusqlite::Connection, engine: &mut ParentEngine, detached: bool, recovering: bool) -> u64 {
+        let new = new_run("r", &json!({"q": 1}));
+        let dispatch = Dispatch { new, detached: detached.then(DetachedOptions::default), abandoned: None };
+        let (_, actions) = engine.dispatch(db, dispatch, json!({"q": 1}), 10);
+        let start = gen_of(&actions, "start", "r").unwrap();
+        let actions =
+            engine.handle(db, ParentEvent::StartReplied { run_id: "r".into(), gen: start, result: Ok(()) }, 11);
+        let tail = gen_of(&actions, "tail", "r").unwrap();
+        if recovering {
+            // The instance restarts: a new engine finds the run live and inspects it.
+            *engine = ParentEngine::new("Parent", AgentToolOptions::default(), 2);
+            let actions = engine.wake(db, 12);
+            return gen_of(&actions, "inspect", "r").unwrap();
         }
-        let no_progress = options.reattach_no_progress_timeout_ms as i64;
-        if now - self.last_progress >= no_progress {
-            return Decide::Conclude(Terminal::Interrupted {
-                error: format!("the child made no progress for {no_progress} ms; it may still be running"),
-                reason: Some(InterruptedReason::NoProgress),
-                child_still_running: Some(true),
-            });
+        let actions = engine.handle(db, ParentEvent::TailEnded { run_id: "r".into(), gen: tail }, 12);
+        gen_of(&actions, "inspect", "r").unwrap()
+    }
+
+    /// The inspect contract: every answer (a failure, a timeout, "unknown", live, ended), for a
+    /// run being followed or recovered, awaited or detached.
+    #[test]
+    fn the_inspection_matrix() {
+        let answers: [(&str, Result<Option<InspectionReply>, InterruptedReason>); 5] = [
+            ("failed", Err(InterruptedReason::InspectFailed)),
+            ("timed out", Err(InterruptedReason::InspectTimeout)),
+            ("unknown", Ok(None)),
+            ("live", Ok(Some(reply("running")))),
+            ("ended", Ok(Some(reply("completed")))),
+        ];
+        for (answer, result) in answers {
+            for recovering in [false, true] {
+                for detached in [false, true] {
+                    let (db, mut engine) = engine(AgentToolOptions::default());
+                    let gen = inspected_run(&db, &mut engine, detached, recovering);
+                    let event = ParentEvent::Inspected { run_id: "r".into(), gen, result: result.clone() };
+                    let actions = engine.handle(&db, event, 20);
+                    let expected = match answer {
+                        "failed" => "interrupted:inspect-failed",
+                        "timed out" => "interrupted:inspect-timeout",
+                        // Never a failure: the start was lost, so it is sent again.
+                        "unknown" => "start",
+                        // Waited on: tailed again after a pause (a deadline, no action yet).
+                        "live" => "",
+                        // Its chunks after the cursor are read, then its outcome recorded.
+                        "ended" => "tail",
+                        _ => unreachable!(),
+                    };
+                    let case = format!("{answer}, recovering {recovering}, detached {detached}");
+                    assert_eq!(effect(&actions), expected, "{case}: {actions:?}");
+                    let row = Registry::new(&db).get("r").unwrap().unwrap();
+                    let live = matches!(answer, "unknown" | "live" | "ended");
+                    assert_eq!(row.status.is_live(), live, "{case}: {:?}", row.status);
+                    if answer == "live" {
+                        let due = engine.poll_timeout().expect("a deadline to tail again");
+                        assert_eq!(due, 20 + RETAIL_PAUSE_MS, "{case}");
+                        assert_eq!(effect(&engine.handle_timeout(&db, due)), "tail", "{case}");
+                    }
+                    if recovering {
+                        let observed: Vec<EventType> = actions
+                            .iter()
+                            .filter_map(|a| match a {
+                                ParentAction::Observe(kind, _) => Some(*kind),
+                                _ => None,
+                            })
+                            .collect();
+                        let counted = match answer {
+                            "failed" | "timed out" => EventType::RecoveryFailed,
+                            "unknown" | "live" => EventType::RecoveryReattach,
+                            _ => EventType::RecoveryComplete,
+                        };
+                        assert!(observed.contains(&counted), "{case}: {observed:?}");
+                    }
+                }
+            }
         }
-        Decide::Retail
+    }
+
+    /// Past the re-attach budgets, a live child ends the wait: not tailable, the window (the
+    /// child torn down), silence (the child left running). A detached run has its own budgets.
+    #[test]
+    fn a_live_child_is_waited_on_within_the_budgets() {
+        let options = AgentToolOptions {
+            reattach_no_progress_timeout_ms: 1_000,
+            reattach_max_window_ms: Some(5_000),
+            ..AgentToolOptions::default()
+        };
+        let record = |detached: bool| {
+            let (db, mut engine) = engine(options.clone());
+            let mut new = new_run("r", &json!(1));
+            new.input = json!(1);
+            let dispatch = Dispatch { new, detached: detached.then(DetachedOptions::default), abandoned: None };
+            engine.dispatch(&db, dispatch, json!(1), 0);
+            Registry::new(&db).get("r").unwrap().unwrap()
+        };
+        struct Case {
+            name: &'static str,
+            detached: bool,
+            failed_tails: u32,
+            last_progress: i64,
+            window_end: Option<i64>,
+            now: i64,
+            expect: &'static str,
+        }
+        let cases = [
+            Case {
+                name: "fresh",
+                detached: false,
+                failed_tails: 0,
+                last_progress: 900,
+                window_end: Some(9_000),
+                now: 1_000,
+                expect: "retail",
+            },
+            Case {
+                name: "silent",
+                detached: false,
+                failed_tails: 0,
+                last_progress: 0,
+                window_end: Some(9_000),
+                now: 1_000,
+                expect: "no-progress",
+            },
+            Case {
+                name: "window",
+                detached: false,
+                failed_tails: 0,
+                last_progress: 900,
+                window_end: Some(1_000),
+                now: 1_000,
+                expect: "window-exceeded",
+            },
+            Case {
+                name: "untailable",
+                detached: false,
+                failed_tails: NOT_TAILABLE_AFTER,
+                last_progress: 900,
+                window_end: None,
+                now: 1_000,
+                expect: "not-tailable",
+            },
+            Case {
+                name: "detached, silent",
+                detached: true,
+                failed_tails: 0,
+                last_progress: 0,
+                window_end: None,
+                now: 50_000,
+                expect: "retail",
+            },
+            Case {
+                name: "detached, untailable",
+                detached: true,
+                failed_tails: NOT_TAILABLE_AFTER,
+                last_progress: 0,
+                window_end: None,
+                now: 1_000,
+                expect: "not-tailable",
+            },
+        ];
+        for case in cases {
+            let record = record(case.detached);
+            let mut driver = Driver::new(&record, Phase::Inspecting, true, case.last_progress);
+            driver.failed_tails = case.failed_tails;
+            driver.window_end = case.window_end;
+            let got = match decide(&driver, &record, Ok(Some(reply("running"))), &options, case.now) {
+                Decide::Retail => "retail".to_owned(),
+                Decide::Conclude(Terminal::Interrupted { reason: Some(r), child_still_running, .. }) => {
+                    assert_eq!(child_still_running, Some(true), "{}", case.name);
+                    r.as_str().to_owned()
+                }
+                Decide::TearDown(Terminal::Interrupted { reason: Some(r), child_still_running, .. }) => {
+                    assert_eq!(child_still_running, Some(false), "{}: torn down", case.name);
+                    r.as_str().to_owned()
+                }
+                other => format!("{other:?}"),
+            };
+            assert_eq!(got, case.expect, "{}", case.name);
+        }
+    }
+
+    /// Every answer to an exchange the engine moved past is ignored: the start answered twice,
+    /// the batch of a closed tail, a tail's end or an inspection that came too late, an earlier
+    /// instance's answers.
+    #[test]
+    fn stale_generations_produce_no_action() {
+        let (db, mut engine) = engine(AgentToolOptions::default());
+        let (_, actions) = dispatch(&mut engine, &db, "r", json!(1));
+        let start = gen_of(&actions, "start", "r").unwrap();
+        let actions =
+            engine.handle(&db, ParentEvent::StartReplied { run_id: "r".into(), gen: start, result: Ok(()) }, 11);
+        let old_tail = gen_of(&actions, "tail", "r").unwrap();
+        let chunk = |i: i64| TailLine::Chunk { i: Some(i), k: ChunkKind::Stored, b: format!("{{\"n\":{i}}}"), r: None };
+        let batch = |gen, i| ParentEvent::TailBatch { run_id: "r".into(), gen, lines: vec![chunk(i)] };
+        assert_eq!(effect(&engine.handle(&db, batch(old_tail, 0), 12)), "chunk");
+        // The tail breaks; the child is inspected and still runs; it is tailed again.
+        let actions = engine.handle(&db, ParentEvent::TailEnded { run_id: "r".into(), gen: old_tail }, 13);
+        let inspection = gen_of(&actions, "inspect", "r").unwrap();
+        let live = Ok(Some(reply("running")));
+        engine.handle(&db, ParentEvent::Inspected { run_id: "r".into(), gen: inspection, result: live.clone() }, 14);
+        let new_tail = gen_of(&engine.handle_timeout(&db, 14 + RETAIL_PAUSE_MS), "tail", "r").unwrap();
+        let before = Registry::new(&db).get("r").unwrap().unwrap();
+        let earlier_instance = ParentEngine::new("Parent", AgentToolOptions::default(), 7).next_gen + 1;
+        let stale = [
+            ("the start answered again", ParentEvent::StartReplied { run_id: "r".into(), gen: start, result: Ok(()) }),
+            ("a batch of the closed tail", batch(old_tail, 1)),
+            ("the closed tail's end", ParentEvent::TailEnded { run_id: "r".into(), gen: old_tail }),
+            (
+                "the closed tail refused",
+                ParentEvent::TailRefused { run_id: "r".into(), gen: old_tail, error: "x".into() },
+            ),
+            ("the inspection again", ParentEvent::Inspected { run_id: "r".into(), gen: inspection, result: live }),
+            ("an end of another instance", ParentEvent::TailEnded { run_id: "r".into(), gen: earlier_instance }),
+            (
+                "a failed start of another instance",
+                ParentEvent::StartReplied {
+                    run_id: "r".into(),
+                    gen: earlier_instance,
+                    result: Err(StartError::Refused("no".into())),
+                },
+            ),
+        ];
+        for (name, event) in stale {
+            let actions = engine.handle(&db, event, 20);
+            assert!(actions.is_empty(), "{name}: {actions:?}");
+        }
+        assert_eq!(Registry::new(&db).get("r").unwrap().unwrap(), before, "nothing was written");
+        // The current tail still counts.
+        assert_eq!(effect(&engine.handle(&db, batch(new_tail, 1), 21)), "chunk");
     }
 }

@@ -9,7 +9,9 @@ use crate::parent::registry::{NewRun, RunRecord};
 use crate::protocol::child_api::{InspectionReply, StartRequest};
 use crate::protocol::tail::TailLine;
 use crate::protocol::InterruptedReason;
-use crate::types::{DetachedOptions, MilestoneMode, ProgressSnapshot, RunInfo, RunResult};
+use crate::types::{
+    DetachedHandle, DetachedOptions, Milestone, MilestoneMode, ProgressSnapshot, RunInfo, RunResult, RunStatus,
+};
 
 /// Where a child lives: its binding and its Durable Object name.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -18,17 +20,6 @@ pub struct ChildAddress {
     pub binding: String,
     /// `<Parent>/<parent-name>/<run-id>`.
     pub name: String,
-}
-
-/// A timer the engine asked for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Timer {
-    /// A re-attached child has been silent too long.
-    Silence,
-    /// Time to tail a child again after its stream broke.
-    Retail,
-    /// The re-attach window ends.
-    Window,
 }
 
 /// Why a tail could not be opened.
@@ -50,7 +41,9 @@ pub enum StartError {
     Unreachable(String),
 }
 
-/// What happened, reported by the platform (or the simulation).
+/// What happened, reported by the platform (or the simulation). Every exchange with a child
+/// carries the generation it was begun with; an answer to an exchange the engine has moved past
+/// is ignored.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ParentEvent {
     /// The child answered a start, refused it, or could not be reached.
@@ -96,7 +89,8 @@ pub enum ParentEvent {
         /// The exchange.
         gen: u64,
     },
-    /// An inspection's answer: `Ok(None)` when the child does not know the run (yet).
+    /// An inspection's answer: `Ok(None)` when the child does not know the run (yet). The
+    /// engine times inspections out itself ([`super::INSPECT_TIMEOUT_MS`]).
     Inspected {
         /// The run.
         run_id: String,
@@ -104,15 +98,6 @@ pub enum ParentEvent {
         gen: u64,
         /// The answer.
         result: Result<Option<InspectionReply>, InterruptedReason>,
-    },
-    /// A timer fired.
-    Timer {
-        /// The run.
-        run_id: String,
-        /// The exchange it was set for.
-        gen: u64,
-        /// Which.
-        timer: Timer,
     },
     /// A child answered a clear (`Err`: it could not be reached or failed; the alarm retries).
     ChildCleared {
@@ -127,10 +112,18 @@ pub enum ParentEvent {
         run_id: String,
         /// The slot.
         slot: Slot,
+        /// The delivery's exchange (a delivery of a run cleared meanwhile, or taken over after
+        /// its lease, is not this one).
+        gen: u64,
         /// The attempt (from 1).
         attempt: i64,
         /// `Err` is the handler's error.
         result: Result<(), String>,
+    },
+    /// A run's `on_agent_tool_finish` hook returned: its waiting callers get the result now.
+    FinishHookDone {
+        /// The run.
+        run_id: String,
     },
 }
 
@@ -139,24 +132,110 @@ pub enum ParentEvent {
 pub enum HookCall {
     /// `on_agent_tool_start`.
     Start(RunInfo),
-    /// `on_agent_tool_finish` (once per run).
+    /// `on_agent_tool_finish` (once per run); answer with [`ParentEvent::FinishHookDone`].
     Finish(RunInfo, RunResult),
     /// `on_progress` (best-effort).
     Progress(RunInfo, ProgressSnapshot),
 }
 
-/// How a detached outcome is delivered.
+/// One delivery of a detached run's outcome: its slot, its exchange, its attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delivery {
+    /// The slot.
+    pub slot: Slot,
+    /// The exchange.
+    pub gen: u64,
+    /// The attempt (from 1).
+    pub attempt: i64,
+}
+
+impl Delivery {
+    /// Its answer, for the run `run_id`.
+    pub fn done(self, run_id: String, result: Result<(), String>) -> ParentEvent {
+        ParentEvent::DeliveryDone { run_id, slot: self.slot, gen: self.gen, attempt: self.attempt, result }
+    }
+}
+
+/// What a chat notice is about.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Delivery {
-    /// To `on_detached_finish` with the run's handler tag.
-    Handler(Value),
-    /// As a chat message (id `detached-finish:<run>:<status>`) and a model turn.
-    Notify {
-        /// `metadata.source`.
+pub enum NoticeOf {
+    /// A `notify` run's outcome: `format_detached_completion` words it.
+    Outcome(RunResult),
+    /// A milestone of an `on_milestones` run: `format_detached_milestone` words it.
+    Milestone(Milestone),
+}
+
+/// A message the engine posts to the agent's chat. The platform words it with the agent's
+/// formatting hook and hands the text back ([`super::ParentEngine::post_notice`]); an empty
+/// text posts nothing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Notice {
+    /// The message id: `detached-finish:<run>:<status>` or `detached-ms:<run>:<name>`, so a
+    /// notice is posted once however often it is offered.
+    pub id: String,
+    /// The run.
+    pub run: RunInfo,
+    /// What it says.
+    pub of: NoticeOf,
+    /// `metadata.source`.
+    pub source: String,
+    /// A user-role message followed by a model turn (`react`, and a finished `notify` run), or
+    /// a synthetic assistant line (`narrate`).
+    pub turn: bool,
+    /// The delivery it settles, for an outcome.
+    pub delivery: Option<Delivery>,
+}
+
+impl Notice {
+    /// The message's role.
+    pub fn role(&self) -> &'static str {
+        if self.turn {
+            "user"
+        } else {
+            "assistant"
+        }
+    }
+
+    /// The message's metadata.
+    pub fn metadata(&self) -> Value {
+        let mut metadata = serde_json::json!({
+            "source": self.source, "runId": self.run.run_id, "agentType": self.run.agent_type,
+        });
+        match &self.of {
+            NoticeOf::Outcome(result) => metadata["status"] = serde_json::json!(result.status),
+            NoticeOf::Milestone(milestone) => metadata["milestone"] = Value::from(milestone.name.as_str()),
+        }
+        metadata
+    }
+
+    /// A milestone notice of `run` (`key` names the run in message ids: see [`notice_key`]).
+    pub(super) fn milestone(
+        run: RunInfo,
+        key: &str,
+        milestone: Milestone,
+        mode: MilestoneMode,
         source: String,
-    },
-    /// Nothing beyond the global hook (already claimed separately).
-    Nothing,
+    ) -> Self {
+        Self {
+            id: format!("detached-ms:{key}:{}", milestone.name),
+            run,
+            of: NoticeOf::Milestone(milestone),
+            source,
+            turn: mode == MilestoneMode::React,
+            delivery: None,
+        }
+    }
+}
+
+/// How a run is named in the ids of the chat messages it posts: its run id (the TypeScript
+/// SDK's ids), and, for a run id that was cleared and dispatched again, `<run>@<started>` (its
+/// `started` frame's sequence), so the new run's messages are not taken for the old one's.
+pub(super) fn notice_key(run: &RunRecord) -> String {
+    if run.started_seq == 0 {
+        run.run_id.clone()
+    } else {
+        format!("{}@{}", run.run_id, run.started_seq)
+    }
 }
 
 /// What the platform must do.
@@ -192,7 +271,7 @@ pub enum ParentAction {
         /// The run.
         run_id: String,
     },
-    /// Inspect the child (within [`INSPECT_TIMEOUT_MS`]); answer with `Inspected`.
+    /// Inspect the child; answer with `Inspected`.
     InspectChild {
         /// The run.
         run_id: String,
@@ -210,23 +289,12 @@ pub enum ParentAction {
         /// Why.
         reason: Option<String>,
     },
-    /// Delete the child's storage (no answer needed).
+    /// Delete the child's storage; answer with [`ParentEvent::ChildCleared`].
     ClearChild {
         /// The run.
         run_id: String,
         /// Where.
         to: ChildAddress,
-    },
-    /// Fire [`ParentEvent::Timer`] at `at`.
-    SetTimer {
-        /// The run.
-        run_id: String,
-        /// The exchange.
-        gen: u64,
-        /// Which.
-        timer: Timer,
-        /// Epoch ms.
-        at: i64,
     },
     /// Make sure the agent's alarm fires by `at`.
     ArmAlarm {
@@ -240,11 +308,10 @@ pub enum ParentAction {
         /// Its result.
         result: RunResult,
     },
-    /// A run concluded: dispatches queued for a slot may try again.
-    SlotFreed,
     /// Call a hook.
     Hook(HookCall),
-    /// Deliver a detached outcome; answer with [`ParentEvent::DeliveryDone`].
+    /// Hand a detached outcome to `on_detached_finish` with the run's handler tag; answer with
+    /// [`ParentEvent::DeliveryDone`].
     Deliver {
         /// The run.
         run: RunInfo,
@@ -252,21 +319,24 @@ pub enum ParentAction {
         result: RunResult,
         /// The slot.
         slot: Slot,
+        /// The delivery's exchange.
+        gen: u64,
         /// The attempt.
         attempt: i64,
-        /// How.
-        delivery: Delivery,
+        /// The handler tag given at dispatch.
+        handler: Value,
     },
-    /// Surface a milestone of a detached run in the chat (id `detached-ms:<run>:<name>`), once.
-    MilestoneNotice {
-        /// The run.
-        run: RunInfo,
-        /// The milestone chunk's `data` (`{name, sequence, at, …}`).
-        milestone: Value,
-        /// Narrate or react.
-        mode: MilestoneMode,
-        /// `metadata.source`.
-        source: String,
+    /// Word a notice with the agent's hook and post it ([`super::ParentEngine::post_notice`]).
+    Notice(Notice),
+    /// Send every chat client the transcript (a notice was posted).
+    Transcript,
+    /// Run a model turn on the chat (a notice asked for one), then answer the delivery, if any,
+    /// with [`ParentEvent::DeliveryDone`].
+    RunChatTurn {
+        /// The turn's request id (the notice's message id).
+        request_id: String,
+        /// The run and the delivery the turn settles.
+        delivery: Option<(String, Delivery)>,
     },
     /// An observability event.
     Observe(EventType, Value),
@@ -275,16 +345,42 @@ pub enum ParentAction {
 /// How a dispatch was admitted.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Admitted {
-    /// Refused, writing nothing.
+    /// Refused, writing nothing (a bad or oversized dispatch, a run id of another class, the
+    /// cap under [`crate::Admission::Reject`], a detached run over the cap).
     Refused(String),
-    /// The run already ended: its result.
+    /// The run already ended (or the caller gave up before it was admitted): its result.
     Finished(RunResult),
     /// This instance drives it now; wait for its [`ParentAction::Resolve`].
     Driving(RunRecord),
     /// It is already driven here; wait for its `Resolve`.
     Joined(RunRecord),
-    /// `max_concurrent` runs are live.
-    Full(usize),
+    /// Every slot is taken and the agent queues ([`crate::Admission::Queue`]): it is admitted
+    /// when one frees; wait for its `Resolve`.
+    Queued,
+}
+
+impl Admitted {
+    /// The result of an awaited dispatch that does not wait (refused, or already over), or
+    /// `None`: wait for its [`ParentAction::Resolve`].
+    pub fn settled(self, run_id: &str, agent_type: &str) -> Option<RunResult> {
+        match self {
+            Self::Refused(problem) => Some(RunResult::refused(run_id, agent_type, problem)),
+            Self::Finished(result) => Some(result),
+            Self::Driving(_) | Self::Joined(_) | Self::Queued => None,
+        }
+    }
+
+    /// What a detached dispatch returns at once: `running` (or the status it already ended
+    /// with), or `error` with why it was refused.
+    pub fn handle(self, run_id: &str, agent_type: &str) -> DetachedHandle {
+        let (status, error) = match self {
+            Self::Refused(problem) => (RunStatus::Error, Some(problem)),
+            Self::Finished(result) => (result.status, None),
+            Self::Driving(record) | Self::Joined(record) if !record.status.is_live() => (record.status, None),
+            Self::Driving(_) | Self::Joined(_) | Self::Queued => (RunStatus::Running, None),
+        };
+        DetachedHandle { run_id: run_id.to_owned(), agent_type: agent_type.to_owned(), status, error }
+    }
 }
 
 /// A dispatch.
@@ -294,4 +390,7 @@ pub struct Dispatch {
     pub new: NewRun,
     /// For a detached run, its configuration (budgets filled in by the engine).
     pub detached: Option<DetachedOptions>,
+    /// The caller gave up before dispatching (its signal was cancelled, with this reason): a
+    /// run not yet known is not started.
+    pub abandoned: Option<String>,
 }

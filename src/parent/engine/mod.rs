@@ -1,27 +1,36 @@
 //! The parent's side of its runs as a state machine: dispatch and admission, following a child
-//! (tail, inspect, re-attach budgets), cancel and clear, restart recovery, the detached
-//! backbone (budgets, give-ups, deliveries) and watching a given-up child for a late result.
+//! (tail, inspect, re-attach budgets), conclusion and delivery, cancel and clear, restart
+//! recovery, the detached backbone (budgets, give-ups, deliveries) and watching a given-up child
+//! for a late result.
 //!
-//! It takes what happened ([`ParentEvent`], or a call such as [`ParentEngine::dispatch`]) with
-//! the time, keeps the registry and the ledger over [`Sql`], and returns [`ParentAction`]s for
-//! the platform to carry out: send to clients, talk to a child, set a timer, resolve a waiting
-//! caller, call a hook, deliver an outcome. No I/O and no clock here: the platform drives this
-//! code in a Durable Object and the deterministic simulation drives the same code natively.
+//! It takes what happened ([`ParentEvent`], a call such as [`ParentEngine::dispatch`], the
+//! passing of time) with the time, keeps the registry and the ledger over [`Sql`], and returns
+//! [`ParentAction`]s for the platform to carry out: send to clients, talk to a child, resolve a
+//! waiting caller, call a hook, deliver an outcome. No I/O and no clock here: the platform drives
+//! this code in a Durable Object and the deterministic simulation drives the same code natively.
 //!
-//! Every exchange with a child carries a generation number; an event from an exchange the
-//! engine has moved past (a tail it closed, a timer it replaced) is ignored, so late I/O can
-//! never act on a run twice.
+//! The contract it keeps:
+//! - every exchange with a child carries a generation number, unique across instances; an answer
+//!   to an exchange the engine has moved past (a tail it closed, an inspection that timed out, a
+//!   start answered twice) is ignored, so late I/O can never act on a run twice;
+//! - every decision is one unit of storage ([`crate::store::atomic`]): when a statement fails,
+//!   the whole decision is rolled back, reported (`agent_tool:storage_failed`) and taken again
+//!   from what storage holds (the run is followed again from its cursor; the alarm retries the
+//!   rest), so a failure never skips a hook or a delivery silently;
+//! - one deadline: [`ParentEngine::poll_timeout`] says when the engine next needs the time, and
+//!   [`ParentEngine::handle_timeout`] takes it (no timer per run);
+//! - a caller gets a run's result only after the run's finish hook returned.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::observability::EventType;
-use crate::parent::detached::Ledger;
+use crate::parent::detached::{Ledger, Slot};
 use crate::parent::registry::{Registry, RunRecord, Terminal};
 use crate::protocol::tail::{OutcomeStatus, RunOutcome};
-use crate::store::{meta, Sql, StoreError};
-use crate::types::{Admission, AgentToolOptions, EventDelivery, RunResult, RunStatus};
+use crate::store::{atomic, meta, Sql, StoreError};
+use crate::types::{AgentToolOptions, EventDelivery, RunResult, RunStatus};
 
 mod clear;
 mod conclude;
@@ -30,14 +39,17 @@ mod follow;
 mod io;
 mod recovery;
 
+pub use clear::{Called, Cleared};
 pub use io::*;
 
 /// The pause before tailing a child again after its stream broke.
 pub const RETAIL_PAUSE_MS: i64 = 250;
-/// How long one inspection of a child may take (the platform enforces it).
+/// How long one inspection of a child may take before the engine counts it as timed out.
 pub const INSPECT_TIMEOUT_MS: i64 = 2_000;
 /// A recovery pass's whole inspection budget.
 pub const RECOVERY_DEADLINE_MS: i64 = 5_000;
+/// How soon a decision that a storage failure rolled back is taken again.
+pub const STORAGE_RETRY_MS: i64 = 1_000;
 /// The largest run input accepted (its JSON), in bytes.
 pub const MAX_INPUT_BYTES: usize = 256 * 1024;
 /// The largest `display` accepted (its JSON), in bytes.
@@ -61,9 +73,13 @@ const CHILD_CLEAR_BATCH: usize = 50;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
+    /// The child's start is under way.
     Starting,
+    /// Its tail is being read.
     Tailing,
+    /// It is being inspected (until `due`, when the inspection times out).
     Inspecting,
+    /// Waiting to tail it again (at `due`).
     Waiting,
 }
 
@@ -84,15 +100,54 @@ struct Driver {
     draining: Option<RunOutcome>,
     /// Part of a recovery pass.
     recovering: bool,
+    /// When the phase's wait ends ([`Phase::Inspecting`], [`Phase::Waiting`]).
+    due: Option<i64>,
     /// What the run's chunk frames need from its row, fixed for the run: read once here, not
     /// for every batch of its tail.
     frames: Frames,
 }
 
+impl Driver {
+    /// A driver of `record` in `phase`.
+    fn new(record: &RunRecord, phase: Phase, reattaching: bool, now: i64) -> Self {
+        Self {
+            detached: record.detached.is_some(),
+            phase,
+            gen: 0,
+            reattaching,
+            last_progress: now,
+            window_end: None,
+            failed_tails: 0,
+            draining: None,
+            recovering: false,
+            due: None,
+            frames: Frames::of(record),
+        }
+    }
+
+    /// When this run next needs the time: the end of its wait, or, while a re-attached awaited
+    /// run is followed, its silence budget and its window.
+    fn deadline(&self, no_progress_ms: i64) -> Option<i64> {
+        match self.phase {
+            Phase::Inspecting | Phase::Waiting => self.due,
+            Phase::Tailing if self.watched_for_silence() => {
+                let silence = self.last_progress.saturating_add(no_progress_ms);
+                Some(self.window_end.map_or(silence, |end| end.min(silence)))
+            }
+            Phase::Tailing | Phase::Starting => None,
+        }
+    }
+
+    /// A re-attached awaited run whose child has not yet said it ended: the re-attach budgets
+    /// apply (a detached run has its own, on the backbone; a drain reads what is stored).
+    fn watched_for_silence(&self) -> bool {
+        self.reattaching && !self.detached && self.draining.is_none()
+    }
+}
+
 /// The parts of a run's row its chunk frames (and its end) depend on.
 #[derive(Debug, Clone)]
 struct Frames {
-    agent_type: String,
     parent_tool_call_id: Option<String>,
     /// `event_delivery: terminal`: ordinary chunks are not forwarded.
     terminal_only: bool,
@@ -101,7 +156,6 @@ struct Frames {
 impl Frames {
     fn of(record: &RunRecord) -> Self {
         Self {
-            agent_type: record.agent_type.clone(),
             parent_tool_call_id: record.parent_tool_call_id.clone(),
             terminal_only: record.event_delivery == EventDelivery::Terminal,
         }
@@ -129,6 +183,21 @@ enum Watch {
     GaveUp,
 }
 
+/// An inspection of a run the engine does not drive: its exchange, why, and when it times out.
+#[derive(Debug, Clone, Copy)]
+struct Watching {
+    gen: u64,
+    watch: Watch,
+    due: i64,
+}
+
+/// A dispatch waiting for a slot ([`crate::Admission::Queue`]).
+#[derive(Debug, Clone)]
+struct Queued {
+    dispatch: Dispatch,
+    input: Value,
+}
+
 /// The parent role's in-memory state. Everything durable is in SQL, so a fresh engine after a
 /// restart finds the runs nobody drives and recovers them.
 #[derive(Debug)]
@@ -138,20 +207,25 @@ pub struct ParentEngine {
     name: std::cell::OnceCell<String>,
     options: AgentToolOptions,
     drivers: HashMap<String, Driver>,
-    watching: HashMap<String, (u64, Watch)>,
+    watching: HashMap<String, Watching>,
     recovery_started: bool,
     pass: Option<Pass>,
     quiet_ticks: usize,
     next_gen: u64,
-}
-
-fn store_err(e: StoreError) -> Vec<ParentAction> {
-    vec![ParentAction::Observe(EventType::RecoveryFailed, json!({ "error": e.to_string() }))]
+    /// Dispatches waiting for a slot, first come first served.
+    queue: VecDeque<Queued>,
+    /// Runs whose finish hook is running, with the result their callers get once it returned.
+    finishing: HashMap<String, Option<RunResult>>,
+    /// Deliveries handed to the platform and not yet answered: not claimed again meanwhile,
+    /// however slow the handler (the lease is for an instance that crashed).
+    in_flight: HashMap<(String, Slot), u64>,
 }
 
 impl ParentEngine {
-    /// A fresh engine for an agent of class `class`.
-    pub fn new(class: &str, options: AgentToolOptions) -> Self {
+    /// A fresh engine for an agent of class `class`. `incarnation` makes this instance's
+    /// exchange numbers its own: an answer to an earlier instance's exchange never matches one
+    /// of this instance's (the platform passes a random number, the simulation a counter).
+    pub fn new(class: &str, options: AgentToolOptions, incarnation: u32) -> Self {
         Self {
             class: class.to_owned(),
             name: std::cell::OnceCell::new(),
@@ -161,7 +235,10 @@ impl ParentEngine {
             recovery_started: false,
             pass: None,
             quiet_ticks: 0,
-            next_gen: 0,
+            next_gen: u64::from(incarnation) << 32,
+            queue: VecDeque::new(),
+            finishing: HashMap::new(),
+            in_flight: HashMap::new(),
         }
     }
 
@@ -176,66 +253,135 @@ impl ParentEngine {
         self.next_gen
     }
 
-    fn address(&self, sql: &(impl Sql + ?Sized), run: &RunRecord) -> ChildAddress {
-        child_address(&self.class, &self.name(sql), run)
+    fn address(&self, sql: &(impl Sql + ?Sized), run: &RunRecord) -> Result<ChildAddress, StoreError> {
+        Ok(child_address(&self.class, &self.name(sql)?, run))
     }
 
     /// This agent's name from its identity (empty while it has none), read once.
-    fn name(&self, sql: &(impl Sql + ?Sized)) -> String {
+    fn name(&self, sql: &(impl Sql + ?Sized)) -> Result<String, StoreError> {
         if let Some(name) = self.name.get() {
-            return name.clone();
+            return Ok(name.clone());
         }
-        match meta::get(sql, "name").ok().flatten() {
+        Ok(match meta::get(sql, "name")? {
             Some(name) => self.name.get_or_init(|| name).clone(),
             None => String::new(),
+        })
+    }
+
+    // ----- units of work ------------------------------------------------------------------
+
+    /// Takes one decision as one unit of storage. When a statement fails, everything the
+    /// decision wrote is rolled back and [`Self::trouble`] takes over: nothing is half done.
+    fn unit(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: Option<&str>,
+        step: &'static str,
+        now: i64,
+        work: impl FnOnce(&mut Self) -> Result<Vec<ParentAction>, StoreError>,
+    ) -> Vec<ParentAction> {
+        match atomic(sql, || work(self)) {
+            Ok(actions) => actions,
+            Err(error) => self.trouble(run_id, step, &error, now),
         }
     }
 
-    // ----- events -------------------------------------------------------------------------
+    /// A decision was rolled back: it is reported, and taken again from what storage holds. A
+    /// driven run is followed again from its cursor after a pause (its tail, or the inspection
+    /// that follows, decides afresh); everything else is the alarm's to retry (recovery of
+    /// undriven runs, the backbone's deliveries, the sweep of owed finish hooks).
+    fn trouble(&mut self, run_id: Option<&str>, step: &str, error: &StoreError, now: i64) -> Vec<ParentAction> {
+        let payload = json!({ "runId": run_id, "step": step, "error": error.to_string() });
+        let mut actions = vec![ParentAction::Observe(EventType::StorageFailed, payload)];
+        if let Some(run_id) = run_id {
+            self.watching.remove(run_id);
+            self.in_flight.retain(|(id, _), _| id != run_id);
+            if let Some(pass) = self.pass.as_mut().filter(|p| p.current.as_ref().is_some_and(|(id, _)| id == run_id)) {
+                pass.current = None;
+            }
+            let gen = self.gen();
+            if let Some(driver) = self.drivers.get_mut(run_id) {
+                driver.gen = gen;
+                driver.phase = Phase::Waiting;
+                driver.due = Some(now + STORAGE_RETRY_MS);
+                driver.draining = None;
+                driver.recovering = false;
+                actions.push(ParentAction::CloseTail { run_id: run_id.to_owned() });
+            }
+        }
+        actions.push(ParentAction::ArmAlarm { at: now + STORAGE_RETRY_MS });
+        actions
+    }
+
+    /// What follows any call: dispatches queued for a slot are admitted while slots are free,
+    /// and a recovery pass whose row was settled moves on.
+    fn settle(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Vec<ParentAction> {
+        let mut actions = self.admit_queued(sql, now);
+        actions.extend(self.advance_recovery(sql, now));
+        actions
+    }
+
+    // ----- events and time ----------------------------------------------------------------
 
     /// Handles what happened.
     pub fn handle(&mut self, sql: &(impl Sql + ?Sized), event: ParentEvent, now: i64) -> Vec<ParentAction> {
+        let run_id = event_run(&event).to_owned();
+        let mut actions = self.unit(sql, Some(&run_id), "event", now, |e| e.on_event(sql, event, now));
+        actions.extend(self.settle(sql, now));
+        self.account(actions)
+    }
+
+    fn on_event(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        event: ParentEvent,
+        now: i64,
+    ) -> Result<Vec<ParentAction>, StoreError> {
         match event {
             ParentEvent::StartReplied { run_id, gen, result } => self.on_start_replied(sql, &run_id, gen, result, now),
-            ParentEvent::TailOpened { run_id, gen, result } => match result {
-                Ok(()) => Vec::new(),
-                Err(_) => {
-                    if let Some(d) = self.current(&run_id, gen) {
-                        d.failed_tails += 1;
-                    }
-                    self.on_tail_ended(sql, &run_id, gen, now)
-                }
-            },
-            ParentEvent::TailBatch { run_id, gen, lines } => self.on_tail_batch(sql, &run_id, gen, lines, now),
-            ParentEvent::TailRefused { run_id, gen, error } => {
-                if self.current(&run_id, gen).is_none() {
-                    return Vec::new();
-                }
-                let Ok(Some(record)) = Registry::new(sql).get(&run_id) else { return self.forget(sql, &run_id) };
-                let mut actions = vec![ParentAction::CancelChild {
-                    run_id: run_id.clone(),
-                    to: self.address(sql, &record),
-                    reason: Some(error.clone()),
-                }];
-                actions.extend(self.conclude(sql, &record, Terminal::Error { message: error }, now));
-                actions
+            ParentEvent::TailOpened { run_id, gen, result: Ok(()) } => {
+                let _ = (run_id, gen);
+                Ok(Vec::new())
             }
+            ParentEvent::TailOpened { run_id, gen, result: Err(_) } => {
+                let Some(driver) = self.current(&run_id, gen) else { return Ok(Vec::new()) };
+                driver.failed_tails += 1;
+                self.on_tail_ended(sql, &run_id, now)
+            }
+            ParentEvent::TailBatch { run_id, gen, lines } => self.on_tail_batch(sql, &run_id, gen, lines, now),
+            ParentEvent::TailRefused { run_id, gen, error } => self.on_tail_refused(sql, &run_id, gen, error, now),
             ParentEvent::TailEnded { run_id, gen } => {
+                let Some(driver) = self.current(&run_id, gen) else { return Ok(Vec::new()) };
                 // A drain ends with the outcome's line; without it, it is a failed read.
-                if let Some(d) = self.current(&run_id, gen).filter(|d| d.draining.is_some()) {
-                    d.failed_tails += 1;
+                if driver.draining.is_some() {
+                    driver.failed_tails += 1;
                 }
-                self.on_tail_ended(sql, &run_id, gen, now)
+                self.on_tail_ended(sql, &run_id, now)
             }
             ParentEvent::Inspected { run_id, gen, result } => self.on_inspected(sql, &run_id, gen, result, now),
-            ParentEvent::Timer { run_id, gen, timer } => self.on_timer(sql, &run_id, gen, timer, now),
-            ParentEvent::ChildCleared { run_id, result } => match result {
-                Ok(()) => Registry::new(sql).child_cleared(&run_id).err().map(store_err).unwrap_or_default(),
-                // Retried by the alarm.
-                Err(_) => vec![ParentAction::ArmAlarm { at: now + CHILD_CLEAR_RETRY_MS }],
-            },
-            ParentEvent::DeliveryDone { run_id, slot, attempt, result } => {
-                self.on_delivery_done(sql, &run_id, slot, attempt, result, now)
+            ParentEvent::ChildCleared { run_id, result: Ok(()) } => {
+                Registry::new(sql).child_cleared(&run_id)?;
+                Ok(Vec::new())
+            }
+            // Retried by the alarm.
+            ParentEvent::ChildCleared { result: Err(_), .. } => {
+                Ok(vec![ParentAction::ArmAlarm { at: now + CHILD_CLEAR_RETRY_MS }])
+            }
+            ParentEvent::DeliveryDone { run_id, slot, gen, attempt, result } => {
+                let delivery = Delivery { slot, gen, attempt };
+                self.on_delivery_done(sql, &run_id, delivery, result, now)
+            }
+            ParentEvent::FinishHookDone { run_id } => Ok(self.finish_hook_done(&run_id)),
+        }
+    }
+
+    /// This instance no longer drives the run: a recovery pass waiting on its inspection moves
+    /// on (its answer will not be heard).
+    fn stop_driving(&mut self, run_id: &str) {
+        self.drivers.remove(run_id);
+        if let Some(pass) = self.pass.as_mut() {
+            if pass.current.as_ref().is_some_and(|(id, _)| id == run_id) {
+                pass.current = None;
             }
         }
     }
@@ -243,6 +389,66 @@ impl ParentEngine {
     /// The driver of `run_id` if `gen` is its current exchange.
     fn current(&mut self, run_id: &str, gen: u64) -> Option<&mut Driver> {
         self.drivers.get_mut(run_id).filter(|d| d.gen == gen)
+    }
+
+    /// When the engine next needs the time (epoch ms), if ever: the platform calls
+    /// [`Self::handle_timeout`] then. One deadline for every run, as quinn-proto's
+    /// `poll_timeout`.
+    pub fn poll_timeout(&self) -> Option<i64> {
+        let no_progress = self.options.reattach_no_progress_timeout_ms as i64;
+        let drivers = self.drivers.values().filter_map(|d| d.deadline(no_progress));
+        drivers.chain(self.watching.values().map(|w| w.due)).min()
+    }
+
+    /// The time came: every wait that ended is taken up (a tail opened again, an inspection
+    /// timed out, a silent or over-long re-attach stopped).
+    pub fn handle_timeout(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Vec<ParentAction> {
+        let no_progress = self.options.reattach_no_progress_timeout_ms as i64;
+        let mut due: Vec<String> = self
+            .drivers
+            .iter()
+            .filter(|(_, d)| d.deadline(no_progress).is_some_and(|at| at <= now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        due.sort();
+        let mut actions = Vec::new();
+        for run_id in due {
+            actions.extend(self.unit(sql, Some(&run_id), "timeout", now, |e| e.on_due(sql, &run_id, now)));
+        }
+        // An inspection of a run nobody drives that never came back: the next tick asks again.
+        self.watching.retain(|_, w| w.due > now);
+        actions.extend(self.settle(sql, now));
+        self.account(actions)
+    }
+
+    fn on_due(&mut self, sql: &(impl Sql + ?Sized), run_id: &str, now: i64) -> Result<Vec<ParentAction>, StoreError> {
+        let Some(driver) = self.drivers.get(run_id) else { return Ok(Vec::new()) };
+        match driver.phase {
+            Phase::Waiting => self.open_tail(sql, run_id, now),
+            Phase::Inspecting => {
+                let gen = driver.gen;
+                self.on_inspected(sql, run_id, gen, Err(crate::protocol::InterruptedReason::InspectTimeout), now)
+            }
+            // Silent past the budget, or past the window, while tailing: stop reading and ask
+            // the child (the decision follows its answer).
+            Phase::Tailing => self.on_tail_ended(sql, run_id, now),
+            Phase::Starting => Ok(Vec::new()),
+        }
+    }
+}
+
+/// The run an event is about.
+fn event_run(event: &ParentEvent) -> &str {
+    match event {
+        ParentEvent::StartReplied { run_id, .. }
+        | ParentEvent::TailOpened { run_id, .. }
+        | ParentEvent::TailBatch { run_id, .. }
+        | ParentEvent::TailRefused { run_id, .. }
+        | ParentEvent::TailEnded { run_id, .. }
+        | ParentEvent::Inspected { run_id, .. }
+        | ParentEvent::ChildCleared { run_id, .. }
+        | ParentEvent::DeliveryDone { run_id, .. }
+        | ParentEvent::FinishHookDone { run_id } => run_id,
     }
 }
 
@@ -276,11 +482,13 @@ pub fn child_address(parent_class: &str, parent_name: &str, run: &RunRecord) -> 
 }
 
 /// The result a waiting caller gets for a run: its row's, or `aborted` when it was cleared.
-pub fn current_result(sql: &(impl Sql + ?Sized), run_id: &str, agent_type: &str) -> RunResult {
-    match Registry::new(sql).get(run_id) {
-        Ok(Some(record)) => record.result(),
-        _ => RunResult { status: RunStatus::Aborted, ..RunResult::refused(run_id, agent_type, "the run was cleared") },
-    }
+pub fn current_result(sql: &(impl Sql + ?Sized), run_id: &str, agent_type: &str) -> Result<RunResult, StoreError> {
+    Ok(match Registry::new(sql).get(run_id)? {
+        Some(record) => record.result(),
+        None => {
+            RunResult { status: RunStatus::Aborted, ..RunResult::refused(run_id, agent_type, "the run was cleared") }
+        }
+    })
 }
 
 /// The terminal a child's outcome records.
@@ -301,90 +509,117 @@ pub fn terminal_from(outcome: RunOutcome) -> Terminal {
     }
 }
 
-/// Admission in words, for a dispatch over the cap that must not queue.
-pub fn cap_message(limit: usize) -> String {
+/// Admission in words, for a dispatch over the cap that does not queue.
+fn cap_message(limit: usize) -> String {
     format!("maxConcurrentAgentTools ({limit}) reached: {limit} runs are starting or running; retry when one finishes")
 }
 
-/// Whether a dispatch over the cap waits for a slot.
-pub fn queues(options: &AgentToolOptions) -> bool {
-    options.admission == Admission::Queue
-}
-
+/// What the engine's unit tests share: a database with the parent's tables, an engine, and
+/// the small builders every table of cases uses.
 #[cfg(all(test, not(target_arch = "wasm32")))]
-mod tests {
-    use super::*;
-    use crate::observability::EventType;
-    use crate::parent::registry::{NewRun, Registry, Terminal};
-    use crate::store::sqlite;
-    use crate::types::{EventDelivery, Retention};
-    use serde_json::{json, Value};
+pub(super) mod testing {
+    pub use super::*;
+    pub use crate::parent::registry::{NewRun, Registry, Terminal};
+    pub(crate) use crate::store::sqlite;
+    pub use crate::types::{EventDelivery, RunStatus};
+    pub use serde_json::{json, Value};
 
-    fn new_run(id: &str, input: &Value, display: Option<Value>) -> NewRun {
+    /// A fresh database with the parent's tables and an identity, and an engine over it.
+    pub fn engine(options: AgentToolOptions) -> (rusqlite::Connection, ParentEngine) {
+        let db = sqlite::memory();
+        migrate(&db).unwrap();
+        meta::set(&db, "name", "p").unwrap();
+        (db, ParentEngine::new("Parent", options, 1))
+    }
+
+    /// A run of child class `Child` with this input.
+    pub fn new_run(id: &str, input: &Value) -> NewRun {
         NewRun {
             run_id: id.into(),
             parent_tool_call_id: None,
             agent_type: "Child".into(),
             binding: "Child".into(),
             input_preview: None,
-            display,
+            display: None,
             display_order: 0,
             event_delivery: EventDelivery::Full,
             input: input.clone(),
         }
     }
 
-    fn dispatch(engine: &mut ParentEngine, db: &rusqlite::Connection, id: &str, input: Value) -> Admitted {
-        let new = new_run(id, &input, None);
-        engine.dispatch(db, Dispatch { new, detached: None }, input, 10).0
+    /// An awaited dispatch of `new`.
+    pub fn awaited(new: NewRun) -> Dispatch {
+        Dispatch { new, detached: None, abandoned: None }
     }
 
-    #[test]
-    fn oversized_input_or_display_is_refused_before_anything_is_written() {
-        let db = sqlite::memory();
-        migrate(&db).unwrap();
-        let mut engine = ParentEngine::new("Parent", AgentToolOptions::default());
-        let big = Value::String("x".repeat(MAX_INPUT_BYTES));
-        let Admitted::Refused(why) = dispatch(&mut engine, &db, "big", big) else { panic!("refused") };
-        assert!(why.contains("at most 262144"), "{why}");
-        let display = Some(json!({ "name": "y".repeat(MAX_DISPLAY_BYTES) }));
-        let new = new_run("wide", &json!("ok"), display);
-        let (admitted, actions) = engine.dispatch(&db, Dispatch { new, detached: None }, json!("ok"), 10);
-        assert!(matches!(admitted, Admitted::Refused(ref why) if why.contains("display")));
-        assert!(actions.is_empty());
-        assert!(Registry::new(&db).all().unwrap().is_empty(), "no row");
-        assert!(matches!(dispatch(&mut engine, &db, "fine", json!("ok")), Admitted::Driving(_)));
+    /// Dispatches an awaited run `id` at time 10.
+    pub fn dispatch(
+        engine: &mut ParentEngine,
+        db: &rusqlite::Connection,
+        id: &str,
+        input: Value,
+    ) -> (Admitted, Vec<ParentAction>) {
+        engine.dispatch(db, awaited(new_run(id, &input)), input, 10)
     }
 
-    #[test]
-    fn retention_clears_the_oldest_finished_runs_and_their_children() {
-        let db = sqlite::memory();
-        migrate(&db).unwrap();
-        let options = AgentToolOptions {
-            retention: Retention { max_runs: Some(2), max_age_ms: None },
-            ..AgentToolOptions::default()
-        };
-        let mut engine = ParentEngine::new("Parent", options);
-        let registry = Registry::new(&db);
-        for i in 0..4 {
-            let id = format!("r{i}");
-            registry.insert(&new_run(&id, &json!(i), None), i).unwrap();
-            registry.finish(&id, &Terminal::Completed { summary: "s".into(), output: None }, 100 + i).unwrap();
+    /// A name for each way a dispatch is admitted.
+    pub fn admitted_name(admitted: &Admitted) -> &'static str {
+        match admitted {
+            Admitted::Refused(_) => "refused",
+            Admitted::Finished(_) => "finished",
+            Admitted::Driving(_) => "driving",
+            Admitted::Joined(_) => "joined",
+            Admitted::Queued => "queued",
         }
-        let actions = engine.alarm(&db, 200);
-        let cleared: Vec<&str> = actions
+    }
+
+    /// The results handed to callers, in order.
+    pub fn resolved(actions: &[ParentAction]) -> Vec<(String, RunStatus)> {
+        actions
             .iter()
             .filter_map(|a| match a {
-                ParentAction::ClearChild { run_id, .. } => Some(run_id.as_str()),
+                ParentAction::Resolve { run_id, result } => Some((run_id.clone(), result.status)),
                 _ => None,
             })
-            .collect();
-        assert_eq!(cleared, ["r0", "r1"]);
-        let left: Vec<String> = registry.all().unwrap().into_iter().map(|r| r.run_id).collect();
-        assert_eq!(left, ["r2", "r3"]);
-        assert!(actions.iter().any(|a| matches!(a, ParentAction::Observe(EventType::Retention, _))));
-        // A new dispatch trims too: the live run is never counted against the policy.
-        assert!(matches!(dispatch(&mut engine, &db, "r4", json!(4)), Admitted::Driving(_)));
-        assert_eq!(registry.all().unwrap().len(), 3);
+            .collect()
+    }
+
+    /// A database whose statements containing `pattern` fail, `times` times.
+    pub struct FailOn {
+        pub db: rusqlite::Connection,
+        pub pattern: &'static str,
+        pub times: std::cell::Cell<usize>,
+    }
+
+    impl Sql for FailOn {
+        fn exec(&self, sql: &str, params: &[crate::store::Value]) -> Result<Vec<crate::store::Row>, StoreError> {
+            if self.times.get() > 0 && sql.contains(self.pattern) {
+                self.times.set(self.times.get() - 1);
+                return Err(StoreError { message: format!("injected: {}", self.pattern) });
+            }
+            self.db.exec(sql, params)
+        }
+
+        fn batch(&self, sql: &str) -> Result<(), StoreError> {
+            self.db.batch(sql)
+        }
+
+        fn atomically(&self, work: &mut dyn FnMut() -> Result<(), StoreError>) -> Result<(), StoreError> {
+            self.db.atomically(work)
+        }
+    }
+
+    /// The exchange number of the last action of `kind` ("start", "tail", "inspect") for `run`.
+    pub fn gen_of(actions: &[ParentAction], kind: &str, run: &str) -> Option<u64> {
+        actions.iter().rev().find_map(|a| match (a, kind) {
+            (ParentAction::StartChild { run_id, gen, .. }, "start")
+            | (ParentAction::OpenTail { run_id, gen, .. }, "tail")
+            | (ParentAction::InspectChild { run_id, gen, .. }, "inspect")
+                if run_id == run =>
+            {
+                Some(*gen)
+            }
+            _ => None,
+        })
     }
 }

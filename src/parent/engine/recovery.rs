@@ -1,59 +1,79 @@
-//! Restart recovery, the alarm, the detached backbone (budgets and give-ups) and watching a
-//! given-up child for a late result.
-
-use super::*;
+//! Restart recovery, the alarm, the detached backbone (budgets, give-ups, deliveries, milestone
+//! notices) and watching a given-up child for a late result.
 
 use serde_json::json;
 
-use crate::observability::EventType;
-use crate::parent::detached::{budget_exceeded, cadence_ms, Ledger};
-use crate::parent::registry::{Registry, RunRecord, Terminal};
+use super::conclude::milestone_data;
+use super::*;
+use crate::parent::detached::{budget_exceeded, cadence_ms};
 use crate::protocol::child_api::InspectionReply;
-use crate::protocol::tail::OutcomeStatus;
 use crate::protocol::InterruptedReason;
-use crate::store::Sql;
-use crate::types::RunStatus;
 
 impl ParentEngine {
-    // ----- recovery, backbone, watching ---------------------------------------------------
-
     /// The first event of a fresh instance: starts recovery once, without holding it up.
     pub fn wake(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Vec<ParentAction> {
         if self.recovery_started {
             return Vec::new();
         }
         self.recovery_started = true;
-        self.begin_recovery(sql, now)
+        let mut actions = self.unit(sql, None, "recovery", now, |engine| engine.begin_recovery(sql, now));
+        actions.extend(self.settle(sql, now));
+        self.account(actions)
     }
 
-    /// The alarm: recovery (if it never ran here), the backbone's tick, and the next alarm.
+    /// The alarm: recovery (if it never ran here), the backbone's tick, watching given-up
+    /// children, retention, owed child clears, and the next alarm. Each run's step is its own
+    /// unit: one that fails is reported and retried at the next alarm, the others go on.
     pub fn alarm(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Vec<ParentAction> {
         self.recovery_started = true;
-        let mut actions = self.begin_recovery(sql, now);
-        let changed = self.backbone_tick(sql, now, &mut actions);
+        let mut actions = self.unit(sql, None, "recovery", now, |engine| engine.begin_recovery(sql, now));
+        actions.extend(self.settle(sql, now));
+        let outstanding = match Ledger::new(sql).outstanding() {
+            Ok(outstanding) => outstanding,
+            Err(error) => {
+                actions.extend(self.trouble(None, "backbone", &error, now));
+                Vec::new()
+            }
+        };
+        let mut changed = false;
+        for run_id in &outstanding {
+            let step = self.unit(sql, Some(run_id), "backbone", now, |engine| engine.backbone_run(sql, run_id, now));
+            changed |= !step.is_empty();
+            actions.extend(step);
+        }
         self.quiet_ticks = if changed { 0 } else { self.quiet_ticks + 1 };
-        actions.extend(self.watch_tick(sql, now));
-        actions.extend(self.retain(sql, now));
-        actions.extend(self.retry_child_clears(sql, now));
+        actions.extend(self.unit(sql, None, "watch", now, |engine| engine.watch_tick(sql, now)));
+        actions.extend(self.unit(sql, None, "retention", now, |engine| engine.retain(sql, now)));
+        actions.extend(self.unit(sql, None, "child clears", now, |engine| engine.retry_child_clears(sql, now)));
+        actions.extend(self.unit(sql, None, "alarm", now, |engine| engine.next_alarm(sql, now)));
+        actions.extend(self.settle(sql, now));
+        self.account(actions)
+    }
+
+    /// When the alarm must fire next: soon while runs are live (recovery after a restart), on
+    /// the cadence while detached runs or watched children are outstanding, when the oldest
+    /// finished run comes of age, and while a child owes a clear.
+    fn next_alarm(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Result<Vec<ParentAction>, StoreError> {
         let registry = Registry::new(sql);
         let mut next: Option<i64> = None;
         let mut sooner = |at: i64| next = Some(next.map_or(at, |n: i64| n.min(at)));
-        let live = registry.live_count().unwrap_or(0);
+        let live = registry.live_count()?;
         if live > 0 {
             sooner(now + self.options.recovery_alarm_ms as i64);
         }
-        if let (Some(max_age), Ok(Some(oldest))) = (self.options.retention.max_age_ms, registry.oldest_finished_at()) {
+        if let (Some(max_age), Some(oldest)) = (self.options.retention.max_age_ms, registry.oldest_finished_at()?) {
             // The oldest finished run comes of age then (never sooner than a second from now).
             sooner((oldest + max_age as i64).max(now + 1000));
         }
-        if registry.child_clears_pending().unwrap_or(0) > 0 {
+        if registry.child_clears_pending()? > 0 {
             sooner(now + CHILD_CLEAR_RETRY_MS);
         }
-        let watched = registry.watched(now, WATCH_MS).map(|w| w.len()).unwrap_or(0);
-        let outstanding = Ledger::new(sql).outstanding().map(|o| o.len()).unwrap_or(0);
+        let watched = registry.watched(now, WATCH_MS)?.len();
+        let outstanding = Ledger::new(sql).outstanding()?.len();
         if watched > 0 || outstanding > 0 {
             sooner(now + self.cadence() as i64);
         }
+        let mut actions = Vec::new();
         if let Some(at) = next {
             actions.push(ParentAction::ArmAlarm { at });
         }
@@ -61,42 +81,32 @@ impl ParentEngine {
             EventType::Alarm,
             json!({ "live": live, "outstanding": outstanding, "watched": watched, "nextInMs": next.map(|at| at - now) }),
         ));
-        actions
+        Ok(actions)
     }
 
     pub(super) fn cadence(&self) -> u64 {
         cadence_ms(self.quiet_ticks, &self.options.backbone_cadence_ms)
     }
 
-    /// Finds the live runs nobody drives (a restart left them) and inspects them one by one,
-    /// within [`RECOVERY_DEADLINE_MS`] for the whole pass.
-    pub(super) fn begin_recovery(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Vec<ParentAction> {
+    /// Finds the live runs nobody drives (a restart left them) and lines them up for
+    /// inspection, one by one, within [`RECOVERY_DEADLINE_MS`] for the whole pass (see
+    /// [`Self::next_recovery_row`]).
+    fn begin_recovery(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Result<Vec<ParentAction>, StoreError> {
         if self.pass.is_some() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
-        let Ok(all) = Registry::new(sql).all() else { return Vec::new() };
+        let all = Registry::new(sql).all()?;
         let undriven: Vec<RunRecord> =
             all.into_iter().filter(|r| r.status.is_live() && !self.drivers.contains_key(&r.run_id)).collect();
         if undriven.is_empty() {
-            return Vec::new();
+            return Ok(Vec::new());
         }
-        let mut actions = vec![ParentAction::Observe(EventType::RecoveryBegin, json!({ "runs": undriven.len() }))];
         let window = self.options.reattach_max_window_ms;
         for record in &undriven {
             self.watching.remove(&record.run_id);
-            let detached = record.detached.is_some();
-            let driver = Driver {
-                detached,
-                phase: Phase::Inspecting,
-                gen: 0,
-                reattaching: true,
-                last_progress: now,
-                window_end: window.filter(|_| !detached).map(|ms| now.saturating_add(ms as i64)),
-                failed_tails: 0,
-                draining: None,
-                recovering: true,
-                frames: Frames::of(record),
-            };
+            let mut driver = Driver::new(record, Phase::Inspecting, true, now);
+            driver.window_end = window.filter(|_| !driver.detached).map(|ms| now.saturating_add(ms as i64));
+            driver.recovering = true;
             self.drivers.insert(record.run_id.clone(), driver);
         }
         self.pass = Some(Pass {
@@ -107,159 +117,178 @@ impl ParentEngine {
             finalized: 0,
             reattached: 0,
         });
-        actions.extend(self.next_recovery_row(sql, now));
-        actions
+        Ok(vec![ParentAction::Observe(EventType::RecoveryBegin, json!({ "runs": undriven.len() }))])
     }
 
-    /// Inspects the next run of the pass, or ends the pass.
-    pub(super) fn next_recovery_row(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Vec<ParentAction> {
+    /// Moves a recovery pass on: the next row of its queue is inspected (or, past the pass's
+    /// deadline, recorded `interrupted`), each as its own unit; the pass ends with its queue.
+    pub(super) fn advance_recovery(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Vec<ParentAction> {
         let mut actions = Vec::new();
-        loop {
-            let Some(pass) = self.pass.as_mut() else { return actions };
+        while let Some(pass) = self.pass.as_mut().filter(|p| p.current.is_none()) {
             let Some(run_id) = pass.queue.pop() else {
                 let pass = self.pass.take().expect("checked above");
                 actions.push(ParentAction::Observe(
                     EventType::RecoveryComplete,
                     json!({ "runs": pass.runs, "finalized": pass.finalized, "reattached": pass.reattached }),
                 ));
-                return actions;
+                break;
             };
-            let deadline = pass.deadline;
-            let record = match Registry::new(sql).get(&run_id) {
-                Ok(Some(record)) if record.status.is_live() => record,
-                // Concluded (a cancel) or cleared before its turn: nothing to recover.
-                _ => {
-                    if self.drivers.get(&run_id).is_none_or(|d| d.recovering) {
-                        self.drivers.remove(&run_id);
-                    }
-                    continue;
-                }
-            };
-            actions.push(ParentAction::Observe(
-                EventType::RecoveryRow,
-                json!({ "runId": run_id, "agentType": record.agent_type, "status": record.status }),
-            ));
-            if now >= deadline {
-                actions.push(ParentAction::Observe(EventType::RecoveryDeadline, json!({ "runId": run_id })));
-                let terminal = Terminal::Interrupted {
-                    error: "recovery ran out of time before this run could be inspected".into(),
-                    reason: Some(InterruptedReason::RecoveryDeadline),
-                    child_still_running: None,
-                };
-                actions.extend(self.conclude(sql, &record, terminal, now));
-                if let Some(pass) = self.pass.as_mut() {
-                    pass.finalized += 1;
-                }
-                continue;
-            }
-            let gen = self.gen();
-            let to = self.address(sql, &record);
-            if let Some(driver) = self.drivers.get_mut(&run_id) {
-                driver.gen = gen;
-                driver.recovering = true;
-            }
-            if let Some(pass) = self.pass.as_mut() {
-                pass.current = Some((run_id.clone(), gen));
-            }
-            actions.push(ParentAction::InspectChild { run_id, gen, to });
-            return actions;
+            actions.extend(
+                self.unit(sql, Some(&run_id), "recovery", now, |engine| engine.recovery_row(sql, &run_id, now)),
+            );
         }
+        actions
     }
 
-    /// Counts and reports one inspected run of a recovery pass, then moves the pass on.
+    /// One row of a recovery pass: inspected, or, past the pass's deadline, recorded
+    /// `interrupted` (`recovery-deadline`).
+    fn recovery_row(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        now: i64,
+    ) -> Result<Vec<ParentAction>, StoreError> {
+        let record = match Registry::new(sql).get(run_id)? {
+            Some(record) if record.status.is_live() => record,
+            // Concluded (a cancel) or cleared before its turn: nothing to recover.
+            _ => {
+                if self.drivers.get(run_id).is_none_or(|d| d.recovering) {
+                    self.stop_driving(run_id);
+                }
+                return Ok(Vec::new());
+            }
+        };
+        let deadline = self.pass.as_ref().map_or(now, |p| p.deadline);
+        let mut actions = vec![ParentAction::Observe(
+            EventType::RecoveryRow,
+            json!({ "runId": run_id, "agentType": record.agent_type, "status": record.status }),
+        )];
+        if now >= deadline {
+            actions.push(ParentAction::Observe(EventType::RecoveryDeadline, json!({ "runId": run_id })));
+            let terminal = Terminal::Interrupted {
+                error: "recovery ran out of time before this run could be inspected".into(),
+                reason: Some(InterruptedReason::RecoveryDeadline),
+                child_still_running: None,
+            };
+            actions.extend(self.conclude(sql, &record, terminal, now)?);
+            if let Some(pass) = self.pass.as_mut() {
+                pass.finalized += 1;
+            }
+            return Ok(actions);
+        }
+        let to = self.address(sql, &record)?;
+        let gen = self.gen();
+        let Some(driver) = self.drivers.get_mut(run_id) else { return Ok(actions) };
+        driver.gen = gen;
+        driver.recovering = true;
+        driver.phase = Phase::Inspecting;
+        driver.due = Some(now + INSPECT_TIMEOUT_MS);
+        if let Some(pass) = self.pass.as_mut() {
+            pass.current = Some((run_id.to_owned(), gen));
+        }
+        actions.push(ParentAction::InspectChild { run_id: run_id.to_owned(), gen, to });
+        Ok(actions)
+    }
+
+    /// Counts and reports one inspected run of a recovery pass, then lets the pass move on.
     pub(super) fn recovery_row_inspected(
         &mut self,
         run_id: &str,
         result: &Result<Option<InspectionReply>, InterruptedReason>,
     ) -> Vec<ParentAction> {
         let mut actions = Vec::new();
-        if let Some(pass) = self.pass.as_mut() {
-            if pass.current.as_ref().is_some_and(|(id, _)| id == run_id) {
-                pass.current = None;
-                match result {
-                    Err(reason) => {
-                        pass.finalized += 1;
-                        actions.push(ParentAction::Observe(
-                            EventType::RecoveryFailed,
-                            json!({ "runId": run_id, "error": reason.as_str() }),
-                        ));
-                    }
-                    Ok(Some(inspection)) if inspection.outcome().is_some() => pass.finalized += 1,
-                    Ok(_) => {
-                        pass.reattached += 1;
-                        actions.push(ParentAction::Observe(EventType::RecoveryReattach, json!({ "runId": run_id })));
-                    }
-                }
+        let Some(pass) = self.pass.as_mut() else { return actions };
+        if pass.current.as_ref().is_none_or(|(id, _)| id != run_id) {
+            return actions;
+        }
+        pass.current = None;
+        match result {
+            Err(reason) => {
+                pass.finalized += 1;
+                actions.push(ParentAction::Observe(
+                    EventType::RecoveryFailed,
+                    json!({ "runId": run_id, "error": reason.as_str() }),
+                ));
+            }
+            Ok(Some(inspection)) if inspection.outcome().is_some() => pass.finalized += 1,
+            Ok(_) => {
+                pass.reattached += 1;
+                actions.push(ParentAction::Observe(EventType::RecoveryReattach, json!({ "runId": run_id })));
             }
         }
         actions
     }
 
-    /// The detached backbone: give up on exhausted budgets, deliver what is due. Returns
-    /// whether anything changed (the cadence starts over when it did).
-    pub(super) fn backbone_tick(
+    /// The detached backbone for one outstanding run: give up on an exhausted budget, deliver
+    /// what is due, and offer the milestone notices not yet posted (a milestone forwarded while
+    /// this instance was down, or whose notice a crash cut short).
+    fn backbone_run(
         &mut self,
         sql: &(impl Sql + ?Sized),
+        run_id: &str,
         now: i64,
-        actions: &mut Vec<ParentAction>,
-    ) -> bool {
-        let mut changed = false;
-        for run_id in Ledger::new(sql).outstanding().unwrap_or_default() {
-            let Ok(Some(run)) = Registry::new(sql).get(&run_id) else { continue };
-            if let Some(reason) = budget_exceeded(&run, now) {
-                actions.extend(self.give_up(sql, &run, reason, now));
-                changed = true;
-                continue;
-            }
-            let delivered = self.deliveries(sql, &run, now);
-            changed |= !delivered.is_empty();
-            actions.extend(delivered);
+    ) -> Result<Vec<ParentAction>, StoreError> {
+        let Some(run) = Registry::new(sql).get(run_id)? else { return Ok(Vec::new()) };
+        if let Some(reason) = budget_exceeded(&run, now) {
+            return self.give_up(sql, &run, reason, now);
         }
-        changed
+        let mut actions = self.deliveries(sql, &run, now)?;
+        if run.detached.as_ref().is_some_and(|d| d.on_milestones.is_some()) {
+            let ledger = Ledger::new(sql);
+            for (_, body) in Registry::new(sql).milestones(run_id)? {
+                let Some(data) = milestone_data(&body) else { continue };
+                let name = data.get("name").and_then(serde_json::Value::as_str).unwrap_or_default();
+                if !ledger.milestone_claimed(run_id, name)? {
+                    actions.extend(self.milestone_notice(&run, &data));
+                }
+            }
+        }
+        Ok(actions)
     }
 
     /// Gives up on a detached run: `interrupted` first (delivered through the `give_up` slot,
     /// and handed to any caller joined to it), then the child is torn down, then inspected:
     /// a child that had completed anyway still gets its real result recorded.
-    pub(super) fn give_up(
+    fn give_up(
         &mut self,
         sql: &(impl Sql + ?Sized),
         run: &RunRecord,
         reason: InterruptedReason,
         now: i64,
-    ) -> Vec<ParentAction> {
+    ) -> Result<Vec<ParentAction>, StoreError> {
         let error = match reason {
             InterruptedReason::BudgetExceeded => "the detached run used up its budget",
             _ => "the detached run made no progress within its budget",
         };
         let terminal =
             Terminal::Interrupted { error: error.into(), reason: Some(reason), child_still_running: Some(false) };
-        let to = self.address(sql, run);
-        let mut actions = self.conclude(sql, run, terminal, now);
+        let to = self.address(sql, run)?;
+        let mut actions = self.conclude(sql, run, terminal, now)?;
         actions.push(ParentAction::CancelChild {
             run_id: run.run_id.clone(),
             to: to.clone(),
             reason: Some(format!("given up: {}", reason.as_str())),
         });
         let gen = self.gen();
-        self.watching.insert(run.run_id.clone(), (gen, Watch::GaveUp));
+        self.watching.insert(run.run_id.clone(), Watching { gen, watch: Watch::GaveUp, due: now + INSPECT_TIMEOUT_MS });
         actions.push(ParentAction::InspectChild { run_id: run.run_id.clone(), gen, to });
-        actions
+        Ok(actions)
     }
 
     /// Inspects the given-up runs whose child was still running, for a late real result.
-    pub(super) fn watch_tick(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Vec<ParentAction> {
-        let Ok(watched) = Registry::new(sql).watched(now, WATCH_MS) else { return Vec::new() };
+    fn watch_tick(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Result<Vec<ParentAction>, StoreError> {
         let mut actions = Vec::new();
-        for run in watched {
+        for run in Registry::new(sql).watched(now, WATCH_MS)? {
             if self.drivers.contains_key(&run.run_id) || self.watching.contains_key(&run.run_id) {
                 continue;
             }
+            let to = self.address(sql, &run)?;
             let gen = self.gen();
-            self.watching.insert(run.run_id.clone(), (gen, Watch::LateResult));
-            actions.push(ParentAction::InspectChild { run_id: run.run_id.clone(), gen, to: self.address(sql, &run) });
+            let watching = Watching { gen, watch: Watch::LateResult, due: now + INSPECT_TIMEOUT_MS };
+            self.watching.insert(run.run_id.clone(), watching);
+            actions.push(ParentAction::InspectChild { run_id: run.run_id.clone(), gen, to });
         }
-        actions
+        Ok(actions)
     }
 
     pub(super) fn on_watch_inspected(
@@ -269,42 +298,149 @@ impl ParentEngine {
         watch: Watch,
         result: Result<Option<InspectionReply>, InterruptedReason>,
         now: i64,
-    ) -> Vec<ParentAction> {
-        let Ok(Some(outcome)) = result.map(|i| i.and_then(|i| i.outcome())) else { return Vec::new() };
-        let Ok(Some(record)) = Registry::new(sql).get(run_id) else { return Vec::new() };
+    ) -> Result<Vec<ParentAction>, StoreError> {
+        let Ok(Some(outcome)) = result.map(|i| i.and_then(|i| i.outcome())) else { return Ok(Vec::new()) };
+        let Some(record) = Registry::new(sql).get(run_id)? else { return Ok(Vec::new()) };
         if record.status != RunStatus::Interrupted || self.drivers.contains_key(run_id) {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         let wanted = match watch {
             Watch::GaveUp => outcome.status == OutcomeStatus::Completed,
             Watch::LateResult => matches!(outcome.status, OutcomeStatus::Completed | OutcomeStatus::Error),
         };
         if !wanted {
-            return Vec::new();
+            return Ok(Vec::new());
         }
         // A late real result: follow the child again to take the chunks it stored after the
         // cursor, then record the result (which repairs the soft `interrupted`, once).
-        if Registry::new(sql).reattach(run_id).is_err() {
-            return Vec::new();
-        }
+        Registry::new(sql).reattach(run_id)?;
         let mut actions = vec![ParentAction::Observe(
             EventType::LateResult,
             json!({ "runId": run_id, "status": outcome.status.as_str() }),
         )];
-        let driver = Driver {
-            detached: record.detached.is_some(),
-            phase: Phase::Tailing,
-            gen: 0,
-            reattaching: true,
-            last_progress: now,
-            window_end: None,
-            failed_tails: 0,
-            draining: Some(outcome),
-            recovering: false,
-            frames: Frames::of(&record),
-        };
+        let mut driver = Driver::new(&record, Phase::Tailing, true, now);
+        driver.draining = Some(outcome);
         self.drivers.insert(run_id.to_owned(), driver);
-        actions.extend(self.open_tail(sql, run_id, now));
+        actions.extend(self.open_tail(sql, run_id, now)?);
+        Ok(actions)
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::super::testing::*;
+    use super::*;
+    use crate::protocol::tail::{RunOutcome, TailLine};
+    use crate::types::DetachedOptions;
+
+    fn started(db: &impl Sql, engine: &mut ParentEngine, id: &str, detached: Option<DetachedOptions>) -> u64 {
+        let dispatch = Dispatch { new: new_run(id, &json!(1)), detached, abandoned: None };
+        let (_, actions) = engine.dispatch(db, dispatch, json!(1), 10);
+        let start = gen_of(&actions, "start", id).unwrap();
+        let actions =
+            engine.handle(db, ParentEvent::StartReplied { run_id: id.into(), gen: start, result: Ok(()) }, 11);
+        gen_of(&actions, "tail", id).unwrap()
+    }
+
+    fn end(gen: u64, id: &str) -> ParentEvent {
+        let outcome =
+            RunOutcome { status: OutcomeStatus::Completed, summary: Some("done".into()), output: None, error: None };
+        ParentEvent::TailBatch { run_id: id.into(), gen, lines: vec![TailLine::End { outcome }] }
+    }
+
+    fn observed(actions: &[ParentAction]) -> Vec<EventType> {
         actions
+            .iter()
+            .filter_map(|a| match a {
+                ParentAction::Observe(kind, _) => Some(*kind),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// A failed statement rolls the whole decision back, is reported, and the decision is
+    /// taken again: the run is followed again from its cursor and concluded once, its finish
+    /// hook fired once.
+    #[test]
+    fn a_failed_statement_is_reported_and_the_decision_taken_again() {
+        let (db, mut engine) = engine(AgentToolOptions::default());
+        let db = FailOn { db, pattern: "finish_hook_at = ?", times: std::cell::Cell::new(1) };
+        let tail = started(&db, &mut engine, "r", None);
+        let actions = engine.handle(&db, end(tail, "r"), 12);
+        assert_eq!(observed(&actions), [EventType::StorageFailed], "{actions:?}");
+        assert!(actions.iter().all(|a| !matches!(a, ParentAction::Broadcast(_) | ParentAction::Hook(_))));
+        assert!(Registry::new(&db).get("r").unwrap().unwrap().status.is_live(), "the finish was rolled back too");
+        // After the pause the run is tailed again from its cursor; the child's end comes again.
+        let due = engine.poll_timeout().unwrap();
+        assert_eq!(due, 12 + STORAGE_RETRY_MS);
+        let tail = gen_of(&engine.handle_timeout(&db, due), "tail", "r").unwrap();
+        let actions = engine.handle(&db, end(tail, "r"), due + 1);
+        assert_eq!(actions.iter().filter(|a| matches!(a, ParentAction::Hook(HookCall::Finish(..)))).count(), 1);
+        assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Completed);
+    }
+
+    #[test]
+    fn a_recovery_pass_inspects_each_undriven_run_and_seals_those_past_its_deadline() {
+        let (db, mut engine) = engine(AgentToolOptions::default());
+        for id in ["a", "b", "c", "d"] {
+            started(&db, &mut engine, id, None);
+        }
+        // A restart: the runs are live and nobody drives them.
+        let mut engine = ParentEngine::new("Parent", AgentToolOptions::default(), 2);
+        let mut actions = engine.wake(&db, 100);
+        assert_eq!(observed(&actions)[..2], [EventType::RecoveryBegin, EventType::RecoveryRow]);
+        assert!(engine.wake(&db, 101).is_empty(), "once");
+        let mut inspected = Vec::new();
+        // No child answers: each inspection times out on the engine's own deadline, one after
+        // another, until the pass's deadline seals the rest without asking.
+        while !observed(&actions).contains(&EventType::RecoveryComplete) {
+            inspected.extend(actions.iter().filter_map(|a| match a {
+                ParentAction::InspectChild { run_id, .. } => Some(run_id.clone()),
+                _ => None,
+            }));
+            let due = engine.poll_timeout().expect("an inspection under way");
+            actions = engine.handle_timeout(&db, due);
+        }
+        assert_eq!(inspected, ["a", "b", "c"], "one at a time, until the deadline");
+        let reasons: Vec<_> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|id| Registry::new(&db).get(id).unwrap().unwrap().interrupted_reason.map(|r| r.as_str()))
+            .collect();
+        assert_eq!(
+            reasons,
+            [Some("inspect-timeout"), Some("inspect-timeout"), Some("inspect-timeout"), Some("recovery-deadline")]
+        );
+    }
+
+    #[test]
+    fn the_backbone_gives_up_on_an_exhausted_budget_and_records_a_late_completion() {
+        let (db, mut engine) = engine(AgentToolOptions::default());
+        let budget =
+            Some(DetachedOptions { on_finish: Some(json!("h")), max_budget_ms: Some(1_000), ..Default::default() });
+        started(&db, &mut engine, "r", budget);
+        let actions = engine.alarm(&db, 2_000);
+        let row = Registry::new(&db).get("r").unwrap().unwrap();
+        assert_eq!(
+            (row.status, row.interrupted_reason),
+            (RunStatus::Interrupted, Some(InterruptedReason::BudgetExceeded))
+        );
+        assert!(actions.iter().any(|a| matches!(a, ParentAction::CancelChild { .. })), "torn down");
+        assert!(actions.iter().any(|a| matches!(a, ParentAction::Deliver { slot: Slot::GiveUp, .. })));
+        // The child had completed anyway: its real result is recorded (soft means soft).
+        let gen = gen_of(&actions, "inspect", "r").unwrap();
+        let done = Ok(Some(crate::protocol::child_api::InspectionReply {
+            status: "completed".into(),
+            summary: Some("late".into()),
+            output: None,
+            error: None,
+            attempt: Some(1),
+        }));
+        let actions = engine.handle(&db, ParentEvent::Inspected { run_id: "r".into(), gen, result: done }, 2_001);
+        assert!(observed(&actions).contains(&EventType::LateResult));
+        let tail = gen_of(&actions, "tail", "r").unwrap();
+        engine.handle(&db, ParentEvent::TailEnded { run_id: "r".into(), gen: tail }, 2_002);
+        let tail = gen_of(&engine.handle_timeout(&db, 2_002 + RETAIL_PAUSE_MS), "tail", "r").unwrap();
+        engine.handle(&db, end(tail, "r"), 2_400);
+        assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Completed);
     }
 }

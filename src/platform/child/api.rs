@@ -132,7 +132,7 @@ impl Host {
             worker::console_error!("agent-tools: clearing the runs of a cleared child failed: {e}");
         }
         let mut live: Vec<_> = self.0.turns.borrow().values().cloned().collect();
-        live.extend(self.0.chat.active().map(|chat| chat.cancel)); // a drill-in chat turn
+        live.extend(self.0.chat.running()); // a drill-in chat turn
         for token in live {
             token.cancel(Some("cleared".into()));
         }

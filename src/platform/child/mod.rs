@@ -9,8 +9,6 @@ mod api;
 pub use api::{TAIL_PAGE, TAIL_QUEUE};
 mod turn;
 
-use std::time::Duration;
-
 use futures::future::{select, Either};
 use serde_json::Value;
 
@@ -22,8 +20,8 @@ use crate::cancel::CancelToken;
 use crate::chat::store::StreamLog;
 use crate::child::engine::ChildAction;
 use crate::child::progress::Report;
-use crate::protocol::chunk;
-use crate::protocol::tail::{ChunkKind, OutcomeStatus, RunOutcome};
+use crate::observability::EventType;
+use crate::protocol::tail::ChunkKind;
 
 impl Host {
     /// Carries out the child engine's actions.
@@ -61,13 +59,6 @@ impl Host {
                     // turn's first chunk waited for the next 255.)
                     let host = self.clone();
                     self.spawn(async move { host.child_flush_chunks(&run_id) });
-                }
-                ChildAction::FlushAt { run_id, at } => {
-                    let host = self.clone();
-                    self.spawn(async move {
-                        Delay::from(Duration::from_millis((at - now_ms()).max(0) as u64)).await;
-                        host.child_flush(&run_id);
-                    });
                 }
                 ChildAction::SupersedeMessages { run_id } => {
                     if let Err(e) = StreamLog::new(&self.0.sql).mark_superseded(&run_id) {
@@ -109,16 +100,24 @@ impl Host {
         self.child_result(run_id, result);
     }
 
-    fn child_flush(&self, run_id: &str) {
-        let streaming = self.0.chat.is_streaming(run_id);
-        let result = self.0.child.borrow_mut().flush_progress(&self.0.sql, run_id, streaming, &random_id, now_ms());
-        self.child_result(run_id, result);
+    /// The child engine's deadline came: held progress whose window closed goes out.
+    pub(crate) fn child_timeout(&self, now: i64) {
+        let chat = &self.0.chat;
+        let result =
+            self.0.child.borrow_mut().handle_timeout(&self.0.sql, &|run_id| chat.is_streaming(run_id), &random_id, now);
+        self.child_result("(progress)", result);
     }
 
     fn child_result(&self, run_id: &str, result: Result<Vec<ChildAction>, crate::store::StoreError>) {
         match result {
             Ok(actions) => self.carry_out_child(actions),
-            Err(e) => worker::console_error!("agent-tools: progress of {run_id} failed: {e}"),
+            Err(e) => {
+                worker::console_error!("agent-tools: a step of {run_id} failed: {e}");
+                self.observe(
+                    EventType::StorageFailed,
+                    serde_json::json!({ "runId": run_id, "step": "child", "error": e.to_string() }),
+                );
+            }
         }
     }
 
@@ -129,8 +128,11 @@ impl Host {
         self.0.turns.borrow_mut().insert(run_id.clone(), cancel.clone());
         let host = self.clone();
         self.spawn(async move {
-            let _ = host.runs().mark_running(&run_id);
-            let finished = {
+            let begun = host.0.child.borrow_mut().turn_begins(&host.0.sql, &run_id);
+            if let Err(e) = begun {
+                host.storage_failed("child turn", &e);
+            }
+            let returned = {
                 let work = host.hooks().run(&host, run_id.clone(), input, attempt, cancel.clone());
                 let stop = cancel.cancelled();
                 futures::pin_mut!(work, stop);
@@ -139,37 +141,25 @@ impl Host {
                     Either::Right(_) => None,
                 }
             };
-            let aborted = |error| RunOutcome { status: OutcomeStatus::Aborted, summary: None, output: None, error };
-            let outcome = match finished {
-                _ if cancel.is_cancelled() => {
-                    if finished.is_none() {
-                        host.child_emit(&run_id, ChunkKind::Stored, chunk::abort(cancel.reason().as_deref()));
-                    }
-                    aborted(cancel.reason())
-                }
-                Some(Ok(out)) => RunOutcome {
-                    status: OutcomeStatus::Completed,
-                    summary: Some(out.summary),
-                    output: out.output,
-                    error: None,
-                },
-                Some(Err(message)) => {
-                    RunOutcome { status: OutcomeStatus::Error, summary: None, output: None, error: Some(message) }
-                }
-                None => aborted(cancel.reason()),
-            };
-            if cancel.is_cancelled() {
-                host.cancel_turn_runs(&run_id, "the run that dispatched it was cancelled").await;
-            } else {
-                host.0.turn_runs.borrow_mut().remove(&run_id);
+            let returned = returned.map(|r| r.map(|out| (out.summary, out.output)));
+            let cancelled = cancel.is_cancelled().then(|| cancel.reason());
+            // The child runs this turn dispatched end with it when it was cancelled.
+            let dispatched = host.0.turn_runs.borrow_mut().remove(&run_id).unwrap_or_default();
+            if cancelled.is_some() {
+                host.cancel_runs(&dispatched, "the run that dispatched it was cancelled").await;
             }
             host.0.turns.borrow_mut().remove(&run_id);
             let streaming = host.0.chat.is_streaming(&run_id);
-            let result =
-                host.0.child.borrow_mut().turn_ended(&host.0.sql, &run_id, &outcome, streaming, &random_id, now_ms());
+            let result = host.0.child.borrow_mut().turn_finished(
+                &host.0.sql,
+                &run_id,
+                returned,
+                cancelled,
+                streaming,
+                &random_id,
+                now_ms(),
+            );
             host.child_result(&run_id, result);
         });
     }
 }
-
-use worker::Delay;

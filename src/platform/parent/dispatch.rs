@@ -8,14 +8,14 @@ use serde_json::Value;
 
 use crate::agent::Agent;
 use crate::parent::agent_tool::ChildRef;
-use crate::parent::engine::{cap_message, current_result, queues, Admitted, Dispatch};
+use crate::parent::engine::{current_result, Admitted, Called, Cleared, Dispatch};
 use crate::parent::registry::{NewRun, RunRecord};
 use crate::platform::host::{missing_binding, Host};
 use crate::platform::{now_ms, random_id, AgentHost};
 use crate::types::AgentClass;
 use crate::types::{
-    validate_run_id, AgentToolChunk, ClearFilter, DetachedHandle, DetachedOptions, EventDelivery, Milestone,
-    ProgressSnapshot, RunInfo, RunInspection, RunOptions, RunResult, RunStatus,
+    validate_run_id, AgentToolChunk, ClearFilter, DetachedHandle, DetachedOptions, Milestone, ProgressSnapshot,
+    RunInfo, RunInspection, RunOptions, RunResult,
 };
 
 impl<A: Agent> AgentHost<A> {
@@ -88,8 +88,9 @@ impl<A: Agent> AgentHost<A> {
     }
 
     /// Cancels a run: the child stops its turn, the run ends `aborted`, and a caller waiting on
-    /// it gets the result at once. Idempotent: an unknown or finished run is left as it is.
-    pub async fn cancel_agent_tool(&self, run_id: &str, reason: Option<String>) {
+    /// it gets the result at once. Idempotent: an unknown or finished run is left as it is. An
+    /// `Err` says storage failed and nothing changed.
+    pub async fn cancel_agent_tool(&self, run_id: &str, reason: Option<String>) -> Result<(), String> {
         self.host.cancel_agent_tool(run_id, reason).await
     }
 
@@ -138,50 +139,35 @@ impl Host {
         };
         let run_id = new.run_id.clone();
         let signal = options.signal.clone().unwrap_or_default();
-        let cancelled = |signal: &crate::cancel::CancelToken| {
-            let reason = signal.reason().unwrap_or_else(|| "cancelled by the caller".into());
-            RunResult { status: RunStatus::Aborted, ..RunResult::refused(run_id.clone(), child.class, reason) }
+        let reason = || signal.reason().unwrap_or_else(|| "cancelled by the caller".into());
+        let abandoned = signal.is_cancelled().then(reason);
+        let dispatch = Dispatch { new, detached: None, abandoned };
+        let (admitted, actions) =
+            self.0.parent.borrow_mut().dispatch(self.parent_sql(), dispatch, options.input.clone(), now_ms());
+        let Some(result) = admitted.settled(&run_id, child.class) else {
+            // Driven, joined or queued: wait for its result, or for the caller to give up.
+            let (tx, rx) = oneshot::channel();
+            self.0.waiters.borrow_mut().entry(run_id.clone()).or_default().push(tx);
+            self.carry_out(actions);
+            let stop = signal.cancelled();
+            futures::pin_mut!(rx, stop);
+            let rx = match select(rx, stop).await {
+                Either::Left((result, _)) => return result.unwrap_or_else(|_| self.lost(&run_id, child.class)),
+                Either::Right((_, rx)) => rx,
+            };
+            let actions = self.0.parent.borrow_mut().abandon(self.parent_sql(), &run_id, reason(), now_ms());
+            self.carry_out(actions);
+            return rx.await.unwrap_or_else(|_| self.lost(&run_id, child.class));
         };
-        loop {
-            // A caller that gave up before the run was admitted writes nothing.
-            if signal.is_cancelled() && !self.has_run_row(&run_id) {
-                return cancelled(&signal);
-            }
-            let dispatch = Dispatch { new: new.clone(), detached: None };
-            let (admitted, actions) =
-                self.0.parent.borrow_mut().dispatch(self.parent_sql(), dispatch, options.input.clone(), now_ms());
-            match admitted {
-                Admitted::Refused(problem) => return RunResult::refused(run_id, child.class, problem),
-                Admitted::Finished(result) => return result,
-                Admitted::Full(_) if queues(&self.0.options) => {
-                    // Queued: wait for a slot, or for the caller to give up (nothing written).
-                    let freed = self.slot_freed();
-                    let stop = signal.cancelled();
-                    futures::pin_mut!(freed, stop);
-                    if let Either::Right(_) = select(freed, stop).await {
-                        return cancelled(&signal);
-                    }
-                    continue;
-                }
-                Admitted::Full(limit) => return RunResult::refused(run_id, child.class, cap_message(limit)),
-                Admitted::Driving(_) | Admitted::Joined(_) => {
-                    let (tx, rx) = oneshot::channel();
-                    self.0.waiters.borrow_mut().entry(run_id.clone()).or_default().push(tx);
-                    self.carry_out(actions);
-                    let stop = signal.cancelled();
-                    futures::pin_mut!(rx, stop);
-                    let rx = match select(rx, stop).await {
-                        Either::Left((result, _)) => {
-                            return result.unwrap_or_else(|_| current_result(self.parent_sql(), &run_id, child.class))
-                        }
-                        Either::Right((_, rx)) => rx,
-                    };
-                    let reason = signal.reason().unwrap_or_else(|| "cancelled by the caller".into());
-                    self.cancel_agent_tool(&run_id, Some(reason)).await;
-                    return rx.await.unwrap_or_else(|_| current_result(self.parent_sql(), &run_id, child.class));
-                }
-            }
-        }
+        self.carry_out(actions);
+        result
+    }
+
+    /// The result of a run whose waiter was dropped unanswered: its row's.
+    fn lost(&self, run_id: &str, agent_type: &str) -> RunResult {
+        current_result(self.parent_sql(), run_id, agent_type).unwrap_or_else(|e| {
+            RunResult::refused(run_id, agent_type, format!("the run's result could not be read: {e}"))
+        })
     }
 
     /// Checks a dispatch's run id and child binding, and describes its row; a refusal is the
@@ -210,62 +196,28 @@ impl Host {
         })
     }
 
-    fn has_run_row(&self, run_id: &str) -> bool {
-        matches!(self.registry().get(run_id), Ok(Some(_)))
-    }
-
-    /// Resolves when a run concludes (a slot may be free).
-    async fn slot_freed(&self) {
-        let (tx, rx) = oneshot::channel();
-        self.0.slot_waiters.borrow_mut().push(tx);
-        let _ = rx.await;
-    }
-
     pub(crate) async fn dispatch_detached(
         &self,
         child: ChildRef,
         options: RunOptions,
         detached: DetachedOptions,
     ) -> DetachedHandle {
-        let refused = |run_id: String, error: String| DetachedHandle {
-            run_id,
-            agent_type: child.class.to_owned(),
-            status: RunStatus::Error,
-            error: Some(error),
-        };
-        if options.event_delivery == EventDelivery::Terminal {
-            let run_id = options.run_id.clone().unwrap_or_default();
-            return refused(run_id, "event_delivery \"terminal\" is not supported for detached runs".into());
-        }
         let new = match self.prepare(child, &options) {
             Ok(new) => new,
-            Err((run_id, problem)) => return refused(run_id, problem),
+            Err((run_id, problem)) => return Admitted::Refused(problem).handle(&run_id, child.class),
         };
         let run_id = new.run_id.clone();
-        let dispatch = Dispatch { new, detached: Some(detached) };
+        let dispatch = Dispatch { new, detached: Some(detached), abandoned: None };
         let (admitted, actions) =
             self.0.parent.borrow_mut().dispatch(self.parent_sql(), dispatch, options.input, now_ms());
-        let running = |status: RunStatus| DetachedHandle {
-            run_id: run_id.clone(),
-            agent_type: child.class.to_owned(),
-            status: if status.is_live() { RunStatus::Running } else { status },
-            error: None,
-        };
-        match admitted {
-            Admitted::Refused(problem) => refused(run_id.clone(), problem),
-            // A detached dispatch must return at once: over the cap it is refused, never queued.
-            Admitted::Full(limit) => refused(run_id.clone(), cap_message(limit)),
-            Admitted::Finished(result) => running(result.status),
-            Admitted::Driving(record) | Admitted::Joined(record) => {
-                self.carry_out(actions);
-                running(record.status)
-            }
-        }
+        self.carry_out(actions);
+        admitted.handle(&run_id, child.class)
     }
 
-    pub(crate) async fn cancel_agent_tool(&self, run_id: &str, reason: Option<String>) {
-        let actions = self.0.parent.borrow_mut().cancel(self.parent_sql(), run_id, reason, now_ms());
+    pub(crate) async fn cancel_agent_tool(&self, run_id: &str, reason: Option<String>) -> Result<(), String> {
+        let Called { result, actions } = self.0.parent.borrow_mut().cancel(self.parent_sql(), run_id, reason, now_ms());
         self.carry_out(actions);
+        result.map_err(|e| e.to_string())
     }
 
     pub(crate) async fn clear_agent_tool_runs(&self, filter: &ClearFilter) -> Result<Vec<String>, String> {
@@ -273,10 +225,15 @@ impl Host {
         if !self.0.parent_tables.get() {
             return Ok(Vec::new());
         }
-        let (cleared, actions) =
-            self.0.parent.borrow_mut().clear(self.parent_sql(), filter, now_ms()).map_err(|e| e.to_string())?;
+        let Called { result, actions } = self.0.parent.borrow_mut().clear(self.parent_sql(), filter, now_ms());
         self.carry_out(actions);
-        Ok(cleared)
+        match result {
+            Ok(Cleared { runs, failed: None }) => Ok(runs),
+            Ok(Cleared { runs, failed: Some(e) }) => {
+                Err(format!("{e}; {} runs were cleared before it, the rest are as they were", runs.len()))
+            }
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     // ----- read-only views --------------------------------------------------------------

@@ -8,15 +8,12 @@ use std::time::Duration;
 use futures::future::{select, Either};
 use futures::StreamExt;
 use serde::Serialize;
-use serde_json::json;
 use wasm_bindgen::JsValue;
 use worker::{Delay, Method, Response, Stub};
 
 use crate::cancel::CancelToken;
 use crate::observability::{EventType, ObservabilityEvent};
-use crate::parent::engine::{
-    ChildAddress, Delivery, HookCall, ParentAction, ParentEvent, StartError, TailOpenError, INSPECT_TIMEOUT_MS,
-};
+use crate::parent::engine::{ChildAddress, HookCall, NoticeOf, ParentAction, ParentEvent, StartError, TailOpenError};
 use crate::platform::host::Host;
 use crate::platform::{new_request, now_ms, parse_json};
 use crate::protocol::child_api::{self, CancelRequest, InspectionReply};
@@ -31,10 +28,10 @@ impl Host {
     }
 
     /// Carries out the engine's actions: the immediate ones (frames to clients, exchanges with
-    /// children, timers) at once and in order, so frames leave in the order the engine numbered
-    /// them; the ones that run the agent's code (hooks, deliveries, notices) and the callers'
-    /// results after them, in order, in a background task, so a caller gets a run's result only
-    /// once its finish hook has run.
+    /// children, results to callers) at once and in order, so frames leave in the order the
+    /// engine numbered them; the ones that run the agent's code (hooks, deliveries, notices,
+    /// chat turns) after them, in order, in a background task. Then the one timer is armed for
+    /// the engines' next deadline.
     pub(crate) fn carry_out(&self, actions: Vec<ParentAction>) {
         let mut deferred = Vec::new();
         let mut frames = Vec::new();
@@ -54,35 +51,7 @@ impl Host {
                 self.broadcast_all(std::mem::take(&mut frames).into_iter());
             }
             match action {
-                ParentAction::Broadcast(_) => {}
-                ParentAction::StartChild { run_id, gen, to, request } => {
-                    let host = self.clone();
-                    self.spawn(async move {
-                        let tail_after = request.tail_after;
-                        let result = match host.child_call(&to, Method::Post, "start", &request).await {
-                            Ok(resp) if resp.status_code() == 200 => {
-                                // The child answered with the tail: the engine's next OpenTail
-                                // of this run takes it (one round trip for both).
-                                if let Some(after) = tail_after {
-                                    host.0.started_tails.borrow_mut().insert(run_id.clone(), (after, resp));
-                                }
-                                Ok(())
-                            }
-                            Ok(mut resp) => {
-                                let body = resp.text().await.unwrap_or_default();
-                                let status = resp.status_code();
-                                Err(StartError::Refused(format!(
-                                    "{} refused to start the run ({status}): {body}",
-                                    to.binding
-                                )))
-                            }
-                            Err(e) => Err(StartError::Unreachable(format!("{}: {e}", to.binding))),
-                        };
-                        host.feed(ParentEvent::StartReplied { run_id: run_id.clone(), gen, result });
-                        // Not taken (the run ended meanwhile): dropping it closes the tail.
-                        host.0.started_tails.borrow_mut().remove(&run_id);
-                    });
-                }
+                ParentAction::StartChild { run_id, gen, to, request } => self.start_child(run_id, gen, to, request),
                 ParentAction::OpenTail { run_id, gen, to, after } => self.open_tail(run_id, gen, to, after),
                 ParentAction::CloseTail { run_id } => {
                     if let Some(token) = self.0.tails.borrow_mut().remove(&run_id) {
@@ -114,26 +83,17 @@ impl Host {
                             Ok(resp) => Err(format!("the child answered {}", resp.status_code())),
                             Err(e) => Err(e.to_string()),
                         };
-                        if let Err(e) = &result {
-                            worker::console_error!("agent-tools: clearing {run_id} at the child failed (retried): {e}");
-                        }
                         host.feed(ParentEvent::ChildCleared { run_id, result });
                     });
                 }
-                ParentAction::SetTimer { run_id, gen, timer, at } => {
-                    let host = self.clone();
-                    self.spawn(async move {
-                        Delay::from(Duration::from_millis((at - now_ms()).max(1) as u64)).await;
-                        host.feed(ParentEvent::Timer { run_id, gen, timer });
-                    });
-                }
-                ParentAction::ArmAlarm { .. } => {}
-                ParentAction::SlotFreed => {
-                    for waiter in self.0.slot_waiters.borrow_mut().drain(..) {
-                        let _ = waiter.send(());
+                ParentAction::Resolve { run_id, result } => {
+                    for waiter in self.0.waiters.borrow_mut().remove(&run_id).unwrap_or_default() {
+                        let _ = waiter.send(result.clone());
                     }
                 }
+                ParentAction::Transcript => self.0.chat.broadcast_transcript(&self.0.state, None),
                 ParentAction::Observe(kind, payload) => self.observe(kind, payload),
+                ParentAction::Broadcast(_) | ParentAction::ArmAlarm { .. } => {}
                 other => deferred.push(other),
             }
         }
@@ -152,36 +112,101 @@ impl Host {
                 }
             });
         }
+        self.rearm_timer();
     }
 
+    /// Runs what calls the agent's own code, then tells the engine it returned.
     async fn run_deferred(&self, action: ParentAction) {
         match action {
-            ParentAction::Resolve { run_id, result } => {
-                for waiter in self.0.waiters.borrow_mut().remove(&run_id).unwrap_or_default() {
-                    let _ = waiter.send(result.clone());
-                }
-            }
             ParentAction::Hook(HookCall::Start(run)) => self.hooks().on_agent_tool_start(self, &run).await,
             ParentAction::Hook(HookCall::Finish(run, result)) => {
-                self.hooks().on_agent_tool_finish(self, &run, &result).await
+                self.hooks().on_agent_tool_finish(self, &run, &result).await;
+                self.feed(ParentEvent::FinishHookDone { run_id: run.run_id });
             }
             ParentAction::Hook(HookCall::Progress(run, progress)) => {
                 self.hooks().on_progress(self, &run, &progress).await
             }
-            ParentAction::Deliver { run, result, slot, attempt, delivery } => {
-                let outcome = match delivery {
-                    Delivery::Handler(handler) => self.hooks().on_detached_finish(self, &handler, &run, &result).await,
-                    Delivery::Notify { source } => self.notify_finish(&run, &result, &source).await,
-                    Delivery::Nothing => Ok(()),
-                };
-                self.feed(ParentEvent::DeliveryDone { run_id: run.run_id.clone(), slot, attempt, result: outcome });
+            ParentAction::Deliver { run, result, slot, gen, attempt, handler } => {
+                let outcome = self.hooks().on_detached_finish(self, &handler, &run, &result).await;
+                self.feed(ParentEvent::DeliveryDone { run_id: run.run_id, slot, gen, attempt, result: outcome });
             }
-            ParentAction::MilestoneNotice { run, milestone, mode, source } => {
-                self.notify_milestone(&run, &milestone, mode, &source)
+            ParentAction::Notice(notice) => {
+                let text = match &notice.of {
+                    NoticeOf::Outcome(result) => self.0.hooks.format_detached_completion(&notice.run, result),
+                    NoticeOf::Milestone(milestone) => self.0.hooks.format_detached_milestone(&notice.run, milestone),
+                };
+                let actions = self.0.parent.borrow_mut().post_notice(self.parent_sql(), notice, text, now_ms());
+                self.carry_out(actions);
+            }
+            ParentAction::RunChatTurn { request_id, delivery } => {
+                self.run_chat_turn(request_id, None).await;
+                if let Some((run_id, delivery)) = delivery {
+                    self.feed(delivery.done(run_id, Ok(())));
+                }
             }
             // Carried out at once by `carry_out`.
             _ => {}
         }
+    }
+
+    /// Arms the object's one timer for the engines' next deadline (an earlier one already
+    /// armed stays: when it fires it finds nothing due and arms the next).
+    pub(crate) fn rearm_timer(&self) {
+        let parent = self.0.parent.borrow().poll_timeout();
+        let child = self.0.child.borrow().poll_timeout();
+        let Some(at) = parent.into_iter().chain(child).min() else { return };
+        if self.0.timer_at.get().is_some_and(|armed| armed <= at) {
+            return;
+        }
+        let gen = self.0.timer_gen.get() + 1;
+        self.0.timer_gen.set(gen);
+        self.0.timer_at.set(Some(at));
+        let host = self.clone();
+        self.spawn(async move {
+            Delay::from(Duration::from_millis((at - now_ms()).max(1) as u64)).await;
+            // A later arm for an earlier time took over.
+            if host.0.timer_gen.get() != gen {
+                return;
+            }
+            host.0.timer_at.set(None);
+            let now = now_ms();
+            let actions = host.0.parent.borrow_mut().handle_timeout(host.parent_sql(), now);
+            host.carry_out(actions);
+            host.child_timeout(now);
+            host.rearm_timer();
+        });
+    }
+
+    /// Starts a child's run; its answer is the run's tail, kept for the engine's next
+    /// `OpenTail` of that run (one round trip for both).
+    fn start_child(
+        &self,
+        run_id: String,
+        gen: u64,
+        to: ChildAddress,
+        request: crate::protocol::child_api::StartRequest,
+    ) {
+        let host = self.clone();
+        self.spawn(async move {
+            let tail_after = request.tail_after;
+            let result = match host.child_call(&to, Method::Post, "start", &request).await {
+                Ok(resp) if resp.status_code() == 200 => {
+                    if let Some(after) = tail_after {
+                        host.0.started_tails.borrow_mut().insert(run_id.clone(), (after, resp));
+                    }
+                    Ok(())
+                }
+                Ok(mut resp) => {
+                    let body = resp.text().await.unwrap_or_default();
+                    let status = resp.status_code();
+                    Err(StartError::Refused(format!("{} refused to start the run ({status}): {body}", to.binding)))
+                }
+                Err(e) => Err(StartError::Unreachable(format!("{}: {e}", to.binding))),
+            };
+            host.feed(ParentEvent::StartReplied { run_id: run_id.clone(), gen, result });
+            // Not taken (the run ended meanwhile): dropping it closes the tail.
+            host.0.started_tails.borrow_mut().remove(&run_id);
+        });
     }
 
     /// Emits an observability event: a JSON log line and the agent's hook.
@@ -211,22 +236,17 @@ impl Host {
         send_json(&self.stub(to)?, method, &format!("{}/{route}", child_api::BASE), body).await
     }
 
-    /// Inspects the child within [`INSPECT_TIMEOUT_MS`]: `Ok(None)` when it does not know the
-    /// run (yet).
+    /// Inspects the child: `Ok(None)` when it does not know the run (yet). The engine times the
+    /// inspection out itself; a late answer is ignored there.
     async fn inspect_child(
         &self,
         to: &ChildAddress,
         run_id: &str,
     ) -> Result<Option<InspectionReply>, InterruptedReason> {
         let stub = self.stub(to).map_err(|_| InterruptedReason::InspectFailed)?;
-        let url = child_api::inspect_url(run_id);
-        let request = send_json(&stub, Method::Get, &url, &());
-        let timeout = Delay::from(Duration::from_millis(INSPECT_TIMEOUT_MS as u64));
-        futures::pin_mut!(request, timeout);
-        let mut resp = match select(request, timeout).await {
-            Either::Left((Ok(resp), _)) if resp.status_code() == 200 => resp,
-            Either::Left(_) => return Err(InterruptedReason::InspectFailed),
-            Either::Right(_) => return Err(InterruptedReason::InspectTimeout),
+        let mut resp = match send_json(&stub, Method::Get, &child_api::inspect_url(run_id), &()).await {
+            Ok(resp) if resp.status_code() == 200 => resp,
+            _ => return Err(InterruptedReason::InspectFailed),
         };
         parse_json::<Option<InspectionReply>>(resp.text().await).map_err(|_| InterruptedReason::InspectFailed)
     }
@@ -296,68 +316,6 @@ impl Host {
                 host.feed(ParentEvent::TailEnded { run_id, gen });
             }
         });
-    }
-
-    /// The chat message a `notify` run injects when it finishes, and the model's turn on it.
-    async fn notify_finish(
-        &self,
-        run: &crate::types::RunInfo,
-        result: &crate::types::RunResult,
-        source: &str,
-    ) -> Result<(), String> {
-        let text = self.0.hooks.format_detached_completion(run, result);
-        if text.is_empty() {
-            return Ok(());
-        }
-        let id = format!("detached-finish:{}:{}", run.run_id, result.status.as_str());
-        let metadata =
-            json!({ "source": source, "runId": run.run_id, "agentType": run.agent_type, "status": result.status });
-        if self.inject(&id, "user", &text, metadata)? {
-            self.run_chat_turn(id, None).await;
-        }
-        Ok(())
-    }
-
-    /// A milestone of a detached run that asked for it, in the chat: a synthetic assistant line
-    /// (`narrate`), or a user message and a model turn in the background (`react`: a run's tail
-    /// is never held up by a model turn).
-    fn notify_milestone(
-        &self,
-        run: &crate::types::RunInfo,
-        milestone: &serde_json::Value,
-        mode: crate::types::MilestoneMode,
-        source: &str,
-    ) {
-        let Ok(typed) = serde_json::from_value::<crate::types::Milestone>(milestone.clone()) else { return };
-        let text = self.0.hooks.format_detached_milestone(run, &typed);
-        if text.is_empty() {
-            return;
-        }
-        let id = format!("detached-ms:{}:{}", run.run_id, typed.name);
-        let metadata =
-            json!({ "source": source, "runId": run.run_id, "agentType": run.agent_type, "milestone": typed.name });
-        let react = mode == crate::types::MilestoneMode::React;
-        match self.inject(&id, if react { "user" } else { "assistant" }, &text, metadata) {
-            Ok(true) if react => {
-                let host = self.clone();
-                self.spawn(async move { host.run_chat_turn(id, None).await });
-            }
-            Ok(_) => {}
-            Err(e) => worker::console_error!("agent-tools: milestone notification for {} failed: {e}", run.run_id),
-        }
-    }
-
-    /// Adds a synthetic message to the chat once (by id). `false` when it was already there.
-    fn inject(&self, id: &str, role: &str, text: &str, metadata: serde_json::Value) -> Result<bool, String> {
-        if self.messages().iter().any(|m| m.get("id").and_then(serde_json::Value::as_str) == Some(id)) {
-            return Ok(false);
-        }
-        let message =
-            json!({ "id": id, "role": role, "parts": [{ "type": "text", "text": text }], "metadata": metadata });
-        crate::chat::store::Messages::new(&self.0.sql).upsert(&message, now_ms()).map_err(|e| e.to_string())?;
-        let transcript = json!({ "type": "cf_agent_chat_messages", "messages": self.messages() });
-        self.broadcast(&transcript.to_string());
-        Ok(true)
     }
 }
 

@@ -1,0 +1,723 @@
+//! The chat protocol of `@cloudflare/ai-chat` as a state machine: typed client messages in,
+//! typed frames out, over the chat's SQL store and an explicit `now`. The platform parses a
+//! socket's text into a [`ChatMessage`], hands it to [`ChatState::receive`], and carries out the
+//! [`ChatOutput`]s (send a frame to a connection, to every connection but some, run or cancel a
+//! turn); a turn's life (waiting, beginning, streaming, ending) goes through the state too. No
+//! sockets here, no clock: the Worker and a test drive the same code.
+//!
+//! What it keeps: one turn streams at a time; a connection that asked to resume the stream gets
+//! no live chunk until it has its replay (replay and re-admission are one step); at most
+//! [`MAX_QUEUED_TURNS`] turns wait per connection and [`MAX_WAITING_TURNS`] per agent; a client
+//! cannot use a request id the agent reserves (a child's run ids); a finished turn's chunks
+//! stay resumable until the next turn ends.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use serde_json::{json, Map, Value};
+
+use super::store::{validate_message, Messages, StreamLog};
+use crate::store::{Sql, StoreError};
+
+/// The most chat turns one connection may have waiting behind the running turn; more are
+/// refused with an error response (nothing is stored) and the socket stays open.
+pub const MAX_QUEUED_TURNS: usize = 4;
+
+/// The most chat turns an agent holds waiting, from all its connections together (it runs
+/// one at a time); more are refused the same way.
+pub const MAX_WAITING_TURNS: usize = 32;
+
+const RESPONSE: &str = "cf_agent_use_chat_response";
+
+/// A chat frame a client sent, typed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChatMessage {
+    /// `cf_agent_use_chat_request`: run a turn on these messages.
+    Request {
+        /// The request id (the response frames' id).
+        id: String,
+        /// `init.body`'s `messages`, or why the frame cannot be used (answered on `id`).
+        messages: Result<Vec<Value>, String>,
+    },
+    /// `cf_agent_chat_request_cancel`.
+    Cancel {
+        /// The request to cancel.
+        id: String,
+    },
+    /// `cf_agent_chat_clear`.
+    Clear,
+    /// `cf_agent_chat_messages`: the client's transcript.
+    Messages(Vec<Value>),
+    /// `cf_agent_stream_resume_request`.
+    ResumeRequest {
+        /// Echoed back.
+        probe_id: Value,
+    },
+    /// `cf_agent_stream_resume_ack`.
+    ResumeAck {
+        /// The stream the client resumes.
+        id: String,
+    },
+    /// `cf_agent_tool_result` / `cf_agent_tool_approval`: client-side tools, which these agents
+    /// do not have.
+    ClientTool {
+        /// The frame's type.
+        kind: String,
+    },
+}
+
+impl ChatMessage {
+    /// Reads a client frame of type `kind`: `Ok(None)` for a frame that is not the chat's,
+    /// `Err` with what is wrong with a malformed chat frame.
+    pub fn parse(kind: &str, frame: &Map<String, Value>) -> Result<Option<Self>, String> {
+        let id = |k: &str| frame.get(k).and_then(Value::as_str).map(str::to_owned);
+        Ok(Some(match kind {
+            "cf_agent_use_chat_request" => {
+                let Some(request_id) = id("id").filter(|id| !id.is_empty() && id.len() <= 256) else {
+                    return Err("cf_agent_use_chat_request needs a string \"id\" of 1 to 256 bytes".into());
+                };
+                Self::Request { id: request_id, messages: request_messages(frame) }
+            }
+            "cf_agent_chat_request_cancel" => match id("id") {
+                Some(id) => Self::Cancel { id },
+                None => return Err("cf_agent_chat_request_cancel needs a string \"id\"".into()),
+            },
+            "cf_agent_chat_clear" => Self::Clear,
+            "cf_agent_chat_messages" => match frame.get("messages").and_then(Value::as_array) {
+                Some(messages) => Self::Messages(messages.clone()),
+                None => return Err("cf_agent_chat_messages needs a \"messages\" array".into()),
+            },
+            "cf_agent_stream_resume_request" => {
+                Self::ResumeRequest { probe_id: frame.get("probeId").cloned().unwrap_or(Value::Null) }
+            }
+            "cf_agent_stream_resume_ack" => match id("id") {
+                Some(id) => Self::ResumeAck { id },
+                None => return Err("cf_agent_stream_resume_ack needs a string \"id\"".into()),
+            },
+            "cf_agent_tool_result" | "cf_agent_tool_approval" => Self::ClientTool { kind: kind.to_owned() },
+            _ => return Ok(None),
+        }))
+    }
+}
+
+/// The messages of a chat request's `init` (`{"method":"POST","body":"{\"messages\":[…]}"}`).
+fn request_messages(frame: &Map<String, Value>) -> Result<Vec<Value>, String> {
+    let init = frame.get("init").and_then(Value::as_object);
+    if init.and_then(|i| i.get("method")).and_then(Value::as_str) != Some("POST") {
+        return Err("cf_agent_use_chat_request needs init.method \"POST\"".into());
+    }
+    let Some(body) = init.and_then(|i| i.get("body")).and_then(Value::as_str) else {
+        return Err("cf_agent_use_chat_request needs init.body, a JSON string".into());
+    };
+    let body: Value = serde_json::from_str(body).map_err(|e| format!("init.body is not JSON: {e}"))?;
+    match body.get("messages").and_then(Value::as_array) {
+        Some(messages) => Ok(messages.clone()),
+        None => Err("init.body needs a \"messages\" array".into()),
+    }
+}
+
+/// A frame the chat sends a client, typed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChatFrame {
+    /// A chunk of a response stream (`done: false`), or its end.
+    Response {
+        /// The request id.
+        id: String,
+        /// A `UIMessageChunk`'s JSON, an error message, or empty.
+        body: String,
+        /// The stream ended.
+        done: bool,
+        /// `body` is an error.
+        error: bool,
+        /// How the turn ended (`aborted`, `error`), on the end frame.
+        outcome: Option<&'static str>,
+        /// A chunk of a resume's replay, with its log index.
+        replay: Option<Option<i64>>,
+        /// The end of a resume's replay of a stream that goes on.
+        replay_complete: bool,
+    },
+    /// `cf_agent_chat_messages`: the transcript.
+    Transcript(Vec<Value>),
+    /// `cf_agent_chat_clear`.
+    Cleared,
+    /// `cf_agent_stream_resuming`: a stream is active; acknowledge to get its replay.
+    Resuming {
+        /// Its request id.
+        id: String,
+        /// The probe the client sent, if it sent one.
+        probe_id: Option<Value>,
+    },
+    /// `cf_agent_stream_resume_none`: nothing to resume.
+    ResumeNone {
+        /// The probe the client sent.
+        probe_id: Value,
+    },
+    /// `cf_agent_error`: a frame that could not be used (the socket stays open).
+    Error(String),
+}
+
+impl ChatFrame {
+    /// A live chunk of `id`'s stream.
+    pub fn chunk(id: &str, body: String) -> Self {
+        Self::Response {
+            id: id.to_owned(),
+            body,
+            done: false,
+            error: false,
+            outcome: None,
+            replay: None,
+            replay_complete: false,
+        }
+    }
+
+    /// A request that failed before it began: its error and its end in one frame.
+    pub fn failed(id: &str, problem: String) -> Self {
+        Self::Response {
+            id: id.to_owned(),
+            body: problem,
+            done: true,
+            error: true,
+            outcome: None,
+            replay: None,
+            replay_complete: false,
+        }
+    }
+
+    /// The frame as the client reads it.
+    pub fn to_json(&self) -> String {
+        match self {
+            Self::Response { id, body, done, error, outcome, replay, replay_complete } => {
+                if !error && outcome.is_none() && replay.is_none() && !done {
+                    // The hot path: one frame a streamed chunk, written directly.
+                    return format!(
+                        r#"{{"type":"{RESPONSE}","id":{},"body":{},"done":false}}"#,
+                        Value::from(id.as_str()),
+                        Value::from(body.as_str())
+                    );
+                }
+                let mut frame = json!({ "type": RESPONSE, "id": id, "body": body, "done": done });
+                if *error {
+                    frame["error"] = Value::Bool(true);
+                }
+                if let Some(outcome) = outcome {
+                    frame["outcome"] = Value::from(*outcome);
+                }
+                if let Some(seq) = replay {
+                    frame["replay"] = Value::Bool(true);
+                    if let Some(seq) = seq {
+                        frame["seq"] = Value::from(*seq);
+                    }
+                }
+                if *replay_complete {
+                    frame["replayComplete"] = Value::Bool(true);
+                }
+                frame.to_string()
+            }
+            Self::Transcript(messages) => json!({ "type": "cf_agent_chat_messages", "messages": messages }).to_string(),
+            Self::Cleared => json!({ "type": "cf_agent_chat_clear" }).to_string(),
+            Self::Resuming { id, probe_id: Some(probe) } => {
+                json!({ "type": "cf_agent_stream_resuming", "id": id, "probeId": probe }).to_string()
+            }
+            Self::Resuming { id, probe_id: None } => {
+                json!({ "type": "cf_agent_stream_resuming", "id": id }).to_string()
+            }
+            Self::ResumeNone { probe_id } => {
+                json!({ "type": "cf_agent_stream_resume_none", "reason": "idle", "probeId": probe_id }).to_string()
+            }
+            Self::Error(problem) => json!({ "type": "cf_agent_error", "error": problem }).to_string(),
+        }
+    }
+}
+
+/// What the platform must do for the chat.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChatOutput {
+    /// Send a frame to one connection.
+    Send {
+        /// The connection.
+        to: String,
+        /// The frame.
+        frame: ChatFrame,
+    },
+    /// Send a frame to every chat connection but these (the sender, and those resuming).
+    Broadcast {
+        /// The frame.
+        frame: ChatFrame,
+        /// The connections that do not get it.
+        skip: BTreeSet<String>,
+    },
+    /// Run a turn for this request (after the one running, if any).
+    RunTurn {
+        /// The request id.
+        request_id: String,
+        /// The connection that asked.
+        sender: String,
+    },
+    /// Cancel this request's turn: the running one (its model stops) or one still waiting.
+    CancelTurn {
+        /// The request id.
+        request_id: String,
+    },
+}
+
+/// How a chat turn ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChatEnd {
+    /// The model finished.
+    Completed,
+    /// The model failed.
+    Error(String),
+    /// The turn was cancelled.
+    Aborted(Option<String>),
+}
+
+/// The stream a turn is writing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ActiveStream {
+    /// The chat request id: the id of every response frame and of the stream log (an
+    /// agent-tool run's turn uses its run id).
+    pub request_id: String,
+    /// A resuming client is replayed the log after this index.
+    pub replay_after: i64,
+}
+
+/// The chat's in-memory state (its transcript and stream logs are in SQL).
+#[derive(Debug, Default)]
+pub struct ChatState {
+    active: Option<ActiveStream>,
+    /// Connections that asked to resume and wait for their replay.
+    resuming: HashSet<String>,
+    /// The stream of the turn that ended last, and where its replay starts.
+    last_stream: Option<(String, i64)>,
+    /// Requests waiting for the turn before them, with the connection that sent each.
+    waiting: HashMap<String, Option<String>>,
+    /// Those of `waiting` cancelled meanwhile.
+    cancelled: HashSet<String>,
+}
+
+impl ChatState {
+    /// The stream being written, if any.
+    pub fn active(&self) -> Option<&ActiveStream> {
+        self.active.as_ref()
+    }
+
+    /// Whether the stream of `request_id` is being written.
+    pub fn is_streaming(&self, request_id: &str) -> bool {
+        self.active.as_ref().is_some_and(|a| a.request_id == request_id)
+    }
+
+    /// The connections a live frame skips: those resuming, and `also`.
+    fn skip(&self, also: Option<&str>) -> BTreeSet<String> {
+        self.resuming.iter().cloned().chain(also.map(str::to_owned)).collect()
+    }
+
+    /// A frame to every connection but those resuming and `except`.
+    pub fn broadcast(&self, frame: ChatFrame, except: Option<&str>) -> ChatOutput {
+        ChatOutput::Broadcast { frame, skip: self.skip(except) }
+    }
+
+    /// The transcript to every connection but those resuming and `except`.
+    pub fn transcript(&self, sql: &(impl Sql + ?Sized), except: Option<&str>) -> Result<ChatOutput, StoreError> {
+        Ok(self.broadcast(ChatFrame::Transcript(Messages::new(sql).list()?), except))
+    }
+
+    /// A connection opened: while a stream is active it is told so, and gets no live chunk
+    /// until it acknowledges (then its replay, then live).
+    pub fn on_connect(&mut self, connection: &str) -> Vec<ChatOutput> {
+        let Some(active) = &self.active else { return Vec::new() };
+        let frame = ChatFrame::Resuming { id: active.request_id.clone(), probe_id: None };
+        self.resuming.insert(connection.to_owned());
+        vec![ChatOutput::Send { to: connection.to_owned(), frame }]
+    }
+
+    /// A connection closed.
+    pub fn on_close(&mut self, connection: &str) {
+        self.resuming.remove(connection);
+    }
+
+    /// A chat message from `connection`. `reserved` says whether a request id names a stream
+    /// the agent writes itself (a child's run).
+    pub fn receive(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        connection: &str,
+        message: ChatMessage,
+        reserved: &dyn Fn(&str) -> bool,
+        now: i64,
+    ) -> Result<Vec<ChatOutput>, StoreError> {
+        let send = |frame| vec![ChatOutput::Send { to: connection.to_owned(), frame }];
+        Ok(match message {
+            ChatMessage::Request { id, messages } => self.request(sql, connection, id, messages, reserved, now)?,
+            ChatMessage::Cancel { id } => vec![ChatOutput::CancelTurn { request_id: id }],
+            ChatMessage::Clear => {
+                Messages::new(sql).clear()?;
+                vec![self.broadcast(ChatFrame::Cleared, Some(connection))]
+            }
+            ChatMessage::Messages(messages) => match self.persist(sql, connection, &messages, now)? {
+                Ok(transcript) => vec![transcript],
+                Err(problem) => send(ChatFrame::Error(problem)),
+            },
+            ChatMessage::ResumeRequest { probe_id } => match &self.active {
+                Some(active) => {
+                    let frame = ChatFrame::Resuming { id: active.request_id.clone(), probe_id: Some(probe_id) };
+                    self.resuming.insert(connection.to_owned());
+                    send(frame)
+                }
+                None => send(ChatFrame::ResumeNone { probe_id }),
+            },
+            ChatMessage::ResumeAck { id } => self.resume(sql, connection, &id)?,
+            ChatMessage::ClientTool { kind } => {
+                send(ChatFrame::Error(format!("{kind} is not supported: this agent has no client-side tools")))
+            }
+        })
+    }
+
+    /// Keeps a transcript a client sent, and sends it to the other clients: `Err` (inner) with
+    /// what is wrong with a message.
+    fn persist(
+        &self,
+        sql: &(impl Sql + ?Sized),
+        connection: &str,
+        messages: &[Value],
+        now: i64,
+    ) -> Result<Result<ChatOutput, String>, StoreError> {
+        if let Err(problem) = messages.iter().try_for_each(validate_message) {
+            return Ok(Err(problem));
+        }
+        Messages::new(sql).persist_client(messages, now)?;
+        Ok(Ok(self.transcript(sql, Some(connection))?))
+    }
+
+    fn request(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        connection: &str,
+        request_id: String,
+        messages: Result<Vec<Value>, String>,
+        reserved: &dyn Fn(&str) -> bool,
+        now: i64,
+    ) -> Result<Vec<ChatOutput>, StoreError> {
+        let fail = |problem: String| {
+            vec![ChatOutput::Send { to: connection.to_owned(), frame: ChatFrame::failed(&request_id, problem) }]
+        };
+        if reserved(&request_id) {
+            return Ok(fail(format!("request id {request_id:?} names an agent-tool run of this agent")));
+        }
+        let queued = self.waiting.values().filter(|c| c.as_deref() == Some(connection)).count();
+        if queued >= MAX_QUEUED_TURNS {
+            return Ok(fail(format!(
+                "this connection already has {queued} chat turns waiting (at most {MAX_QUEUED_TURNS}); send again once one has run"
+            )));
+        }
+        let waiting = self.waiting.len();
+        if waiting >= MAX_WAITING_TURNS {
+            return Ok(fail(format!(
+                "this agent already has {waiting} chat turns waiting (at most {MAX_WAITING_TURNS}); send again once one has run"
+            )));
+        }
+        let messages = match messages {
+            Ok(messages) => messages,
+            Err(problem) => return Ok(fail(problem)),
+        };
+        let transcript = match self.persist(sql, connection, &messages, now)? {
+            Ok(transcript) => transcript,
+            Err(problem) => return Ok(fail(problem)),
+        };
+        Ok(vec![transcript, ChatOutput::RunTurn { request_id, sender: connection.to_owned() }])
+    }
+
+    /// A resuming connection acknowledged `request_id`'s stream: its replay (the active
+    /// stream's, or the one that just ended) and its re-admission to live chunks, in one step.
+    fn resume(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        connection: &str,
+        request_id: &str,
+    ) -> Result<Vec<ChatOutput>, StoreError> {
+        let active = self.active.as_ref().filter(|a| a.request_id == request_id);
+        let stream = match active {
+            Some(a) => Some((a.request_id.clone(), a.replay_after)),
+            None => self.last_stream.clone().filter(|(s, _)| s == request_id),
+        };
+        let chunks = match stream {
+            Some((stream, after)) => StreamLog::new(sql).after(&stream, after)?,
+            None => Vec::new(),
+        };
+        let mut outputs: Vec<ChatOutput> = chunks
+            .into_iter()
+            .map(|c| ChatOutput::Send {
+                to: connection.to_owned(),
+                frame: ChatFrame::Response {
+                    id: request_id.to_owned(),
+                    body: c.body,
+                    done: false,
+                    error: false,
+                    outcome: None,
+                    replay: Some(Some(c.index)),
+                    replay_complete: false,
+                },
+            })
+            .collect();
+        let live = active.is_some();
+        outputs.push(ChatOutput::Send {
+            to: connection.to_owned(),
+            frame: ChatFrame::Response {
+                id: request_id.to_owned(),
+                body: String::new(),
+                done: !live,
+                error: false,
+                outcome: None,
+                replay: Some(None),
+                replay_complete: live,
+            },
+        });
+        self.resuming.remove(connection);
+        Ok(outputs)
+    }
+
+    /// Cancels a turn: `true` when it is the running one (its model must stop); one still
+    /// waiting is dropped when its time comes; a cancel for any other id is ignored.
+    pub fn cancel(&mut self, request_id: &str) -> bool {
+        if self.is_streaming(request_id) {
+            return true;
+        }
+        if self.waiting.contains_key(request_id) {
+            self.cancelled.insert(request_id.to_owned());
+        }
+        false
+    }
+
+    /// A turn waits for the one before it.
+    pub fn turn_waits(&mut self, request_id: &str, sender: Option<String>) {
+        self.waiting.insert(request_id.to_owned(), sender);
+    }
+
+    /// A turn's time came: `Err` with the frame that ends it at once when it was cancelled while
+    /// it waited; else it is the active stream (a fresh stream drops what an earlier turn of the
+    /// same request id stored).
+    pub fn turn_begins(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        request_id: &str,
+        replay_after: i64,
+        fresh_stream: bool,
+    ) -> Result<Result<(), ChatOutput>, StoreError> {
+        self.waiting.remove(request_id);
+        if self.cancelled.remove(request_id) {
+            let end = ChatFrame::Response {
+                id: request_id.to_owned(),
+                body: String::new(),
+                done: true,
+                error: false,
+                outcome: Some("aborted"),
+                replay: None,
+                replay_complete: false,
+            };
+            return Ok(Err(self.broadcast(end, None)));
+        }
+        if fresh_stream {
+            StreamLog::new(sql).delete(request_id)?;
+        }
+        self.active = Some(ActiveStream { request_id: request_id.to_owned(), replay_after });
+        Ok(Ok(()))
+    }
+
+    /// A turn's chunks, to the clients (not those resuming: they get them in their replay).
+    pub fn turn_chunks(&self, request_id: &str, bodies: &[String]) -> Vec<ChatOutput> {
+        bodies.iter().map(|body| self.broadcast(ChatFrame::chunk(request_id, body.clone()), None)).collect()
+    }
+
+    /// A turn ended with its message saved: the resuming connections are released, the
+    /// transcript goes to every client but the sender, then the turn's error (if any) and its
+    /// end. A fresh stream's finished predecessors are pruned (only the last turn can still be
+    /// resumed; a reserved stream, a child's run, is its parent's to read).
+    pub fn turn_ends(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        request_id: &str,
+        end: &ChatEnd,
+        sender: Option<&str>,
+        fresh_stream: bool,
+        reserved: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<ChatOutput>, StoreError> {
+        let replay_after = self.active.take().filter(|a| a.request_id == request_id).map_or(-1, |a| a.replay_after);
+        self.last_stream = Some((request_id.to_owned(), replay_after));
+        if fresh_stream {
+            StreamLog::new(sql).prune(request_id, reserved)?;
+        }
+        self.resuming.clear();
+        let mut outputs = vec![self.transcript(sql, sender)?];
+        let end_frame = |outcome| ChatFrame::Response {
+            id: request_id.to_owned(),
+            body: String::new(),
+            done: true,
+            error: false,
+            outcome,
+            replay: None,
+            replay_complete: false,
+        };
+        match end {
+            ChatEnd::Completed => outputs.push(self.broadcast(end_frame(None), None)),
+            ChatEnd::Error(e) => {
+                let error = ChatFrame::Response {
+                    id: request_id.to_owned(),
+                    body: e.clone(),
+                    done: false,
+                    error: true,
+                    outcome: None,
+                    replay: None,
+                    replay_complete: false,
+                };
+                outputs.push(self.broadcast(error, None));
+                outputs.push(self.broadcast(end_frame(Some("error")), None));
+            }
+            ChatEnd::Aborted(_) => outputs.push(self.broadcast(end_frame(Some("aborted")), None)),
+        }
+        Ok(outputs)
+    }
+
+    /// Forgets everything in memory (the agent's storage was cleared).
+    pub fn reset(&mut self) {
+        *self = Self::default();
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::*;
+    use crate::protocol::tail::ChunkKind;
+    use crate::store::sqlite;
+
+    fn db() -> rusqlite::Connection {
+        let db = sqlite::memory();
+        db.batch(super::super::store::SCHEMA).unwrap();
+        db
+    }
+
+    fn request(id: &str, text: &str) -> ChatMessage {
+        let message = json!({ "id": format!("u-{id}"), "role": "user", "parts": [{ "type": "text", "text": text }] });
+        ChatMessage::Request { id: id.into(), messages: Ok(vec![message]) }
+    }
+
+    fn sent_to(outputs: &[ChatOutput], connection: &str) -> Vec<Value> {
+        outputs
+            .iter()
+            .filter_map(|o| match o {
+                ChatOutput::Send { to, frame } if to == connection => serde_json::from_str(&frame.to_json()).ok(),
+                ChatOutput::Broadcast { frame, skip } if !skip.contains(connection) => {
+                    serde_json::from_str(&frame.to_json()).ok()
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    const NONE_RESERVED: &dyn Fn(&str) -> bool = &|_| false;
+
+    #[test]
+    fn client_frames_parse_to_typed_messages_or_precise_errors() {
+        let frame = |v: Value| v.as_object().unwrap().clone();
+        let cases: [(&str, Value, Result<&str, &str>); 8] = [
+            ("cf_agent_use_chat_request", json!({}), Err("needs a string \"id\"")),
+            ("cf_agent_use_chat_request", json!({"id": "r", "init": {"method": "GET"}}), Ok("request")),
+            ("cf_agent_chat_request_cancel", json!({"id": 3}), Err("needs a string \"id\"")),
+            ("cf_agent_chat_request_cancel", json!({"id": "r"}), Ok("cancel")),
+            ("cf_agent_chat_messages", json!({"messages": {}}), Err("needs a \"messages\" array")),
+            ("cf_agent_stream_resume_ack", json!({}), Err("needs a string \"id\"")),
+            ("cf_agent_tool_result", json!({}), Ok("client tool")),
+            ("cf_agent_state", json!({}), Ok("not chat")),
+        ];
+        for (kind, value, expected) in cases {
+            let got = match ChatMessage::parse(kind, &frame(value)) {
+                Ok(None) => Ok("not chat"),
+                Ok(Some(ChatMessage::Request { messages, .. })) => {
+                    assert!(messages.unwrap_err().contains("init.method"), "{kind}");
+                    Ok("request")
+                }
+                Ok(Some(ChatMessage::Cancel { .. })) => Ok("cancel"),
+                Ok(Some(ChatMessage::ClientTool { .. })) => Ok("client tool"),
+                Ok(Some(other)) => panic!("{kind}: {other:?}"),
+                Err(problem) => Err(problem),
+            };
+            match (got, expected) {
+                (Ok(g), Ok(e)) => assert_eq!(g, e, "{kind}"),
+                (Err(g), Err(e)) => assert!(g.contains(e), "{kind}: {g}"),
+                (g, e) => panic!("{kind}: got {g:?}, expected {e:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_request_is_stored_then_run_and_bad_ones_are_answered_on_their_id() {
+        let db = db();
+        let mut chat = ChatState::default();
+        let outputs = chat.receive(&db, "c1", request("r1", "hi"), NONE_RESERVED, 1).unwrap();
+        assert!(
+            matches!(outputs.last(), Some(ChatOutput::RunTurn { request_id, sender }) if request_id == "r1" && sender == "c1")
+        );
+        assert_eq!(Messages::new(&db).list().unwrap().len(), 1);
+        // The other clients get the transcript; the sender already has it.
+        assert!(sent_to(&outputs, "c1").is_empty());
+        assert_eq!(sent_to(&outputs, "c2")[0]["type"], "cf_agent_chat_messages");
+        // A reserved id, a bad message: a failed response on that id, nothing stored.
+        let reserved: &dyn Fn(&str) -> bool = &|id| id == "run-1";
+        let outputs = chat.receive(&db, "c1", request("run-1", "x"), reserved, 2).unwrap();
+        let frames = sent_to(&outputs, "c1");
+        assert_eq!((frames[0]["id"].as_str(), frames[0]["error"].as_bool()), (Some("run-1"), Some(true)));
+        let bad = ChatMessage::Request { id: "r2".into(), messages: Ok(vec![json!({"id": "m"})]) };
+        let frames = sent_to(&chat.receive(&db, "c1", bad, NONE_RESERVED, 3).unwrap(), "c1");
+        assert!(frames[0]["body"].as_str().unwrap().contains("role"), "{frames:?}");
+        assert_eq!(Messages::new(&db).list().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn waiting_turns_are_bounded_per_connection() {
+        let db = db();
+        let mut chat = ChatState::default();
+        for n in 0..MAX_QUEUED_TURNS {
+            chat.turn_waits(&format!("r{n}"), Some("c1".into()));
+        }
+        let outputs = chat.receive(&db, "c1", request("one-more", "x"), NONE_RESERVED, 1).unwrap();
+        assert!(sent_to(&outputs, "c1")[0]["body"].as_str().unwrap().contains("at most 4"));
+        let outputs = chat.receive(&db, "c2", request("theirs", "x"), NONE_RESERVED, 1).unwrap();
+        assert!(matches!(outputs.last(), Some(ChatOutput::RunTurn { .. })), "another connection is not held up");
+    }
+
+    #[test]
+    fn a_resuming_connection_gets_its_replay_then_live_chunks_each_once() {
+        let db = db();
+        let mut chat = ChatState::default();
+        assert_eq!(chat.turn_begins(&db, "r1", -1, true).unwrap(), Ok(()));
+        let log = StreamLog::new(&db);
+        log.append("r1", 0, ChunkKind::Stored, "{\"n\":0}").unwrap();
+        // A client connects mid-stream: told to resume, and skipped by live chunks.
+        assert_eq!(sent_to(&chat.on_connect("c2"), "c2")[0]["type"], "cf_agent_stream_resuming");
+        log.append("r1", 1, ChunkKind::Stored, "{\"n\":1}").unwrap();
+        let live = chat.turn_chunks("r1", &["{\"n\":1}".to_owned()]);
+        assert_eq!(sent_to(&live, "c1").len(), 1);
+        assert!(sent_to(&live, "c2").is_empty(), "the replay will have it");
+        let replay = chat.receive(&db, "c2", ChatMessage::ResumeAck { id: "r1".into() }, NONE_RESERVED, 2).unwrap();
+        let frames = sent_to(&replay, "c2");
+        let seqs: Vec<i64> = frames.iter().filter_map(|f| f["seq"].as_i64()).collect();
+        assert_eq!(seqs, [0, 1]);
+        assert_eq!(frames.last().unwrap()["replayComplete"], true);
+        let live = chat.turn_chunks("r1", &["{\"n\":2}".to_owned()]);
+        assert_eq!(sent_to(&live, "c2").len(), 1, "live again");
+        let end = chat.turn_ends(&db, "r1", &ChatEnd::Completed, Some("c1"), true, NONE_RESERVED).unwrap();
+        assert_eq!(sent_to(&end, "c2").last().unwrap()["done"], true);
+        // Right after the end, a resume replays the finished stream and says it is done.
+        let late = chat.receive(&db, "c3", ChatMessage::ResumeAck { id: "r1".into() }, NONE_RESERVED, 3).unwrap();
+        assert_eq!(sent_to(&late, "c3").last().unwrap()["done"], true);
+    }
+
+    #[test]
+    fn a_turn_cancelled_while_it_waited_ends_at_once() {
+        let db = db();
+        let mut chat = ChatState::default();
+        chat.turn_waits("r1", Some("c1".into()));
+        assert!(!chat.cancel("r1"), "not the running turn");
+        let Ok(Err(end)) = chat.turn_begins(&db, "r1", -1, true) else { panic!("ended at once") };
+        assert_eq!(sent_to(&[end], "c1")[0]["outcome"], "aborted");
+        assert!(chat.active().is_none());
+        assert!(!chat.cancel("nobody"), "an unknown id is ignored");
+    }
+}
