@@ -11,13 +11,14 @@
 //! terminal frame) is kept here, so replay is two queries and never calls a child.
 
 mod record;
-
-use std::collections::HashMap;
+mod replay;
+mod retention;
 
 use serde_json::Value;
 
-use crate::types::RunStatus;
+use crate::types::{Milestone, ProgressSnapshot, RunInspection, RunStatus};
 pub use record::{NewRun, RunRecord, Terminal};
+pub use replay::ReplayCursor;
 
 use crate::protocol::tail::ChunkKind;
 use crate::protocol::{AgentToolEvent, EventFrame, InterruptedReason, StoredEvent};
@@ -92,16 +93,6 @@ CREATE TABLE IF NOT EXISTS agent_tool_frames (
 ) WITHOUT ROWID;
 ";
 
-/// The newest finished run past the newest `?` (its end and run id): where clearing by count
-/// stops. A walk of the finished runs' index, newest first.
-const RETENTION_BOUND: &str = "SELECT completed_at, run_id FROM agent_tool_runs \
-    WHERE status NOT IN ('starting', 'running') ORDER BY completed_at DESC, run_id DESC LIMIT 1 OFFSET ?";
-
-/// The finished runs up to a bound on (completed_at, run_id), oldest first, at most `?3`: one
-/// range of the finished runs' index.
-const RETENTION_RANGE: &str = "SELECT run_id FROM agent_tool_runs WHERE status NOT IN ('starting', 'running') \
-    AND completed_at <= ?1 AND (completed_at < ?1 OR run_id <= ?2) ORDER BY completed_at, run_id LIMIT ?3";
-
 /// Columns added since the first schema, with their definitions.
 const ADDED_COLUMNS: &[(&str, &str)] = &[
     ("child_binding", "TEXT NOT NULL DEFAULT ''"),
@@ -121,45 +112,6 @@ pub const MAX_TOMBSTONES: usize = 10_000;
 pub const REPLAY_PAGE_RUNS: usize = 64;
 /// Frames read per page of one run's replay.
 pub const REPLAY_PAGE_FRAMES: usize = 512;
-
-/// Where a replay stands, so it can be sent a page at a time with the socket draining in
-/// between (see [`Registry::replay_page`] and [`Registry::replay_rest`]). Its memory is one
-/// page of rows and the ids of the runs that may still grow.
-#[derive(Debug, Default)]
-pub struct ReplayCursor {
-    /// The last run taken, in display order.
-    after_run: Option<(i64, i64, String)>,
-    /// Runs read and not yet taken.
-    queued: Vec<RunRecord>,
-    /// The run being sent.
-    current: Option<Current>,
-    /// The highest sequence sent per run, for the runs that may still grow.
-    sent: HashMap<String, i64>,
-    /// Runs passed while not hard-terminal.
-    open: Vec<String>,
-    /// `send` asked to stop.
-    stopped: bool,
-}
-
-#[derive(Debug)]
-struct Current {
-    run: RunRecord,
-    after: i64,
-    progress: Option<(i64, String)>,
-}
-
-impl ReplayCursor {
-    fn emit(&mut self, send: &mut impl FnMut(EventFrame) -> bool, frame: EventFrame, run_id: &str) -> bool {
-        let seq = frame.sequence;
-        if !send(frame.replayed()) {
-            self.stopped = true;
-            return false;
-        }
-        let high = self.sent.entry(run_id.to_owned()).or_insert(seq);
-        *high = (*high).max(seq);
-        true
-    }
-}
 
 /// Registry failures.
 #[derive(Debug, Clone, PartialEq)]
@@ -534,124 +486,6 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
             .collect())
     }
 
-    /// Finished runs past the retention policy, oldest first, at most `limit`: those that
-    /// ended before `ended_before`, and those beyond the newest `keep` finished runs.
-    pub fn beyond_retention(
-        &self,
-        keep: Option<usize>,
-        ended_before: Option<i64>,
-        limit: usize,
-    ) -> Result<Vec<String>, StoreError> {
-        // Both limits are a bound on (completed_at, run_id), the order runs are cleared in: the
-        // newest finished run past `keep` (it and every older one go), and the age cutoff, which
-        // comes before every run that ended at it (a NULL run id sorts first). The larger bound
-        // decides. The finished runs' index answers both: a walk of `keep` entries for the bound
-        // and one range for the runs, with no sort of every finished run (a parent asks at every
-        // dispatch).
-        // The largest offset a JavaScript double holds exactly (a Durable Object binds integers
-        // as doubles).
-        const MAX_OFFSET: i64 = 1 << 52;
-        let by_count = match keep {
-            Some(keep) => self
-                .sql
-                .one(RETENTION_BOUND, &[V::Int(i64::try_from(keep).unwrap_or(MAX_OFFSET).min(MAX_OFFSET))])?
-                .and_then(|r| Some((r.int(0)?, r.text(1)))),
-            None => None,
-        };
-        let by_age = ended_before.map(|at| (at, None));
-        let Some((at, run_id)) = by_count.max(by_age) else { return Ok(Vec::new()) };
-        let rows = self.sql.exec(RETENTION_RANGE, &[V::Int(at), V::from(run_id), V::Int(limit as i64)])?;
-        Ok(rows.iter().filter_map(|r| r.text(0)).collect())
-    }
-
-    /// When the oldest finished run ended, if any.
-    pub fn oldest_finished_at(&self) -> Result<Option<i64>, StoreError> {
-        let row = self
-            .sql
-            .one("SELECT MIN(completed_at) FROM agent_tool_runs WHERE status NOT IN ('starting', 'running')", &[])?;
-        Ok(row.and_then(|r| r.int(0)))
-    }
-
-    /// Deletes runs and their frames, keeping each run id's sequence high-water mark (for the
-    /// newest [`MAX_TOMBSTONES`] deleted ids).
-    pub fn delete(&self, run_ids: &[String]) -> Result<(), StoreError> {
-        for id in run_ids {
-            self.sql.exec(
-                "INSERT INTO agent_tool_tombstones (run_id, next_seq) \
-                 SELECT run_id, next_seq FROM agent_tool_runs WHERE run_id = ? \
-                 ON CONFLICT (run_id) DO UPDATE SET next_seq = MAX(next_seq, excluded.next_seq)",
-                &[V::from(id)],
-            )?;
-            self.sql.exec("DELETE FROM agent_tool_frames WHERE run_id = ?", &[V::from(id)])?;
-            self.sql.exec("DELETE FROM agent_tool_runs WHERE run_id = ?", &[V::from(id)])?;
-        }
-        if !run_ids.is_empty() {
-            self.sql.exec(
-                "DELETE FROM agent_tool_tombstones WHERE rowid IN \
-                 (SELECT rowid FROM agent_tool_tombstones ORDER BY rowid DESC LIMIT -1 OFFSET ?)",
-                &[V::Int(MAX_TOMBSTONES as i64)],
-            )?;
-        }
-        Ok(())
-    }
-
-    /// Records that the child of a deleted run still has to delete its storage (kept until it
-    /// says it did, so a failed call is retried, never forgotten).
-    pub fn owe_child_clear(&self, run_id: &str, binding: &str, name: &str, now: i64) -> Result<(), StoreError> {
-        self.sql.exec(
-            "INSERT INTO agent_tool_child_clears (run_id, binding, name, next_at) VALUES (?, ?, ?, ?) \
-             ON CONFLICT (run_id) DO UPDATE SET binding = excluded.binding, name = excluded.name",
-            &[V::from(run_id), V::from(binding), V::from(name), V::Int(now)],
-        )?;
-        Ok(())
-    }
-
-    /// The child of `run_id` deleted its storage.
-    pub fn child_cleared(&self, run_id: &str) -> Result<(), StoreError> {
-        self.sql.exec("DELETE FROM agent_tool_child_clears WHERE run_id = ?", &[V::from(run_id)])?;
-        Ok(())
-    }
-
-    /// The child (`binding`, `name`) of `run_id`, while it still owes a clear.
-    pub fn child_clear_owed(&self, run_id: &str) -> Result<Option<(String, String)>, StoreError> {
-        let row =
-            self.sql.one("SELECT binding, name FROM agent_tool_child_clears WHERE run_id = ?", &[V::from(run_id)])?;
-        Ok(row.map(|r| (r.text(0).unwrap_or_default(), r.text(1).unwrap_or_default())))
-    }
-
-    /// How many children still owe a clear.
-    pub fn child_clears_pending(&self) -> Result<i64, StoreError> {
-        let row = self.sql.one("SELECT COUNT(*) FROM agent_tool_child_clears", &[])?;
-        Ok(row.and_then(|r| r.int(0)).unwrap_or(0))
-    }
-
-    /// Up to `limit` owed clears that are due, as `(run_id, binding, name, attempts)`, each
-    /// counted as one more attempt and not due again before `retry_at`.
-    pub fn child_clears_due(
-        &self,
-        now: i64,
-        retry_at: i64,
-        limit: usize,
-    ) -> Result<Vec<(String, String, String, i64)>, StoreError> {
-        let rows = self.sql.exec(
-            "UPDATE agent_tool_child_clears SET attempts = attempts + 1, next_at = ?1 WHERE run_id IN \
-             (SELECT run_id FROM agent_tool_child_clears WHERE next_at <= ?2 ORDER BY next_at LIMIT ?3) \
-             RETURNING run_id, binding, name, attempts",
-            &[V::Int(retry_at), V::Int(now), V::Int(limit as i64)],
-        )?;
-        Ok(rows
-            .iter()
-            .map(|r| {
-                (
-                    r.text(0).unwrap_or_default(),
-                    r.text(1).unwrap_or_default(),
-                    r.text(2).unwrap_or_default(),
-                    r.int(3).unwrap_or(0),
-                )
-            })
-            .collect())
-    }
-
     /// The stored frames of a run (chunks and milestones) after sequence `after`, in order.
     pub fn frames(&self, run_id: &str, after: i64) -> Result<Vec<(i64, String)>, StoreError> {
         let rows = self.sql.exec(
@@ -672,172 +506,34 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
         Ok(rows.iter().filter_map(|r| Some((r.int(0)?, r.text(1)?))).collect())
     }
 
-    /// Every retained run's frames, as [`Registry::replay_each`] sends them.
-    #[cfg(test)]
-    pub fn replay(&self) -> Result<Vec<EventFrame>, StoreError> {
-        let mut out = Vec::new();
-        self.replay_each(|frame| {
-            out.push(frame);
-            true
-        })?;
-        Ok(out)
-    }
-
-    /// Replays every retained run to `send` in one go (see [`ReplayCursor`]). `send` returns
-    /// `false` to stop.
-    #[cfg(test)]
-    pub fn replay_each(&self, mut send: impl FnMut(EventFrame) -> bool) -> Result<(), StoreError> {
-        let mut cursor = ReplayCursor::default();
-        while self.replay_page(&mut cursor, usize::MAX, &mut send)? {}
-        Ok(())
-    }
-
-    /// Sends the next page of a replay (at most `budget` frames, read [`REPLAY_PAGE_FRAMES`]
-    /// at a time), in display order: each run's `started` frame, its frames with their
-    /// original sequences (the latest progress at its own), its terminal frame, each marked
-    /// `"replay": true`. Returns whether there is more; `false` also when `send` said stop
-    /// (see [`ReplayCursor::stopped`]).
-    pub fn replay_page(
-        &self,
-        cursor: &mut ReplayCursor,
-        budget: usize,
-        send: &mut impl FnMut(EventFrame) -> bool,
-    ) -> Result<bool, StoreError> {
-        let mut left = budget;
-        while left > 0 {
-            if cursor.current.is_none() {
-                let Some(run) = self.next_run(cursor)? else { return Ok(false) };
-                if !cursor.emit(send, run.started_frame(), &run.run_id) {
-                    return Ok(false);
-                }
-                left -= 1;
-                cursor.current = Some(Current { after: -1, progress: run.progress.clone(), run });
-            }
-            let current = cursor.current.as_mut().expect("set above");
-            let want = left.min(REPLAY_PAGE_FRAMES);
-            let rows = self.sql.exec(
-                "SELECT seq, body, event FROM agent_tool_frames WHERE run_id = ? AND seq > ? ORDER BY seq LIMIT ?",
-                &[V::from(current.run.run_id.as_str()), V::Int(current.after), V::Int(want as i64)],
-            )?;
-            let mut frames = Vec::with_capacity(rows.len() + 1);
-            for r in &rows {
-                let (Some(seq), Some(body)) = (r.int(0), r.text(1)) else { continue };
-                current.after = seq;
-                if let Some((p_seq, p_body)) = current.progress.take_if(|(p, _)| *p < seq) {
-                    frames.push(current.run.chunk_frame(p_seq, p_body));
-                }
-                if r.int(2) == Some(1) {
-                    // An earlier terminal a later result replaced, as it was sent.
-                    if let Some(event) = StoredEvent::new(body) {
-                        let event = AgentToolEvent::Stored(event);
-                        frames.push(EventFrame::new(current.run.parent_tool_call_id.clone(), seq, event));
-                    }
-                } else {
-                    frames.push(current.run.chunk_frame(seq, body));
-                }
-            }
-            let run_done = rows.len() < want;
-            let run = current.run.clone();
-            if run_done {
-                if let Some((p_seq, p_body)) = current.progress.take() {
-                    frames.push(run.chunk_frame(p_seq, p_body));
-                }
-                frames.extend(run.terminal_frame());
-                cursor.current = None;
-                if !run.status.is_hard_terminal() {
-                    // It may still grow: the catch-up looks at it again.
-                    cursor.open.push(run.run_id.clone());
-                }
-            }
-            for frame in frames {
-                if !cursor.emit(send, frame, &run.run_id) {
-                    return Ok(false);
-                }
-                left = left.saturating_sub(1);
-            }
+    /// One run with its result, latest progress and milestones (what
+    /// `AgentHost::inspect_agent_tool_run` answers); `None` when the run is unknown. The latest
+    /// signal is the kept progress, or, when a milestone came after it, the last milestone, as
+    /// the stock client's snapshot has it.
+    pub fn inspection(&self, run_id: &str) -> Result<Option<RunInspection>, StoreError> {
+        let Some(record) = self.get(run_id)? else { return Ok(None) };
+        let result = (!record.status.is_live()).then(|| record.result());
+        let milestone_data: Vec<Value> = self
+            .milestones(run_id)?
+            .into_iter()
+            .filter_map(|(_, body)| serde_json::from_str::<Value>(&body).ok()?.get("data").cloned())
+            .collect();
+        let progress = match record.progress.as_ref() {
+            Some((_, body)) => serde_json::from_str::<Value>(body).ok().and_then(|v| v.get("data").cloned()),
+            None => milestone_data.last().cloned().map(|mut data| {
+                data["milestone"] = data.get("name").cloned().unwrap_or(Value::Null);
+                data
+            }),
         }
-        Ok(true)
-    }
-
-    /// Ends a replay in one synchronous step: the runs it did not reach, then every frame
-    /// stored for the runs it had passed since it passed them (`send` has seen the rest). A
-    /// socket that joins the live broadcast right after gets each frame once.
-    pub fn replay_rest(
-        &self,
-        cursor: &mut ReplayCursor,
-        send: &mut impl FnMut(EventFrame) -> bool,
-    ) -> Result<(), StoreError> {
-        while self.replay_page(cursor, usize::MAX, send)? {}
-        if cursor.stopped {
-            return Ok(());
-        }
-        for run_id in std::mem::take(&mut cursor.open) {
-            let Some(run) = self.get(&run_id)? else { continue };
-            let sent = cursor.sent.get(&run_id).copied().unwrap_or(-1);
-            if run.next_seq <= sent + 1 {
-                continue;
+        .and_then(|mut data| {
+            if let Value::Object(o) = &mut data {
+                o.entry("at").or_insert(Value::from(record.last_signal_at.unwrap_or(0)));
             }
-            let mut frames: Vec<EventFrame> = self
-                .frames(&run_id, sent)?
-                .into_iter()
-                .map(|(seq, body)| run.chunk_frame(seq, body))
-                .chain(self.event_frames(&run, sent)?)
-                .collect();
-            if let Some((p_seq, p_body)) = run.progress.clone().filter(|(p, _)| *p > sent) {
-                frames.push(run.chunk_frame(p_seq, p_body));
-            }
-            frames.extend(run.terminal_frame().filter(|t| t.sequence > sent));
-            frames.sort_by_key(|f| f.sequence);
-            for frame in frames {
-                if !cursor.emit(send, frame, &run_id) {
-                    return Ok(());
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The kept terminal frames of a run after sequence `after`.
-    fn event_frames(&self, run: &RunRecord, after: i64) -> Result<Vec<EventFrame>, StoreError> {
-        let rows = self.sql.exec(
-            "SELECT seq, body FROM agent_tool_frames WHERE run_id = ? AND seq > ? AND event = 1 ORDER BY seq",
-            &[V::from(run.run_id.as_str()), V::Int(after)],
-        )?;
-        Ok(rows
-            .iter()
-            .filter_map(|r| {
-                let event = AgentToolEvent::Stored(StoredEvent::new(r.text(1)?)?);
-                Some(EventFrame::new(run.parent_tool_call_id.clone(), r.int(0)?, event))
-            })
-            .collect())
-    }
-
-    /// The next run of a replay in display order, read [`REPLAY_PAGE_RUNS`] at a time.
-    fn next_run(&self, cursor: &mut ReplayCursor) -> Result<Option<RunRecord>, StoreError> {
-        if cursor.queued.is_empty() {
-            let rows = match &cursor.after_run {
-                None => self.sql.exec(
-                    &format!(
-                        "SELECT {COLUMNS} FROM agent_tool_runs ORDER BY started_at, display_order, run_id LIMIT ?"
-                    ),
-                    &[V::Int(REPLAY_PAGE_RUNS as i64)],
-                )?,
-                Some((started, order, id)) => self.sql.exec(
-                    &format!(
-                        "SELECT {COLUMNS} FROM agent_tool_runs WHERE (started_at, display_order, run_id) > (?, ?, ?) \
-                         ORDER BY started_at, display_order, run_id LIMIT ?"
-                    ),
-                    &[V::Int(*started), V::Int(*order), V::from(id.as_str()), V::Int(REPLAY_PAGE_RUNS as i64)],
-                )?,
-            };
-            cursor.queued = rows.iter().map(RunRecord::from_row).collect();
-        }
-        if cursor.queued.is_empty() {
-            return Ok(None);
-        }
-        let run = cursor.queued.remove(0);
-        cursor.after_run = Some((run.started_at, run.display_order, run.run_id.clone()));
-        Ok(Some(run))
+            serde_json::from_value::<ProgressSnapshot>(data).ok()
+        });
+        let milestones =
+            milestone_data.into_iter().filter_map(|data| serde_json::from_value::<Milestone>(data).ok()).collect();
+        Ok(Some(RunInspection { info: record.info(), result, progress, milestones }))
     }
 }
 

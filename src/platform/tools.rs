@@ -54,7 +54,8 @@ impl<A: Agent> ToolBox for HostTools<'_, A> {
     }
 
     fn call_id_taken(&self, id: &str) -> bool {
-        matches!(self.host.host.registry().get(&format!("agent-tool:{id}")), Ok(Some(_)))
+        // Taken unless the registry says it is free (a failed read picks another id).
+        !matches!(self.host.host.registry().get(&format!("agent-tool:{id}")), Ok(None))
     }
 }
 

@@ -1,4 +1,5 @@
 use super::*;
+use super::retention::{RETENTION_BOUND, RETENTION_RANGE};
 use crate::protocol::AgentToolEvent;
 use crate::store::sqlite;
 use crate::types::EventDelivery;
@@ -574,4 +575,26 @@ fn a_replay_in_pages_with_writes_in_between_sends_every_frame_once() {
         let seqs: Vec<i64> = got.iter().filter(|(r, _)| r == run).map(|(_, s)| *s).collect();
         assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{run}: {seqs:?} in order");
     }
+}
+
+#[test]
+fn an_inspection_has_the_result_the_latest_signal_and_the_milestones() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    assert_eq!(reg.inspection("nobody").unwrap(), None, "unknown is None, never a failure");
+    reg.insert(&new_run("r"), 1).unwrap();
+    let progress = r#"{"type":"data-agent-progress","transient":true,"data":{"fraction":0.5,"phase":"reading"}}"#;
+    let milestone = r#"{"type":"data-agent-milestone","data":{"name":"m","sequence":0,"at":7}}"#;
+    let forward = |kind, body| Forward { kind, body, replay: None };
+    reg.append("r", &[forward(ChunkKind::Progress, progress)], Some(0), 5).unwrap();
+    let seen = reg.inspection("r").unwrap().unwrap();
+    assert_eq!((seen.progress.as_ref().and_then(|p| p.fraction), seen.progress.map(|p| p.at)), (Some(0.5), Some(5)));
+    assert!(seen.result.is_none(), "live: no result yet");
+    // A milestone after it is the latest signal, as the stock client's snapshot has it.
+    reg.append("r", &[forward(ChunkKind::Milestone, milestone)], Some(1), 8).unwrap();
+    reg.finish("r", &Terminal::Completed { summary: "done".into(), output: None }, 9).unwrap();
+    let seen = reg.inspection("r").unwrap().unwrap();
+    assert_eq!(seen.progress.and_then(|p| p.milestone).as_deref(), Some("m"));
+    assert_eq!(seen.milestones.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), ["m"]);
+    assert_eq!(seen.result.map(|r| r.summary), Some(Some("done".into())));
 }

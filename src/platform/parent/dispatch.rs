@@ -14,8 +14,8 @@ use crate::platform::host::{missing_binding, Host};
 use crate::platform::{now_ms, random_id, AgentHost};
 use crate::types::AgentClass;
 use crate::types::{
-    validate_run_id, AgentToolChunk, ClearFilter, DetachedHandle, DetachedOptions, Milestone, ProgressSnapshot,
-    RunInfo, RunInspection, RunOptions, RunResult,
+    validate_run_id, AgentToolChunk, ClearFilter, DetachedHandle, DetachedOptions, RunInfo, RunInspection, RunOptions,
+    RunResult,
 };
 
 impl<A: Agent> AgentHost<A> {
@@ -247,30 +247,10 @@ impl Host {
     }
 
     pub(crate) fn inspect_agent_tool_run(&self, run_id: &str) -> Option<RunInspection> {
-        let record = self.registry().get(run_id).ok().flatten()?;
-        let result = (!record.status.is_live()).then(|| record.result());
-        let milestone_data: Vec<Value> = self
-            .registry()
-            .milestones(run_id)
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|(_, body)| serde_json::from_str::<Value>(&body).ok()?.get("data").cloned())
-            .collect();
-        // The latest signal: the kept progress, or (when a milestone came after it) the last
-        // milestone, as the stock client's snapshot has it.
-        let progress = match record.progress.as_ref() {
-            Some((_, body)) => serde_json::from_str::<Value>(body).ok().and_then(|v| v.get("data").cloned()),
-            None => milestone_data.last().cloned().map(|mut data| {
-                data["milestone"] = data.get("name").cloned().unwrap_or(Value::Null);
-                data
-            }),
-        }
-        .and_then(|data| {
-            serde_json::from_value::<ProgressSnapshot>(with_at(data, record.last_signal_at.unwrap_or(0))).ok()
-        });
-        let milestones =
-            milestone_data.into_iter().filter_map(|data| serde_json::from_value::<Milestone>(data).ok()).collect();
-        Some(RunInspection { info: record.info(), result, progress, milestones })
+        self.registry().inspection(run_id).unwrap_or_else(|e| {
+            self.storage_failed("inspect", &e);
+            None
+        })
     }
 
     pub(crate) fn get_agent_tool_chunks(&self, run_id: &str, after_sequence: Option<i64>) -> Vec<AgentToolChunk> {
@@ -281,12 +261,4 @@ impl Host {
             .map(|(sequence, body)| AgentToolChunk { sequence, body })
             .collect()
     }
-}
-
-/// `data` with an `at` field when it has none, so a snapshot parses.
-fn with_at(mut data: Value, at: i64) -> Value {
-    if let Value::Object(o) = &mut data {
-        o.entry("at").or_insert(Value::from(at));
-    }
-    data
 }

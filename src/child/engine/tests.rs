@@ -1,0 +1,194 @@
+use super::*;
+use crate::store::sqlite;
+use serde_json::json;
+
+fn db() -> rusqlite::Connection {
+    let db = sqlite::memory();
+    ChildRuns::new(&db).migrate().unwrap();
+    db
+}
+
+/// Emits a stored chunk and flushes it, as the platform does once the turn yields.
+fn emit_now(engine: &mut ChildEngine, db: &rusqlite::Connection, body: String) -> Vec<ChildAction> {
+    let (_, mut actions) = engine.emit(db, "r", ChunkKind::Stored, body, None, false).unwrap();
+    actions.extend(engine.flush(db, "r", false).unwrap());
+    actions
+}
+
+#[test]
+fn emitted_chunks_are_stored_and_sent_together_once_the_turn_yields() {
+    let db = db();
+    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    engine.start(&db, &start("r"), 1).unwrap();
+    let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, false, 1).unwrap();
+    let sub = tail.subscriber.unwrap();
+    let (_, first) = engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":0}".into(), None, false).unwrap();
+    assert!(matches!(&first[..], [ChildAction::FlushSoon { .. }]), "one flush asked, on the first");
+    let (_, second) = engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":1}".into(), None, false).unwrap();
+    assert!(second.is_empty());
+    assert_eq!(StreamLog::new(&db).next_index("r").unwrap(), 0, "nothing stored before the flush");
+    // A tail opened meanwhile flushes first: it reads both, and the open tail gets them too.
+    let (late, actions) = engine.tail(&db, "r", -1, usize::MAX, false, 2).unwrap();
+    assert_eq!(late.lines.len(), 2);
+    let [ChildAction::Send { subscriber, line }] = &actions[..] else { panic!("{actions:?}") };
+    assert_eq!((*subscriber, line.iter().filter(|b| **b == b'\n').count()), (sub, 2), "one write, two lines");
+    assert!(engine.flush(&db, "r", false).unwrap().is_empty(), "nothing left");
+    // A long burst flushes by itself.
+    let mut flushed = 0;
+    for n in 0..FLUSH_EVERY {
+        let (_, actions) = engine.emit(&db, "r", ChunkKind::Stored, format!("{{\"m\":{n}}}"), None, false).unwrap();
+        flushed += actions.iter().filter(|a| matches!(a, ChildAction::Send { .. })).count();
+    }
+    assert_eq!(flushed, 2, "the burst went out to both tails at its bound");
+}
+
+fn start(run_id: &str) -> StartRequest {
+    StartRequest {
+        run_id: run_id.into(),
+        input: json!({"query": "q"}),
+        parent_class: "P".into(),
+        parent_name: "p".into(),
+        child_name: format!("P/p/{run_id}"),
+        terminal_only: false,
+        tail_after: None,
+    }
+}
+
+fn id() -> String {
+    "id".into()
+}
+
+fn begins(actions: &[ChildAction]) -> Vec<i64> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            ChildAction::BeginTurn { attempt, .. } => Some(*attempt),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_start_begins_one_turn_and_a_second_start_none() {
+    let db = db();
+    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    let (reply, actions) = engine.start(&db, &start("r"), 1).unwrap();
+    assert!(reply.created);
+    assert_eq!(begins(&actions), [1]);
+    let (reply, actions) = engine.start(&db, &start("r"), 2).unwrap();
+    assert!(!reply.created);
+    assert_eq!(reply.status, "starting");
+    assert!(begins(&actions).is_empty(), "a second start never begins a second turn");
+}
+
+#[test]
+fn a_tail_gets_the_log_then_live_chunks_then_the_end() {
+    let db = db();
+    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    engine.start(&db, &start("r"), 1).unwrap();
+    emit_now(&mut engine, &db, "{\"n\":0}".into());
+    let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, false, 2).unwrap();
+    assert_eq!(tail.lines.len(), 1);
+    let sub = tail.subscriber.unwrap();
+    let actions = emit_now(&mut engine, &db, "{\"n\":1}".into());
+    assert!(
+        matches!(&actions[..], [ChildAction::FlushSoon { .. }, ChildAction::Send { subscriber, .. }] if *subscriber == sub)
+    );
+    let done = RunOutcome { status: OutcomeStatus::Completed, summary: Some("s".into()), output: None, error: None };
+    let actions = engine.turn_ended(&db, "r", &done, false, &id, 3).unwrap();
+    assert!(matches!(&actions[..], [ChildAction::Send { .. }, ChildAction::Close { .. }]));
+    let (tail, _) = engine.tail(&db, "r", 0, usize::MAX, false, 4).unwrap();
+    assert_eq!(tail.lines.len(), 2, "the rest of the log and the end line");
+    assert!(tail.subscriber.is_none());
+}
+
+#[test]
+fn a_long_backlog_goes_out_a_page_at_a_time_then_the_subscription() {
+    let db = db();
+    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    engine.start(&db, &start("r"), 1).unwrap();
+    for n in 0..5 {
+        emit_now(&mut engine, &db, format!("{{\"n\":{n}}}"));
+    }
+    let (first, _) = engine.tail(&db, "r", -1, 2, false, 2).unwrap();
+    assert_eq!((first.lines.len(), first.more_after, first.subscriber), (2, Some(1), None));
+    let (second, _) = engine.tail(&db, "r", 1, 2, false, 2).unwrap();
+    assert_eq!((second.lines.len(), second.more_after), (2, Some(3)));
+    // A chunk stored between pages is in a later one: nothing is skipped.
+    emit_now(&mut engine, &db, "{\"n\":5}".into());
+    let (third, _) = engine.tail(&db, "r", 3, 2, false, 2).unwrap();
+    assert_eq!((third.lines.len(), third.more_after), (2, Some(5)));
+    let (last, _) = engine.tail(&db, "r", 5, 2, false, 2).unwrap();
+    assert!(last.lines.is_empty() && last.more_after.is_none());
+    let sub = last.subscriber.expect("subscribed once the backlog is out");
+    let actions = emit_now(&mut engine, &db, "{\"n\":6}".into());
+    assert!(
+        matches!(&actions[..], [ChildAction::FlushSoon { .. }, ChildAction::Send { subscriber, .. }] if *subscriber == sub)
+    );
+}
+
+#[test]
+fn a_lost_turn_reruns_once_per_activation_behind_a_marker() {
+    let db = db();
+    let mut before = ChildEngine::new(RecoveryPolicy::Rerun);
+    before.start(&db, &start("r"), 1).unwrap();
+    emit_now(&mut before, &db, "{\"partial\":1}".into());
+    // The instance restarts: a new engine over the same storage.
+    let mut after = ChildEngine::new(RecoveryPolicy::Rerun);
+    let (inspection, actions) = after.inspect(&db, "r", false, 5).unwrap();
+    assert_eq!(begins(&actions), [2]);
+    let inspection = inspection.unwrap();
+    assert_eq!((inspection.run.status, inspection.run.attempt), (ChildStatus::Running, 2));
+    let (_, again) = after.inspect(&db, "r", false, 6).unwrap();
+    assert!(begins(&again).is_empty(), "never re-run twice for one restart");
+    let (tail, _) = after.tail(&db, "r", -1, usize::MAX, false, 7).unwrap();
+    assert_eq!(tail.lines.len(), 2, "the partial chunk and the marker");
+    assert!(String::from_utf8_lossy(&tail.lines[1]).contains("\"k\":\"superseded\""));
+}
+
+#[test]
+fn sealing_keeps_the_partial_and_a_new_start_runs_afresh() {
+    let db = db();
+    let mut before = ChildEngine::new(RecoveryPolicy::Seal);
+    before.start(&db, &start("r"), 1).unwrap();
+    emit_now(&mut before, &db, "{\"partial\":1}".into());
+    let mut after = ChildEngine::new(RecoveryPolicy::Seal);
+    let (inspection, actions) = after.inspect(&db, "r", false, 5).unwrap();
+    assert!(begins(&actions).is_empty());
+    assert_eq!(inspection.unwrap().run.status, ChildStatus::Interrupted);
+    let (reply, actions) = after.start(&db, &start("r"), 6).unwrap();
+    assert_eq!((reply.created, reply.status.as_str()), (false, "running"));
+    assert_eq!(begins(&actions), [2], "a new dispatch runs it afresh");
+}
+
+#[test]
+fn reruns_are_bounded() {
+    let db = db();
+    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    engine.start(&db, &start("r"), 1).unwrap();
+    emit_now(&mut engine, &db, "{\"partial\":1}".into());
+    for attempt in 2..=MAX_ATTEMPTS {
+        engine = ChildEngine::new(RecoveryPolicy::Rerun);
+        assert_eq!(begins(&engine.inspect(&db, "r", false, 5).unwrap().1), [attempt]);
+        emit_now(&mut engine, &db, "{\"partial\":1}".into());
+    }
+    engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    let (inspection, actions) = engine.inspect(&db, "r", false, 9).unwrap();
+    assert!(begins(&actions).is_empty());
+    assert_eq!(inspection.unwrap().run.status, ChildStatus::Interrupted);
+}
+
+#[test]
+fn a_turn_cut_short_before_it_said_anything_begins_again_as_the_same_attempt() {
+    let db = db();
+    let mut before = ChildEngine::new(RecoveryPolicy::Seal);
+    before.start(&db, &start("r"), 1).unwrap();
+    ChildRuns::new(&db).mark_running("r").unwrap();
+    // Even under `seal`: nothing was streamed, so nothing is lost or repeated.
+    let mut after = ChildEngine::new(RecoveryPolicy::Seal);
+    let (inspection, actions) = after.inspect(&db, "r", false, 5).unwrap();
+    assert_eq!(begins(&actions), [1]);
+    assert_eq!(inspection.unwrap().run.status, ChildStatus::Running);
+    let (tail, _) = after.tail(&db, "r", -1, usize::MAX, false, 6).unwrap();
+    assert!(tail.lines.is_empty(), "no marker: there is no earlier attempt to set apart");
+}

@@ -1,0 +1,141 @@
+use super::*;
+use crate::parent::engine::testing::*;
+use crate::protocol::tail::{OutcomeStatus, RunOutcome, TailLine};
+use crate::types::DetachedOptions;
+
+/// A run driven to the point where its child says it ended.
+fn ended(db: &rusqlite::Connection, engine: &mut ParentEngine, detached: Option<DetachedOptions>) -> Vec<ParentAction> {
+    let dispatch = Dispatch { new: new_run("r", &json!(1)), detached, abandoned: None };
+    let (_, actions) = engine.dispatch(db, dispatch, json!(1), 10);
+    let start = gen_of(&actions, "start", "r").unwrap();
+    let actions = engine.handle(db, ParentEvent::StartReplied { run_id: "r".into(), gen: start, result: Ok(()) }, 11);
+    let tail = gen_of(&actions, "tail", "r").unwrap();
+    let outcome =
+        RunOutcome { status: OutcomeStatus::Completed, summary: Some("done".into()), output: None, error: None };
+    let lines = vec![TailLine::End { outcome }];
+    engine.handle(db, ParentEvent::TailBatch { run_id: "r".into(), gen: tail, lines }, 12)
+}
+
+fn finish_hooks(actions: &[ParentAction]) -> usize {
+    actions.iter().filter(|a| matches!(a, ParentAction::Hook(HookCall::Finish(..)))).count()
+}
+
+#[test]
+fn a_caller_gets_the_result_only_after_the_finish_hook_returned() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let actions = ended(&db, &mut engine, None);
+    assert_eq!(finish_hooks(&actions), 1);
+    assert!(resolved(&actions).is_empty(), "held while the hook runs: {actions:?}");
+    // Anything that would answer the callers meanwhile is held too.
+    assert!(resolved(&engine.abandon(&db, "r", "late".into(), 13)).is_empty());
+    let actions = engine.handle(&db, ParentEvent::FinishHookDone { run_id: "r".into() }, 14);
+    assert_eq!(resolved(&actions), [("r".to_owned(), RunStatus::Completed)]);
+    assert!(engine.handle(&db, ParentEvent::FinishHookDone { run_id: "r".into() }, 15).is_empty(), "once");
+}
+
+fn handler() -> Option<DetachedOptions> {
+    Some(DetachedOptions { on_finish: Some(json!("h")), ..DetachedOptions::default() })
+}
+
+fn delivery(actions: &[ParentAction]) -> Option<Delivery> {
+    actions.iter().find_map(|a| match a {
+        ParentAction::Deliver { slot, gen, attempt, .. } => {
+            Some(Delivery { slot: *slot, gen: *gen, attempt: *attempt })
+        }
+        ParentAction::Notice(Notice { delivery, .. }) => *delivery,
+        _ => None,
+    })
+}
+
+/// A detached outcome's delivery, answered: done, failed (retried on the backbone until the
+/// dead letter), or an answer to a delivery no longer waited for.
+#[test]
+fn deliveries_done_failed_and_stale() {
+    struct Case {
+        name: &'static str,
+        answers: &'static [Result<(), &'static str>],
+        stale: bool,
+        delivered: bool,
+        attempts: i64,
+    }
+    let cases = [
+        Case { name: "done", answers: &[Ok(())], stale: false, delivered: true, attempts: 1 },
+        Case { name: "failed, then done", answers: &[Err("boom"), Ok(())], stale: false, delivered: true, attempts: 2 },
+        Case {
+            name: "failed until the dead letter",
+            answers: &[Err("1"), Err("2"), Err("3"), Err("4"), Err("5")],
+            stale: false,
+            delivered: false,
+            attempts: 5,
+        },
+        Case { name: "a stale answer settles nothing", answers: &[Ok(())], stale: true, delivered: false, attempts: 1 },
+    ];
+    for case in cases {
+        let (db, mut engine) = engine(AgentToolOptions::default());
+        let mut actions = ended(&db, &mut engine, handler());
+        let mut failures = 0;
+        for (n, answer) in case.answers.iter().enumerate() {
+            let mut d = delivery(&actions).unwrap_or_else(|| panic!("{}: attempt {} handed over", case.name, n + 1));
+            assert_eq!(d.attempt, n as i64 + 1, "{}", case.name);
+            if case.stale {
+                d.gen += 1000;
+            }
+            let result = answer.map_err(str::to_owned);
+            let done = engine.handle(&db, d.done("r".into(), result), 20 + n as i64);
+            failures += done
+                .iter()
+                .filter(|a| matches!(a, ParentAction::Observe(EventType::DetachedDeliveryFailed, _)))
+                .count();
+            // The backbone's next tick claims what is due again.
+            actions = engine.alarm(&db, 100_000 * (n as i64 + 1));
+        }
+        let row = Registry::new(&db).get("r").unwrap().unwrap();
+        let slot = row.detached.unwrap().finish;
+        assert_eq!(slot.delivered_at.is_some(), case.delivered, "{}", case.name);
+        assert_eq!(slot.attempts, case.attempts, "{}", case.name);
+        assert_eq!(failures, case.answers.iter().filter(|a| a.is_err()).count(), "{}: one event a failure", case.name);
+        assert!(delivery(&actions).is_none(), "{}: nothing handed over again", case.name);
+    }
+}
+
+#[test]
+fn a_slow_delivery_is_not_handed_over_again_while_it_runs() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let actions = ended(&db, &mut engine, handler());
+    let first = delivery(&actions).unwrap();
+    // Past the lease and several backbone ticks: this instance still waits for it.
+    for tick in 1..5 {
+        assert!(delivery(&engine.alarm(&db, tick * 70_000)).is_none(), "tick {tick}");
+    }
+    engine.handle(&db, first.done("r".into(), Ok(())), 400_000);
+    let row = Registry::new(&db).get("r").unwrap().unwrap();
+    assert!(row.detached.unwrap().finish.delivered_at.is_some());
+}
+
+#[test]
+fn a_notice_is_posted_once_and_settles_its_delivery() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    db.batch(crate::chat::store::SCHEMA).unwrap();
+    let notify = Some(DetachedOptions { notify: true, ..DetachedOptions::default() });
+    let actions = ended(&db, &mut engine, notify);
+    let Some(ParentAction::Notice(notice)) = actions.iter().find(|a| matches!(a, ParentAction::Notice(_))).cloned()
+    else {
+        panic!("a notice: {actions:?}")
+    };
+    assert_eq!(notice.id, "detached-finish:r:completed");
+    let posted = engine.post_notice(&db, notice.clone(), "it finished".into(), 20);
+    assert!(posted.contains(&ParentAction::Transcript));
+    let Some(ParentAction::RunChatTurn { request_id, delivery: Some((run, d)) }) =
+        posted.iter().find(|a| matches!(a, ParentAction::RunChatTurn { .. })).cloned()
+    else {
+        panic!("a model turn: {posted:?}")
+    };
+    assert_eq!(request_id, notice.id);
+    // Offered again (a crash before the turn ended): not posted twice, settled.
+    assert!(engine.post_notice(&db, notice, "it finished".into(), 21).is_empty());
+    engine.handle(&db, d.done(run, Ok(())), 22);
+    let messages = crate::chat::store::Messages::new(&db).list().unwrap();
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    assert_eq!(messages[0]["role"], "user");
+    assert!(Registry::new(&db).get("r").unwrap().unwrap().detached.unwrap().finish.delivered_at.is_some());
+}

@@ -1,0 +1,153 @@
+use super::*;
+use crate::parent::engine::testing::*;
+use crate::types::DetachedOptions;
+
+#[test]
+fn oversized_input_or_display_is_refused_before_anything_is_written() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let big = Value::String("x".repeat(MAX_INPUT_BYTES));
+    let Admitted::Refused(why) = dispatch(&mut engine, &db, "big", big).0 else { panic!("refused") };
+    assert!(why.contains("at most 262144"), "{why}");
+    let display = Some(json!({ "name": "y".repeat(MAX_DISPLAY_BYTES) }));
+    let mut new = new_run("wide", &json!("ok"));
+    new.display = display;
+    let (admitted, actions) = engine.dispatch(&db, awaited(new), json!("ok"), 10);
+    assert!(matches!(admitted, Admitted::Refused(ref why) if why.contains("display")));
+    assert!(actions.is_empty());
+    assert!(Registry::new(&db).all().unwrap().is_empty(), "no row");
+    assert!(matches!(dispatch(&mut engine, &db, "fine", json!("ok")).0, Admitted::Driving(_)));
+}
+
+/// What each admission rule does with a dispatch, and that a refusal writes nothing.
+#[test]
+fn admission_rules() {
+    let capped = |admission| AgentToolOptions { max_concurrent: Some(1), admission, ..AgentToolOptions::default() };
+    struct Case {
+        name: &'static str,
+        options: AgentToolOptions,
+        first: Option<&'static str>,
+        detached: bool,
+        terminal: bool,
+        abandoned: bool,
+        expect: &'static str,
+        rows: usize,
+    }
+    let cases = [
+        Case {
+            name: "fresh",
+            options: AgentToolOptions::default(),
+            first: None,
+            detached: false,
+            terminal: false,
+            abandoned: false,
+            expect: "driving",
+            rows: 1,
+        },
+        Case {
+            name: "over the cap, reject",
+            options: capped(Admission::Reject),
+            first: Some("a"),
+            detached: false,
+            terminal: false,
+            abandoned: false,
+            expect: "refused",
+            rows: 1,
+        },
+        Case {
+            name: "over the cap, queue",
+            options: capped(Admission::Queue),
+            first: Some("a"),
+            detached: false,
+            terminal: false,
+            abandoned: false,
+            expect: "queued",
+            rows: 1,
+        },
+        Case {
+            name: "detached over the cap never queues",
+            options: capped(Admission::Queue),
+            first: Some("a"),
+            detached: true,
+            terminal: false,
+            abandoned: false,
+            expect: "refused",
+            rows: 1,
+        },
+        Case {
+            name: "detached with terminal delivery",
+            options: AgentToolOptions::default(),
+            first: None,
+            detached: true,
+            terminal: true,
+            abandoned: false,
+            expect: "refused",
+            rows: 0,
+        },
+        Case {
+            name: "awaited with terminal delivery",
+            options: AgentToolOptions::default(),
+            first: None,
+            detached: false,
+            terminal: true,
+            abandoned: false,
+            expect: "driving",
+            rows: 1,
+        },
+        Case {
+            name: "abandoned before admission",
+            options: AgentToolOptions::default(),
+            first: None,
+            detached: false,
+            terminal: false,
+            abandoned: true,
+            expect: "finished",
+            rows: 0,
+        },
+        Case {
+            name: "the same id again joins",
+            options: AgentToolOptions::default(),
+            first: Some("r"),
+            detached: false,
+            terminal: false,
+            abandoned: false,
+            expect: "joined",
+            rows: 1,
+        },
+    ];
+    for case in cases {
+        let (db, mut engine) = engine(case.options);
+        if let Some(first) = case.first {
+            assert!(matches!(dispatch(&mut engine, &db, first, json!(1)).0, Admitted::Driving(_)), "{}", case.name);
+        }
+        let mut new = new_run("r", &json!(2));
+        if case.terminal {
+            new.event_delivery = EventDelivery::Terminal;
+        }
+        let dispatch = Dispatch {
+            new,
+            detached: case.detached.then(DetachedOptions::default),
+            abandoned: case.abandoned.then(|| "gave up".to_owned()),
+        };
+        let (admitted, _) = engine.dispatch(&db, dispatch, json!(2), 10);
+        assert_eq!(admitted_name(&admitted), case.expect, "{}", case.name);
+        assert_eq!(Registry::new(&db).all().unwrap().len(), case.rows, "{}: rows", case.name);
+    }
+}
+
+#[test]
+fn a_queued_dispatch_is_admitted_when_a_slot_frees_and_an_abandoned_one_writes_nothing() {
+    let options = AgentToolOptions { max_concurrent: Some(1), admission: Admission::Queue, ..Default::default() };
+    let (db, mut engine) = engine(options);
+    dispatch(&mut engine, &db, "a", json!(1));
+    assert_eq!(admitted_name(&dispatch(&mut engine, &db, "b", json!(2)).0), "queued");
+    assert_eq!(admitted_name(&dispatch(&mut engine, &db, "c", json!(3)).0), "queued");
+    // The caller of `c` gives up: it is dropped, written nowhere, and answered.
+    let actions = engine.abandon(&db, "c", "no longer needed".into(), 11);
+    let resolved = resolved(&actions);
+    assert_eq!(resolved, [("c".to_owned(), RunStatus::Aborted)]);
+    // `a` ends: `b` takes its slot, and only then.
+    let actions = engine.cancel(&db, "a", None, 12).actions;
+    assert!(actions.iter().any(|a| matches!(a, ParentAction::StartChild { run_id, .. } if run_id == "b")));
+    let ids: Vec<String> = Registry::new(&db).all().unwrap().into_iter().map(|r| r.run_id).collect();
+    assert_eq!(ids, ["a", "b"], "c was never written");
+}

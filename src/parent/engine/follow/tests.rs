@@ -1,0 +1,259 @@
+use super::*;
+use crate::parent::engine::testing::*;
+use crate::types::DetachedOptions;
+
+fn reply(status: &str) -> InspectionReply {
+    InspectionReply { status: status.into(), summary: Some("s".into()), output: None, error: None, attempt: Some(1) }
+}
+
+/// What a batch of actions amounts to, for the tables below.
+fn effect(actions: &[ParentAction]) -> String {
+    let mut parts = Vec::new();
+    for action in actions {
+        match action {
+            ParentAction::Broadcast(frame) => {
+                let frame: Value = serde_json::from_str(frame).unwrap();
+                let event = &frame["event"];
+                let mut kind = event["kind"].as_str().unwrap_or_default().to_owned();
+                if let Some(reason) = event["reason"].as_str() {
+                    kind = format!("{kind}:{reason}");
+                }
+                parts.push(kind);
+            }
+            ParentAction::StartChild { .. } => parts.push("start".into()),
+            ParentAction::OpenTail { .. } => parts.push("tail".into()),
+            ParentAction::InspectChild { .. } => parts.push("inspect".into()),
+            ParentAction::CancelChild { .. } => parts.push("teardown".into()),
+            _ => {}
+        }
+    }
+    parts.join(" ")
+}
+
+/// A run driven by an engine (awaited or detached), its tail broken so it is being
+/// inspected, or (`recovering`) found live by a fresh engine's recovery pass. Returns the
+/// inspection's exchange.
+fn inspected_run(db: &rusqlite::Connection, engine: &mut ParentEngine, detached: bool, recovering: bool) -> u64 {
+    let new = new_run("r", &json!({"q": 1}));
+    let dispatch = Dispatch { new, detached: detached.then(DetachedOptions::default), abandoned: None };
+    let (_, actions) = engine.dispatch(db, dispatch, json!({"q": 1}), 10);
+    let start = gen_of(&actions, "start", "r").unwrap();
+    let actions = engine.handle(db, ParentEvent::StartReplied { run_id: "r".into(), gen: start, result: Ok(()) }, 11);
+    let tail = gen_of(&actions, "tail", "r").unwrap();
+    if recovering {
+        // The instance restarts: a new engine finds the run live and inspects it.
+        *engine = ParentEngine::new("Parent", AgentToolOptions::default(), 2);
+        let actions = engine.wake(db, 12);
+        return gen_of(&actions, "inspect", "r").unwrap();
+    }
+    let actions = engine.handle(db, ParentEvent::TailEnded { run_id: "r".into(), gen: tail }, 12);
+    gen_of(&actions, "inspect", "r").unwrap()
+}
+
+/// The inspect contract: every answer (a failure, a timeout, "unknown", live, ended), for a
+/// run being followed or recovered, awaited or detached.
+#[test]
+fn the_inspection_matrix() {
+    let answers: [(&str, Result<Option<InspectionReply>, InterruptedReason>); 5] = [
+        ("failed", Err(InterruptedReason::InspectFailed)),
+        ("timed out", Err(InterruptedReason::InspectTimeout)),
+        ("unknown", Ok(None)),
+        ("live", Ok(Some(reply("running")))),
+        ("ended", Ok(Some(reply("completed")))),
+    ];
+    for (answer, result) in answers {
+        for recovering in [false, true] {
+            for detached in [false, true] {
+                let (db, mut engine) = engine(AgentToolOptions::default());
+                let gen = inspected_run(&db, &mut engine, detached, recovering);
+                let event = ParentEvent::Inspected { run_id: "r".into(), gen, result: result.clone() };
+                let actions = engine.handle(&db, event, 20);
+                let expected = match answer {
+                    "failed" => "interrupted:inspect-failed",
+                    "timed out" => "interrupted:inspect-timeout",
+                    // Never a failure: the start was lost, so it is sent again.
+                    "unknown" => "start",
+                    // Waited on: tailed again after a pause (a deadline, no action yet).
+                    "live" => "",
+                    // Its chunks after the cursor are read, then its outcome recorded.
+                    "ended" => "tail",
+                    _ => unreachable!(),
+                };
+                let case = format!("{answer}, recovering {recovering}, detached {detached}");
+                assert_eq!(effect(&actions), expected, "{case}: {actions:?}");
+                let row = Registry::new(&db).get("r").unwrap().unwrap();
+                let live = matches!(answer, "unknown" | "live" | "ended");
+                assert_eq!(row.status.is_live(), live, "{case}: {:?}", row.status);
+                if answer == "live" {
+                    let due = engine.poll_timeout().expect("a deadline to tail again");
+                    assert_eq!(due, 20 + RETAIL_PAUSE_MS, "{case}");
+                    assert_eq!(effect(&engine.handle_timeout(&db, due)), "tail", "{case}");
+                }
+                if recovering {
+                    let observed: Vec<EventType> = actions
+                        .iter()
+                        .filter_map(|a| match a {
+                            ParentAction::Observe(kind, _) => Some(*kind),
+                            _ => None,
+                        })
+                        .collect();
+                    let counted = match answer {
+                        "failed" | "timed out" => EventType::RecoveryFailed,
+                        "unknown" | "live" => EventType::RecoveryReattach,
+                        _ => EventType::RecoveryComplete,
+                    };
+                    assert!(observed.contains(&counted), "{case}: {observed:?}");
+                }
+            }
+        }
+    }
+}
+
+/// Past the re-attach budgets, a live child ends the wait: not tailable, the window (the
+/// child torn down), silence (the child left running). A detached run has its own budgets.
+#[test]
+fn a_live_child_is_waited_on_within_the_budgets() {
+    let options = AgentToolOptions {
+        reattach_no_progress_timeout_ms: 1_000,
+        reattach_max_window_ms: Some(5_000),
+        ..AgentToolOptions::default()
+    };
+    let record = |detached: bool| {
+        let (db, mut engine) = engine(options.clone());
+        let mut new = new_run("r", &json!(1));
+        new.input = json!(1);
+        let dispatch = Dispatch { new, detached: detached.then(DetachedOptions::default), abandoned: None };
+        engine.dispatch(&db, dispatch, json!(1), 0);
+        Registry::new(&db).get("r").unwrap().unwrap()
+    };
+    struct Case {
+        name: &'static str,
+        detached: bool,
+        failed_tails: u32,
+        last_progress: i64,
+        window_end: Option<i64>,
+        now: i64,
+        expect: &'static str,
+    }
+    let cases = [
+        Case {
+            name: "fresh",
+            detached: false,
+            failed_tails: 0,
+            last_progress: 900,
+            window_end: Some(9_000),
+            now: 1_000,
+            expect: "retail",
+        },
+        Case {
+            name: "silent",
+            detached: false,
+            failed_tails: 0,
+            last_progress: 0,
+            window_end: Some(9_000),
+            now: 1_000,
+            expect: "no-progress",
+        },
+        Case {
+            name: "window",
+            detached: false,
+            failed_tails: 0,
+            last_progress: 900,
+            window_end: Some(1_000),
+            now: 1_000,
+            expect: "window-exceeded",
+        },
+        Case {
+            name: "untailable",
+            detached: false,
+            failed_tails: NOT_TAILABLE_AFTER,
+            last_progress: 900,
+            window_end: None,
+            now: 1_000,
+            expect: "not-tailable",
+        },
+        Case {
+            name: "detached, silent",
+            detached: true,
+            failed_tails: 0,
+            last_progress: 0,
+            window_end: None,
+            now: 50_000,
+            expect: "retail",
+        },
+        Case {
+            name: "detached, untailable",
+            detached: true,
+            failed_tails: NOT_TAILABLE_AFTER,
+            last_progress: 0,
+            window_end: None,
+            now: 1_000,
+            expect: "not-tailable",
+        },
+    ];
+    for case in cases {
+        let record = record(case.detached);
+        let mut driver = Driver::new(&record, Phase::Inspecting, true, case.last_progress);
+        driver.failed_tails = case.failed_tails;
+        driver.window_end = case.window_end;
+        let got = match decide(&driver, &record, Ok(Some(reply("running"))), &options, case.now) {
+            Decide::Retail => "retail".to_owned(),
+            Decide::Conclude(Terminal::Interrupted { reason: Some(r), child_still_running, .. }) => {
+                assert_eq!(child_still_running, Some(true), "{}", case.name);
+                r.as_str().to_owned()
+            }
+            Decide::TearDown(Terminal::Interrupted { reason: Some(r), child_still_running, .. }) => {
+                assert_eq!(child_still_running, Some(false), "{}: torn down", case.name);
+                r.as_str().to_owned()
+            }
+            other => format!("{other:?}"),
+        };
+        assert_eq!(got, case.expect, "{}", case.name);
+    }
+}
+
+/// Every answer to an exchange the engine moved past is ignored: the start answered twice,
+/// the batch of a closed tail, a tail's end or an inspection that came too late, an earlier
+/// instance's answers.
+#[test]
+fn stale_generations_produce_no_action() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let (_, actions) = dispatch(&mut engine, &db, "r", json!(1));
+    let start = gen_of(&actions, "start", "r").unwrap();
+    let actions = engine.handle(&db, ParentEvent::StartReplied { run_id: "r".into(), gen: start, result: Ok(()) }, 11);
+    let old_tail = gen_of(&actions, "tail", "r").unwrap();
+    let chunk = |i: i64| TailLine::Chunk { i: Some(i), k: ChunkKind::Stored, b: format!("{{\"n\":{i}}}"), r: None };
+    let batch = |gen, i| ParentEvent::TailBatch { run_id: "r".into(), gen, lines: vec![chunk(i)] };
+    assert_eq!(effect(&engine.handle(&db, batch(old_tail, 0), 12)), "chunk");
+    // The tail breaks; the child is inspected and still runs; it is tailed again.
+    let actions = engine.handle(&db, ParentEvent::TailEnded { run_id: "r".into(), gen: old_tail }, 13);
+    let inspection = gen_of(&actions, "inspect", "r").unwrap();
+    let live = Ok(Some(reply("running")));
+    engine.handle(&db, ParentEvent::Inspected { run_id: "r".into(), gen: inspection, result: live.clone() }, 14);
+    let new_tail = gen_of(&engine.handle_timeout(&db, 14 + RETAIL_PAUSE_MS), "tail", "r").unwrap();
+    let before = Registry::new(&db).get("r").unwrap().unwrap();
+    let earlier_instance = ParentEngine::new("Parent", AgentToolOptions::default(), 7).next_gen + 1;
+    let stale = [
+        ("the start answered again", ParentEvent::StartReplied { run_id: "r".into(), gen: start, result: Ok(()) }),
+        ("a batch of the closed tail", batch(old_tail, 1)),
+        ("the closed tail's end", ParentEvent::TailEnded { run_id: "r".into(), gen: old_tail }),
+        ("the closed tail refused", ParentEvent::TailRefused { run_id: "r".into(), gen: old_tail, error: "x".into() }),
+        ("the inspection again", ParentEvent::Inspected { run_id: "r".into(), gen: inspection, result: live }),
+        ("an end of another instance", ParentEvent::TailEnded { run_id: "r".into(), gen: earlier_instance }),
+        (
+            "a failed start of another instance",
+            ParentEvent::StartReplied {
+                run_id: "r".into(),
+                gen: earlier_instance,
+                result: Err(StartError::Refused("no".into())),
+            },
+        ),
+    ];
+    for (name, event) in stale {
+        let actions = engine.handle(&db, event, 20);
+        assert!(actions.is_empty(), "{name}: {actions:?}");
+    }
+    assert_eq!(Registry::new(&db).get("r").unwrap().unwrap(), before, "nothing was written");
+    // The current tail still counts.
+    assert_eq!(effect(&engine.handle(&db, batch(new_tail, 1), 21)), "chunk");
+}

@@ -1,0 +1,111 @@
+use super::*;
+use crate::parent::engine::testing::*;
+use crate::protocol::tail::{RunOutcome, TailLine};
+use crate::types::DetachedOptions;
+
+fn started(db: &impl Sql, engine: &mut ParentEngine, id: &str, detached: Option<DetachedOptions>) -> u64 {
+    let dispatch = Dispatch { new: new_run(id, &json!(1)), detached, abandoned: None };
+    let (_, actions) = engine.dispatch(db, dispatch, json!(1), 10);
+    let start = gen_of(&actions, "start", id).unwrap();
+    let actions = engine.handle(db, ParentEvent::StartReplied { run_id: id.into(), gen: start, result: Ok(()) }, 11);
+    gen_of(&actions, "tail", id).unwrap()
+}
+
+fn end(gen: u64, id: &str) -> ParentEvent {
+    let outcome =
+        RunOutcome { status: OutcomeStatus::Completed, summary: Some("done".into()), output: None, error: None };
+    ParentEvent::TailBatch { run_id: id.into(), gen, lines: vec![TailLine::End { outcome }] }
+}
+
+fn observed(actions: &[ParentAction]) -> Vec<EventType> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            ParentAction::Observe(kind, _) => Some(*kind),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A failed statement rolls the whole decision back, is reported, and the decision is
+/// taken again: the run is followed again from its cursor and concluded once, its finish
+/// hook fired once.
+#[test]
+fn a_failed_statement_is_reported_and_the_decision_taken_again() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let db = FailOn { db, pattern: "finish_hook_at = ?", times: std::cell::Cell::new(1) };
+    let tail = started(&db, &mut engine, "r", None);
+    let actions = engine.handle(&db, end(tail, "r"), 12);
+    assert_eq!(observed(&actions), [EventType::StorageFailed], "{actions:?}");
+    assert!(actions.iter().all(|a| !matches!(a, ParentAction::Broadcast(_) | ParentAction::Hook(_))));
+    assert!(Registry::new(&db).get("r").unwrap().unwrap().status.is_live(), "the finish was rolled back too");
+    // After the pause the run is tailed again from its cursor; the child's end comes again.
+    let due = engine.poll_timeout().unwrap();
+    assert_eq!(due, 12 + STORAGE_RETRY_MS);
+    let tail = gen_of(&engine.handle_timeout(&db, due), "tail", "r").unwrap();
+    let actions = engine.handle(&db, end(tail, "r"), due + 1);
+    assert_eq!(actions.iter().filter(|a| matches!(a, ParentAction::Hook(HookCall::Finish(..)))).count(), 1);
+    assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Completed);
+}
+
+#[test]
+fn a_recovery_pass_inspects_each_undriven_run_and_seals_those_past_its_deadline() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    for id in ["a", "b", "c", "d"] {
+        started(&db, &mut engine, id, None);
+    }
+    // A restart: the runs are live and nobody drives them.
+    let mut engine = ParentEngine::new("Parent", AgentToolOptions::default(), 2);
+    let mut actions = engine.wake(&db, 100);
+    assert_eq!(observed(&actions)[..2], [EventType::RecoveryBegin, EventType::RecoveryRow]);
+    assert!(engine.wake(&db, 101).is_empty(), "once");
+    let mut inspected = Vec::new();
+    // No child answers: each inspection times out on the engine's own deadline, one after
+    // another, until the pass's deadline seals the rest without asking.
+    while !observed(&actions).contains(&EventType::RecoveryComplete) {
+        inspected.extend(actions.iter().filter_map(|a| match a {
+            ParentAction::InspectChild { run_id, .. } => Some(run_id.clone()),
+            _ => None,
+        }));
+        let due = engine.poll_timeout().expect("an inspection under way");
+        actions = engine.handle_timeout(&db, due);
+    }
+    assert_eq!(inspected, ["a", "b", "c"], "one at a time, until the deadline");
+    let reasons: Vec<_> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|id| Registry::new(&db).get(id).unwrap().unwrap().interrupted_reason.map(|r| r.as_str()))
+        .collect();
+    assert_eq!(
+        reasons,
+        [Some("inspect-timeout"), Some("inspect-timeout"), Some("inspect-timeout"), Some("recovery-deadline")]
+    );
+}
+
+#[test]
+fn the_backbone_gives_up_on_an_exhausted_budget_and_records_a_late_completion() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let budget =
+        Some(DetachedOptions { on_finish: Some(json!("h")), max_budget_ms: Some(1_000), ..Default::default() });
+    started(&db, &mut engine, "r", budget);
+    let actions = engine.alarm(&db, 2_000);
+    let row = Registry::new(&db).get("r").unwrap().unwrap();
+    assert_eq!((row.status, row.interrupted_reason), (RunStatus::Interrupted, Some(InterruptedReason::BudgetExceeded)));
+    assert!(actions.iter().any(|a| matches!(a, ParentAction::CancelChild { .. })), "torn down");
+    assert!(actions.iter().any(|a| matches!(a, ParentAction::Deliver { slot: Slot::GiveUp, .. })));
+    // The child had completed anyway: its real result is recorded (soft means soft).
+    let gen = gen_of(&actions, "inspect", "r").unwrap();
+    let done = Ok(Some(crate::protocol::child_api::InspectionReply {
+        status: "completed".into(),
+        summary: Some("late".into()),
+        output: None,
+        error: None,
+        attempt: Some(1),
+    }));
+    let actions = engine.handle(&db, ParentEvent::Inspected { run_id: "r".into(), gen, result: done }, 2_001);
+    assert!(observed(&actions).contains(&EventType::LateResult));
+    let tail = gen_of(&actions, "tail", "r").unwrap();
+    engine.handle(&db, ParentEvent::TailEnded { run_id: "r".into(), gen: tail }, 2_002);
+    let tail = gen_of(&engine.handle_timeout(&db, 2_002 + RETAIL_PAUSE_MS), "tail", "r").unwrap();
+    engine.handle(&db, end(tail, "r"), 2_400);
+    assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Completed);
+}
