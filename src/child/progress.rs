@@ -46,6 +46,8 @@ pub enum Decision {
 pub struct Coalescer {
     last_emit: Option<i64>,
     pending: Option<Report>,
+    /// When the held report is due: the end of the window it was held in.
+    due: Option<i64>,
 }
 
 impl Coalescer {
@@ -56,24 +58,29 @@ impl Coalescer {
         let Some(last) = within_window.filter(|_| report.progress.milestone.is_none() && !done) else {
             if report.progress.milestone.is_none() {
                 self.pending = None;
+                self.due = None;
             }
             self.last_emit = Some(now);
             return Decision::Emit(report);
         };
         match self.pending.replace(report) {
             Some(_) => Decision::Replaced,
-            None => Decision::Defer { flush_at: last + WINDOW_MS },
+            None => {
+                self.due = Some(last + WINDOW_MS);
+                Decision::Defer { flush_at: last + WINDOW_MS }
+            }
         }
     }
 
     /// When the held report is due, if one is held.
     pub fn due(&self) -> Option<i64> {
-        self.pending.as_ref().map(|_| self.last_emit.map_or(0, |last| last + WINDOW_MS))
+        self.pending.as_ref().and(self.due)
     }
 
     /// The held report, if any, now due.
     pub fn flush(&mut self, now: i64) -> Option<Report> {
         let p = self.pending.take()?;
+        self.due = None;
         self.last_emit = Some(now);
         Some(p)
     }

@@ -30,7 +30,7 @@ use crate::types::{AgentToolOptions, RecoveryPolicy};
 use world::{Handler, Planned, Rng, TurnScript, World};
 
 /// Seeds that once found a bug, kept as regression cases.
-const REGRESSIONS: &[u64] = &[4, 44, 53, 109, 203, 263, 382, 1295, 1829, 2824, 162137, 305742];
+const REGRESSIONS: &[u64] = &[4, 44, 53, 109, 203, 263, 382, 1295, 1829, 2600, 2824, 3318, 7448, 8112, 162137, 305742];
 
 /// The simulated time a schedule runs for: long enough for every budget and stall to play out.
 const HORIZON_MS: i64 = 30 * 60 * 1000;
@@ -265,6 +265,14 @@ fn check_end(world: &mut World) -> Result<(), String> {
             })?;
         }
         let drained = !world.observed.drains_incomplete.contains(&run.run_id);
+        // Nothing is lost: a milestone the child reported is in the run's replay.
+        let reported = world.planned.iter().any(|p| p.run_id == run.run_id && p.script.milestone);
+        let milestone = mine
+            .iter()
+            .any(|f| f["event"]["body"].as_str().is_some_and(|b| b.contains(crate::protocol::chunk::MILESTONE_PART)));
+        if reported && run.status == RunStatus::Completed && drained && !milestone {
+            return Err(format!("run {}: the child's milestone is not in the replay", run.run_id));
+        }
         if run.status == RunStatus::Completed && run.event_delivery == crate::types::EventDelivery::Full && drained {
             let last = segments.last().expect("one");
             if Some(last.as_str()) != run.summary.as_deref() {

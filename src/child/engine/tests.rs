@@ -1,4 +1,5 @@
 use super::*;
+use crate::protocol::chunk::Progress;
 use crate::store::sqlite;
 use serde_json::json;
 
@@ -155,7 +156,9 @@ fn sealing_keeps_the_partial_and_a_new_start_runs_afresh() {
     let mut after = ChildEngine::new(RecoveryPolicy::Seal);
     let (inspection, actions) = after.inspect(&db, "r", false, 5).unwrap();
     assert!(begins(&actions).is_empty());
-    assert_eq!(inspection.unwrap().run.status, ChildStatus::Interrupted);
+    let run = inspection.unwrap().run;
+    assert_eq!(run.status, ChildStatus::Interrupted);
+    assert_eq!(run.error_message.as_deref(), Some(LOST_TURN), "sealed by the policy, retryable");
     let (reply, actions) = after.start(&db, &start("r"), 6).unwrap();
     assert_eq!((reply.created, reply.status.as_str()), (false, "running"));
     assert_eq!(begins(&actions), [2], "a new dispatch runs it afresh");
@@ -175,7 +178,59 @@ fn reruns_are_bounded() {
     engine = ChildEngine::new(RecoveryPolicy::Rerun);
     let (inspection, actions) = engine.inspect(&db, "r", false, 9).unwrap();
     assert!(begins(&actions).is_empty());
-    assert_eq!(inspection.unwrap().run.status, ChildStatus::Interrupted);
+    let run = inspection.unwrap().run;
+    assert_eq!(run.status, ChildStatus::Interrupted);
+    assert!(
+        run.error_message.unwrap().contains(&format!("{MAX_ATTEMPTS} times")),
+        "sealed for the bound, not the policy"
+    );
+}
+
+#[test]
+fn a_rerun_cut_short_before_it_streamed_begins_again_behind_one_marker() {
+    let db = db();
+    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    engine.start(&db, &start("r"), 1).unwrap();
+    emit_now(&mut engine, &db, "{\"partial\":1}".into());
+    // A restart: the rerun begins behind its marker; another restart before it streamed anything.
+    for at in [5, 6] {
+        engine = ChildEngine::new(RecoveryPolicy::Rerun);
+        assert_eq!(begins(&engine.inspect(&db, "r", false, at).unwrap().1), [2], "attempt 2, not a third");
+    }
+    let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, false, 7).unwrap();
+    let markers = tail.lines.iter().filter(|l| String::from_utf8_lossy(l).contains("\"k\":\"superseded\"")).count();
+    assert_eq!((tail.lines.len(), markers), (2, 1), "the partial chunk and one marker");
+    // The attempt's own stream starts after its marker.
+    let run = ChildRuns::new(&db).get("r").unwrap().unwrap();
+    assert_eq!(run.attempt_start, 2);
+}
+
+/// Who gets a chunk at a flush: the tails always; the child's own chat clients (a drill-in)
+/// when its chat stream is open, and an ordinary chunk only without `terminal` delivery.
+#[test]
+fn a_flush_sends_each_kind_where_it_belongs() {
+    let kinds = [(ChunkKind::Stored, "stored"), (ChunkKind::Progress, "progress"), (ChunkKind::Milestone, "milestone")];
+    for terminal_only in [false, true] {
+        for chat_open in [false, true] {
+            for (kind, name) in kinds {
+                let db = db();
+                let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+                let mut request = start("r");
+                request.terminal_only = terminal_only;
+                engine.start(&db, &request, 1).unwrap();
+                let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, false, 1).unwrap();
+                assert!(tail.subscriber.is_some());
+                engine.emit(&db, "r", kind, "{\"x\":1}".into(), None, chat_open).unwrap();
+                let actions = engine.flush(&db, "r", chat_open).unwrap();
+                let to_chat = actions.iter().any(|a| matches!(a, ChildAction::ChatSend { .. }));
+                let to_tail = actions.iter().any(|a| matches!(a, ChildAction::Send { .. }));
+                let case = format!("{name}, terminal {terminal_only}, chat open {chat_open}");
+                assert!(to_tail, "{case}: the tail always gets it");
+                let expected = chat_open && (kind != ChunkKind::Stored || !terminal_only);
+                assert_eq!(to_chat, expected, "{case}");
+            }
+        }
+    }
 }
 
 #[test]
@@ -191,4 +246,100 @@ fn a_turn_cut_short_before_it_said_anything_begins_again_as_the_same_attempt() {
     assert_eq!(inspection.unwrap().run.status, ChildStatus::Running);
     let (tail, _) = after.tail(&db, "r", -1, usize::MAX, false, 6).unwrap();
     assert!(tail.lines.is_empty(), "no marker: there is no earlier attempt to set apart");
+}
+
+fn progress(fraction: f64) -> Report {
+    Report { progress: Progress { fraction: Some(fraction), ..Progress::default() }, persist: false }
+}
+
+/// What the tails got, as chunk kinds and bodies' `type`s, in order.
+fn sent(actions: &[ChildAction]) -> Vec<String> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            ChildAction::Send { line, .. } => Some(line),
+            _ => None,
+        })
+        .flat_map(|line| String::from_utf8_lossy(line).lines().map(str::to_owned).collect::<Vec<_>>())
+        .map(|line| {
+            let line: serde_json::Value = serde_json::from_str(&line).unwrap();
+            let body: serde_json::Value = serde_json::from_str(line["b"].as_str().unwrap_or("{}")).unwrap();
+            format!(
+                "{}:{}",
+                line["k"].as_str().unwrap_or("stored"),
+                body["data"]["fraction"]
+                    .as_f64()
+                    .map_or_else(|| body["data"]["name"].as_str().unwrap_or_default().to_owned(), |f| f.to_string())
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn progress_is_coalesced_and_its_held_report_goes_out_at_the_engines_deadline() {
+    let db = db();
+    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    engine.start(&db, &start("r"), 1).unwrap();
+    let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, false, 1).unwrap();
+    assert!(tail.subscriber.is_some());
+    let mut out = Vec::new();
+    let mut report = |engine: &mut ChildEngine, r: Report, now: i64| {
+        engine.report_progress(&db, "r", r, false, &id, now).unwrap();
+        out.extend(engine.flush(&db, "r", false).unwrap());
+    };
+    report(&mut engine, progress(0.1), 1_000);
+    assert_eq!(engine.poll_timeout(), None, "nothing held");
+    report(&mut engine, progress(0.2), 1_050);
+    report(&mut engine, progress(0.3), 1_100);
+    assert_eq!(engine.poll_timeout(), Some(1_200), "the window's end holds the latest");
+    // A milestone is never held, and never coalesced.
+    report(&mut engine, Report { progress: Progress::milestone("m"), persist: false }, 1_150);
+    assert!(engine.handle_timeout(&db, &|_| false, &id, 1_199).unwrap().is_empty(), "not yet");
+    out.extend(engine.handle_timeout(&db, &|_| false, &id, 1_200).unwrap());
+    out.extend(engine.flush(&db, "r", false).unwrap());
+    assert_eq!(sent(&out), ["progress:0.1", "milestone:m", "progress:0.3"]);
+    assert_eq!(engine.poll_timeout(), None);
+    let inspection = engine.inspect(&db, "r", false, 1_300).unwrap().0.unwrap();
+    assert_eq!(inspection.milestones.iter().map(|m| (m.name.as_str(), m.sequence)).collect::<Vec<_>>(), [("m", 0)]);
+    assert_eq!(inspection.run.progress.unwrap()["fraction"], 0.3, "the latest snapshot is kept");
+}
+
+/// A database whose inserts into the stream log fail once.
+struct LogFailsOnce {
+    db: rusqlite::Connection,
+    armed: std::cell::Cell<bool>,
+}
+
+impl Sql for LogFailsOnce {
+    fn exec(&self, sql: &str, params: &[crate::store::Value]) -> Result<Vec<crate::store::Row>, StoreError> {
+        if self.armed.get() && sql.contains("INTO chat_stream_chunks") {
+            self.armed.set(false);
+            return Err(StoreError { message: "injected".into() });
+        }
+        self.db.exec(sql, params)
+    }
+
+    fn batch(&self, sql: &str) -> Result<(), StoreError> {
+        self.db.batch(sql)
+    }
+
+    fn atomically(&self, work: &mut dyn FnMut() -> Result<(), StoreError>) -> Result<(), StoreError> {
+        self.db.atomically(work)
+    }
+}
+
+#[test]
+fn a_failed_log_write_keeps_the_chunks_for_the_next_flush() {
+    let db = LogFailsOnce { db: db(), armed: std::cell::Cell::new(false) };
+    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    engine.start(&db, &start("r"), 1).unwrap();
+    engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":0}".into(), None, false).unwrap();
+    db.armed.set(true);
+    assert!(engine.flush(&db, "r", false).is_err(), "the failure is the caller's to report");
+    engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":1}".into(), None, false).unwrap();
+    engine.flush(&db, "r", false).unwrap();
+    let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, false, 2).unwrap();
+    let bodies: Vec<String> = tail.lines.iter().map(|l| String::from_utf8_lossy(l).into_owned()).collect();
+    assert_eq!(bodies.len(), 2, "both chunks, once each, in order: {bodies:?}");
+    assert!(bodies[0].contains("\"i\":0") && bodies[1].contains("\"i\":1"), "{bodies:?}");
 }

@@ -41,7 +41,10 @@ impl ParentEngine {
         input: Value,
         now: i64,
     ) -> (Admitted, Vec<ParentAction>) {
-        let (admitted, actions) = self.admit_one(sql, dispatch, input, false, now);
+        let (admitted, mut actions) = self.admit_one(sql, dispatch, input, false, now);
+        // A dispatch queued behind others while a slot is free (the queue could not be served
+        // before): the queue is served now, first come first served.
+        actions.extend(self.settle(sql, now));
         (admitted, self.account(actions))
     }
 

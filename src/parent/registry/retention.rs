@@ -10,7 +10,8 @@ pub(super) const RETENTION_BOUND: &str = "SELECT completed_at, run_id FROM agent
 
 /// The finished runs up to a bound on (completed_at, run_id), oldest first, at most `?3`: one
 /// range of the finished runs' index.
-pub(super) const RETENTION_RANGE: &str = "SELECT run_id FROM agent_tool_runs WHERE status NOT IN ('starting', 'running') \
+pub(super) const RETENTION_RANGE: &str =
+    "SELECT run_id FROM agent_tool_runs WHERE status NOT IN ('starting', 'running') \
     AND completed_at <= ?1 AND (completed_at < ?1 OR run_id <= ?2) ORDER BY completed_at, run_id LIMIT ?3";
 
 impl<'a, S: Sql + ?Sized> Registry<'a, S> {

@@ -1,5 +1,5 @@
-use super::*;
 use super::retention::{RETENTION_BOUND, RETENTION_RANGE};
+use super::*;
 use crate::protocol::AgentToolEvent;
 use crate::store::sqlite;
 use crate::types::EventDelivery;

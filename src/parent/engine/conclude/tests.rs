@@ -139,3 +139,25 @@ fn a_notice_is_posted_once_and_settles_its_delivery() {
     assert_eq!(messages[0]["role"], "user");
     assert!(Registry::new(&db).get("r").unwrap().unwrap().detached.unwrap().finish.delivered_at.is_some());
 }
+
+#[test]
+fn a_cleared_run_dispatched_again_posts_its_own_notices() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    db.batch(crate::chat::store::SCHEMA).unwrap();
+    let notify = || Some(DetachedOptions { notify: true, ..DetachedOptions::default() });
+    let notice_of = |actions: &[ParentAction]| {
+        actions.iter().find_map(|a| match a {
+            ParentAction::Notice(n) => Some(n.clone()),
+            _ => None,
+        })
+    };
+    let first = notice_of(&ended(&db, &mut engine, notify())).unwrap();
+    engine.post_notice(&db, first.clone(), "first".into(), 20);
+    let cleared = engine.clear(&db, &crate::types::ClearFilter::default(), 30).result.unwrap();
+    assert_eq!(cleared.runs, ["r"]);
+    engine.handle(&db, ParentEvent::ChildCleared { run_id: "r".into(), result: Ok(()) }, 31);
+    let second = notice_of(&ended(&db, &mut engine, notify())).unwrap();
+    assert_ne!(second.id, first.id, "a new run under the old id: {}", second.id);
+    let posted = engine.post_notice(&db, second, "second".into(), 40);
+    assert!(posted.contains(&ParentAction::Transcript), "posted, not taken for the old one's");
+}

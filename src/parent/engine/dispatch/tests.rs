@@ -151,3 +151,40 @@ fn a_queued_dispatch_is_admitted_when_a_slot_frees_and_an_abandoned_one_writes_n
     let ids: Vec<String> = Registry::new(&db).all().unwrap().into_iter().map(|r| r.run_id).collect();
     assert_eq!(ids, ["a", "b"], "c was never written");
 }
+
+#[test]
+fn a_new_dispatch_never_passes_the_queue_even_when_a_slot_is_free() {
+    let options = AgentToolOptions { max_concurrent: Some(1), admission: Admission::Queue, ..Default::default() };
+    let (db, mut engine) = engine(options);
+    let db =
+        FailOn { db, pattern: "SELECT COUNT(*) FROM agent_tool_runs WHERE status IN", times: std::cell::Cell::new(0) };
+    engine.dispatch(&db, awaited(new_run("a", &json!(1))), json!(1), 10);
+    assert_eq!(admitted_name(&engine.dispatch(&db, awaited(new_run("b", &json!(2))), json!(2), 11).0), "queued");
+    // `a` ends, but the queue cannot be served this time (a failed read): a slot is free.
+    db.times.set(1);
+    engine.cancel(&db, "a", None, 12);
+    assert_eq!(Registry::new(&db).live_count().unwrap(), 0);
+    // A newcomer waits behind `b`, and `b` gets the slot first.
+    let (admitted, actions) = engine.dispatch(&db, awaited(new_run("c", &json!(3))), json!(3), 13);
+    assert_eq!(admitted_name(&admitted), "queued");
+    assert!(gen_of(&actions, "start", "b").is_some(), "the queue is served first: {actions:?}");
+}
+
+#[test]
+fn a_run_id_of_another_class_is_refused_whatever_its_state() {
+    for finished in [false, true] {
+        let (db, mut engine) = engine(AgentToolOptions::default());
+        dispatch(&mut engine, &db, "r", json!(1));
+        if finished {
+            engine.cancel(&db, "r", None, 11);
+        }
+        let before = Registry::new(&db).get("r").unwrap();
+        let mut other = new_run("r", &json!(1));
+        other.agent_type = "Other".into();
+        let (admitted, actions) = engine.dispatch(&db, awaited(other), json!(1), 12);
+        let Admitted::Refused(why) = admitted else { panic!("finished {finished}: {admitted:?}") };
+        assert!(why.contains("already belongs to a Child run"), "{why}");
+        assert!(actions.is_empty());
+        assert_eq!(Registry::new(&db).get("r").unwrap(), before, "nothing written");
+    }
+}

@@ -109,3 +109,17 @@ fn the_backbone_gives_up_on_an_exhausted_budget_and_records_a_late_completion() 
     engine.handle(&db, end(tail, "r"), 2_400);
     assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Completed);
 }
+
+#[test]
+fn a_recovery_pass_moves_on_when_the_run_it_waits_on_is_concluded_meanwhile() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    started(&db, &mut engine, "a", None);
+    started(&db, &mut engine, "b", None);
+    let mut engine = ParentEngine::new("Parent", AgentToolOptions::default(), 2);
+    let actions = engine.wake(&db, 100);
+    assert!(gen_of(&actions, "inspect", "a").is_some());
+    // `a` is cancelled while its inspection is under way: its answer will never be heard,
+    // and the pass goes on to `b` at once.
+    let actions = engine.cancel(&db, "a", None, 101).actions;
+    assert!(gen_of(&actions, "inspect", "b").is_some(), "{actions:?}");
+}
