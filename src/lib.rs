@@ -137,6 +137,35 @@ mod public_api_tests {
         assert!(rust_blocks >= 2, "the README shows the library's code");
     }
 
+    /// The tests a README table names (`module::tests::name`, or `tests::name` under the module
+    /// named before it in the row) exist: a table of guards cannot point at a test that is gone.
+    #[test]
+    fn every_test_the_readme_names_exists() {
+        let readme = include_str!("../README.md");
+        let table = &readme[readme.find("### The contract's guards").expect("the guards table")..];
+        let table = &table[..table[4..].find("\n## ").map_or(table.len(), |end| end + 4)];
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut sources = String::new();
+        let mut dirs = vec![src];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(dir).expect("src") {
+                let path = entry.expect("entry").path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    sources.push_str(&std::fs::read_to_string(path).expect("readable"));
+                }
+            }
+        }
+        let mut named = 0;
+        for cell in table.split('`').skip(1).step_by(2) {
+            let Some((_, name)) = cell.rsplit_once("tests::") else { continue };
+            named += 1;
+            assert!(sources.contains(&format!("fn {name}(")), "the README names a test that does not exist: {cell}");
+        }
+        assert!(named >= 25, "the guards table names the tests ({named})");
+    }
+
     /// The demo is built as another Worker would be: it names only public items.
     #[test]
     fn the_demo_uses_the_public_api_only() {

@@ -1,0 +1,30 @@
+#!/usr/bin/env python3
+"""Removes each guard of guards.py in turn, runs the native tests (`cargo test --lib`, the
+simulation at SIM_SCHEDULES schedules, 3 000 by default), restores it, and prints which tests
+failed: a guard no test misses is listed with nothing after its arrow. Arguments: the indexes of
+the guards to try (all by default). Results also go to target/guards.json."""
+import subprocess, sys, os, re, json
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from guards import GUARDS
+os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
+env = dict(os.environ, SIM_SCHEDULES=os.environ.get('SIM_SCHEDULES', '3000'))
+results = []
+only = sys.argv[1:]
+for i, (name, f, old, new) in enumerate(GUARDS):
+    if only and str(i) not in only:
+        continue
+    src = open(f).read()
+    if old not in src:
+        results.append((name, 'PATTERN NOT FOUND', []))
+        print(name, 'PATTERN NOT FOUND', flush=True)
+        continue
+    open(f, 'w').write(src.replace(old, new, 1))
+    try:
+        out = subprocess.run(['cargo', 'test', '--lib'], env=env, capture_output=True, text=True, timeout=1200).stdout
+    finally:
+        open(f, 'w').write(src)
+    failed = re.findall(r'^test (\S+) \.\.\. FAILED', out, re.M)
+    seeds = re.findall(r'seed (\d+) broke an invariant: (.*)', out)
+    results.append((name, 'caught' if failed else 'MISSED', failed, seeds[:2]))
+    print(name, '->', failed, seeds[:1], flush=True)
+json.dump(results, open(os.path.join('target', 'guards.json'), 'w'), indent=1)
