@@ -6,13 +6,11 @@
 //! of its own. [`crate::durable_object!`] turns an agent into its Durable Object class.
 
 use serde_json::Value;
-use worker::{Env, Request, Response};
 
+use crate::host::{AgentHost, Env, HttpRequest, HttpResponse, Turn, TurnOutput};
 use crate::llm::{Model, ModelError};
 use crate::observability::ObservabilityEvent;
 use crate::platform::model::ModelProvider;
-use crate::platform::AgentHost;
-use crate::platform::{Turn, TurnOutput};
 use crate::tools::Tools;
 #[allow(unused_imports)] // re-exported: the settings an agent declares
 pub use crate::types::{Admission, AgentClass, AgentToolOptions, RecoveryPolicy, Retention};
@@ -70,12 +68,12 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
     /// (its RPC calls reach [`Agent::call`], which serves only the methods it matches).
     ///
     /// ```
-    /// # use agent_tools::{Agent, AgentHost, Refusal};
+    /// # use agent_tools::{Agent, AgentHost, HttpRequest, Refusal};
     /// # #[derive(Default)] struct Planner;
     /// # impl agent_tools::AgentClass for Planner { const CLASS: &'static str = "Planner"; const BINDING: &'static str = "Planner"; }
     /// impl Agent for Planner {
-    ///     async fn authorize(&self, host: &AgentHost<Self>, request: &worker::Request) -> Result<(), Refusal> {
-    ///         let expected = host.env().secret("ACCESS_TOKEN").map(|s| s.to_string()).ok();
+    ///     async fn authorize(&self, host: &AgentHost<Self>, request: &HttpRequest) -> Result<(), Refusal> {
+    ///         let expected = host.env().var("ACCESS_TOKEN");
     ///         let given = agent_tools::RequestUrl::of(request).query("token");
     ///         match expected {
     ///             Some(token) if given.as_deref() != Some(token.as_str()) => Err(Refusal::unauthorized("a valid token is required")),
@@ -84,7 +82,7 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
     ///     }
     /// }
     /// ```
-    async fn authorize(&self, host: &AgentHost<Self>, request: &Request) -> Result<(), Refusal> {
+    async fn authorize(&self, host: &AgentHost<Self>, request: &HttpRequest) -> Result<(), Refusal> {
         let _ = (host, request);
         Ok(())
     }
@@ -101,7 +99,7 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
     /// path is the agent's (`/agents/<agent>/<name>/<rest>`); a body has been read into memory
     /// (up to 1 MiB). The default answers a JSON 405 for other methods on the agent itself and
     /// a JSON 404 for anything else.
-    async fn on_request(&self, host: &AgentHost<Self>, request: Request) -> worker::Result<Response> {
+    async fn on_request(&self, host: &AgentHost<Self>, request: HttpRequest) -> HttpResponse {
         host.default_response(&request)
     }
 
@@ -191,15 +189,14 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
     async fn on_before_sub_agent(
         &self,
         host: &AgentHost<Self>,
-        request: &Request,
+        request: &HttpRequest,
         child: &SubAgent,
-    ) -> Option<Response> {
+    ) -> Option<HttpResponse> {
         let _ = request;
         if host.has_agent_tool_run_of(&child.class, &child.name) {
             return None;
         }
-        crate::platform::json_error(404, format!("no {} run {:?} on this {}", child.class, child.name, Self::CLASS))
-            .ok()
+        Some(crate::host::json_error(404, format!("no {} run {:?} on this {}", child.class, child.name, Self::CLASS)))
     }
 
     // ----- as a child -------------------------------------------------------------------

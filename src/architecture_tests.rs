@@ -9,20 +9,23 @@
 //! types                                              options, statuses, results: the contract's data
 //! llm  chat                                          the model seam, the chat core
 //! parent  child                                      the engines: events and time in, actions out
-//! agent  tools  platform  macros  wrangler_check     the edge: what an author implements and the
-//!                                                    host that binds it to a Durable Object
+//! agent  tools  host  platform  macros  wrangler_check
+//!                                                    the edge: what an author implements, the
+//!                                                    host that binds it to one object over `Io`,
+//!                                                    and the `Io` of a Durable Object
 //! ```
 //!
 //! The edge is one layer on purpose: the `Agent` trait's hooks receive the `AgentHost` that runs
-//! them, so the trait (`agent.rs`) and its host (`platform/`) name each other, as a trait and the
-//! type it is implemented for often do. Everything below the edge is acyclic, and nothing below it
-//! names the edge or the `worker` crate.
+//! them, so the trait (`agent.rs`) and its host (`host/`) name each other, as a trait and the type
+//! it is implemented for often do. Everything below the edge is acyclic, and nothing below it
+//! names the edge or the `worker` crate. Within the edge, the host reaches the platform only
+//! through its `Io` (it never names `platform`), so the same host runs natively in the test kit.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Modules that make up the edge (one node of the graph).
-const EDGE: &[&str] = &["agent", "tools", "platform", "macros", "wrangler_check"];
+const EDGE: &[&str] = &["agent", "tools", "host", "platform", "macros", "wrangler_check"];
 
 /// Modules that must not name the edge nor the platform's crates.
 const BELOW_THE_EDGE: &[&str] =
@@ -114,6 +117,14 @@ fn nothing_below_the_edge_names_the_edge_or_the_platform() {
         assert!(edge.is_empty(), "{module} names the edge: {edge:?}");
         assert!(crates.is_empty(), "{module} names the platform's crates: {crates:?}");
     }
+}
+
+#[test]
+fn the_host_reaches_the_platform_only_through_io() {
+    let graph = module_graph();
+    let (deps, _) = graph.get("host").expect("a host module");
+    assert!(!deps.contains("platform"), "the host names the platform: {deps:?}");
+    assert!(graph["platform"].0.contains("host"), "the platform binds the host (this check sees the graph)");
 }
 
 /// The modules of `edges` that cannot be ordered bottom to top (Kahn's algorithm): those on a

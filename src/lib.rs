@@ -72,6 +72,7 @@ mod agent;
 mod cancel;
 mod chat;
 mod child;
+mod host;
 mod llm;
 mod macros;
 pub mod observability;
@@ -81,6 +82,7 @@ mod protocol;
 mod routing;
 mod schedule;
 mod schema;
+pub mod sql;
 mod store;
 mod tools;
 mod types;
@@ -124,7 +126,7 @@ mod public_api_tests {
     #[test]
     fn the_readmes_code_is_compiled() {
         let readme = include_str!("../README.md");
-        let compiled: Vec<String> = [include_str!("lib.rs"), include_str!("platform/parent/dispatch.rs")]
+        let compiled: Vec<String> = [include_str!("lib.rs"), include_str!("host/parent/dispatch.rs")]
             .iter()
             .flat_map(|s| doc_blocks(s))
             .collect();
@@ -205,8 +207,8 @@ pub mod model {
 
 pub use agent::{Agent, Refusal, SubAgent};
 pub use cancel::{CancelToken, Cancelled};
+pub use host::{json_error, json_response, sleep, AgentHost, Env, HttpRequest, HttpResponse, Turn, TurnOutput};
 pub use platform::route::{route, Routes, MAX_BODY_BYTES};
-pub use platform::{AgentHost, Turn, TurnOutput};
 pub use routing::RequestUrl;
 pub use tools::{AgentTool, Tool, ToolContext, Tools};
 pub use types::{
@@ -220,11 +222,11 @@ pub use types::{
 /// [`AgentToolOptions`] fields.
 pub mod limits {
     pub use crate::chat::protocol::{MAX_QUEUED_TURNS, MAX_WAITING_TURNS};
+    pub use crate::host::child::{TAIL_PAGE, TAIL_QUEUE};
     pub use crate::llm::sse::MAX_SSE_LINE_BYTES;
     pub use crate::parent::engine::MAX_CHILD_CLEAR_ATTEMPTS;
     pub use crate::parent::engine::{MAX_DISPLAY_BYTES, MAX_INPUT_BYTES, RETENTION_BATCH};
     pub use crate::parent::registry::{MAX_TOMBSTONES, REPLAY_PAGE_FRAMES, REPLAY_PAGE_RUNS};
-    pub use crate::platform::child::{TAIL_PAGE, TAIL_QUEUE};
     pub use crate::platform::route::MAX_BODY_BYTES;
     pub use crate::protocol::tail::MAX_TAIL_LINE_BYTES;
 }

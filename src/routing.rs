@@ -71,6 +71,35 @@ pub fn parse_agent_path(path: &str) -> Option<AgentPath> {
     Some(AgentPath { agent: (*agent).to_owned(), name: (*name).to_owned(), sub, rest })
 }
 
+/// Where the Worker's entry sends a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RouteTarget {
+    /// The agent class.
+    pub(crate) class: &'static str,
+    /// Its Durable Object binding.
+    pub(crate) binding: &'static str,
+    /// The instance name.
+    pub(crate) name: String,
+}
+
+/// Where the Worker's entry sends a request: the agent class among `agents` (`(class,
+/// binding)` pairs) its path names, and the instance name. A refusal is an HTTP status and its
+/// message: 404 for another path or an agent the entry does not route, 400 for a name over 512
+/// bytes. The Worker's entry and the test kit route with it.
+pub(crate) fn route_target(path: &str, agents: &[(&'static str, &'static str)]) -> Result<RouteTarget, (u16, String)> {
+    let Some(parsed) = parse_agent_path(path) else {
+        return Err((404, format!("no route for {path}; agents live at /agents/<agent>/<name>")));
+    };
+    let Some(&(class, binding)) = agents.iter().find(|(class, _)| kebab_case(class) == parsed.agent) else {
+        let known: Vec<String> = agents.iter().map(|(c, _)| kebab_case(c)).collect();
+        return Err((404, format!("unknown agent {:?}; this Worker serves {known:?}", parsed.agent)));
+    };
+    if parsed.name.len() > 512 {
+        return Err((400, "agent name is longer than 512 bytes".into()));
+    }
+    Ok(RouteTarget { class, binding, name: parsed.name })
+}
+
 /// An absolute request URL (`https://host:port/path?query#fragment`) split into its host, path
 /// and query: what the crate's routes read, and what [`crate::Agent::authorize`] usually needs.
 /// The runtime hands every request's URL over already parsed and serialized, so splitting it is
@@ -95,6 +124,11 @@ pub struct RequestUrl {
 }
 
 impl RequestUrl {
+    /// The URL of `request` (an absolute one, as the runtime gives every request).
+    pub fn of<B>(request: &http::Request<B>) -> Self {
+        Self::new(request.uri().to_string())
+    }
+
     /// Splits `url`.
     pub fn new(url: String) -> Self {
         let authority_at = url.find("://").map_or(0, |i| i + 3);

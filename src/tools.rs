@@ -13,10 +13,10 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::agent::Agent;
+use crate::host::AgentHost;
+use crate::host::Turn;
 use crate::llm::{ToolCall, ToolSpec};
 use crate::parent::agent_tool::schema_for;
-use crate::platform::AgentHost;
-use crate::platform::Turn;
 use crate::protocol::chunk::Progress;
 
 pub use crate::parent::agent_tool::AgentTool;
@@ -95,12 +95,12 @@ impl<'a, A: Agent> ToolContext<'a, A> {
     pub fn report_progress(&self, progress: Progress) {
         match self.turn {
             Some(turn) => turn.report_progress(progress),
-            None => worker::console_warn!("agent-tools: report_progress outside an agent-tool run is ignored"),
+            None => self.host.log_error("agent-tools: report_progress outside an agent-tool run is ignored"),
         }
     }
 }
 
-use crate::platform::hooks::LocalFuture;
+use crate::host::LocalFuture;
 
 /// A [`Tool`] with its types erased, so tools of different types share one list.
 pub(crate) trait DynTool<A: Agent> {

@@ -3,14 +3,15 @@
 //! `hooks`).
 
 use agent_tools::prelude::*;
+use agent_tools::sql::Value as SqlValue;
 use agent_tools::{
     Admission, CancelToken, ClearFilter, EventDelivery, MilestoneMode, OnMilestones, ProgressSnapshot, Refusal,
     RunInfo, RunStatus, ScheduledTask,
 };
+use agent_tools::{Env, HttpRequest};
 use futures::future::join_all;
 use schemars::JsonSchema;
 use serde_json::{json, Value};
-use worker::{Env, SqlStorageValue};
 
 use super::children::{Researcher, Summarizer};
 use super::setting;
@@ -92,13 +93,13 @@ fn log_hook(host: &AgentHost<Assistant>, run_id: &str, hook: &str, status: Optio
 
 fn log_row(host: &AgentHost<Assistant>, run_id: &str, hook: &str, status: Option<&str>) {
     if setting(host.env(), "QUIET_HOOKS").as_deref() != Some("1") {
-        worker::console_log!("{}", json!({ "type": "demo:hook", "runId": run_id, "hook": hook, "status": status }));
+        host.log(&json!({ "type": "demo:hook", "runId": run_id, "hook": hook, "status": status }).to_string());
     }
     let sql = host.sql();
-    let _ = sql.exec(HOOK_LOG, None);
-    let bindings = vec![run_id.into(), hook.into(), status.map_or(SqlStorageValue::Null, Into::into)];
-    let _ = sql.exec("INSERT INTO demo_hook_log (run_id, hook, status) VALUES (?, ?, ?)", Some(bindings));
-    let _ = sql.exec("DELETE FROM demo_hook_log WHERE n <= last_insert_rowid() - ?", Some(vec![HOOK_LOG_ROWS.into()]));
+    let _ = sql.exec(HOOK_LOG, &[]);
+    let bindings = [run_id.into(), hook.into(), status.map_or(SqlValue::Null, Into::into)];
+    let _ = sql.exec("INSERT INTO demo_hook_log (run_id, hook, status) VALUES (?, ?, ?)", &bindings);
+    let _ = sql.exec("DELETE FROM demo_hook_log WHERE n <= last_insert_rowid() - ?", &[HOOK_LOG_ROWS.into()]);
 }
 
 impl Agent for Assistant {
@@ -154,14 +155,13 @@ impl Agent for Assistant {
     /// With `ACCESS_TOKEN` set (a var or a secret), every request and socket must carry it:
     /// `?token=…` (the page passes its own `?token=` on through `useAgent({ query })`) or
     /// `Authorization: Bearer …`. Unset (the default), everyone gets in.
-    async fn authorize(&self, host: &AgentHost<Self>, request: &worker::Request) -> Result<(), Refusal> {
+    async fn authorize(&self, host: &AgentHost<Self>, request: &HttpRequest) -> Result<(), Refusal> {
         let Some(expected) = setting(host.env(), "ACCESS_TOKEN") else { return Ok(()) };
         let from_query = agent_tools::RequestUrl::of(request).query("token");
         let from_header = request
             .headers()
             .get("authorization")
-            .ok()
-            .flatten()
+            .and_then(|h| h.to_str().ok())
             .and_then(|h| h.strip_prefix("Bearer ").map(str::to_owned));
         match from_query.or(from_header) {
             Some(given) if constant_time_eq(given.as_bytes(), expected.as_bytes()) => Ok(()),
@@ -213,7 +213,7 @@ impl Agent for Assistant {
                     .run_id(research.run_id);
                 host.run_agent_tool_detached::<Researcher>(options, DetachedOptions::default()).await;
             }
-            Err(e) => worker::console_error!("demo: {e}"),
+            Err(e) => host.log_error(&format!("demo: {e}")),
         }
     }
 
@@ -269,18 +269,11 @@ impl Agent for Assistant {
             }
             "hooks" => {
                 let sql = host.sql();
-                let _ = sql.exec(HOOK_LOG, None);
-                #[derive(serde::Deserialize)]
-                struct Row {
-                    run_id: String,
-                    hook: String,
-                    status: Option<String>,
-                }
-                let rows: Vec<Row> = sql
-                    .exec("SELECT run_id, hook, status FROM demo_hook_log ORDER BY n", None)
-                    .and_then(|c| c.to_array())
+                let _ = sql.exec(HOOK_LOG, &[]);
+                let rows = sql
+                    .exec("SELECT run_id, hook, status FROM demo_hook_log ORDER BY n", &[])
                     .map_err(|e| e.to_string())?;
-                Ok(rows.iter().map(|r| json!({ "runId": r.run_id, "hook": r.hook, "status": r.status })).collect())
+                Ok(rows.iter().map(|r| json!({ "runId": r.text(0), "hook": r.text(1), "status": r.text(2) })).collect())
             }
             other => Err(format!("Method {other} does not exist")),
         }
@@ -356,8 +349,9 @@ async fn research(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, Stri
         if ms == 0 {
             signal.cancel(Some("cancelled before the dispatch".into()));
         }
-        host.state().wait_until(async move {
-            worker::Delay::from(std::time::Duration::from_millis(ms)).await;
+        let wait = host.sleep(ms);
+        host.spawn(async move {
+            wait.await;
             deadline.cancel(Some(format!("no result within {ms} ms")));
         });
         signal

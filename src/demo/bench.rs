@@ -12,8 +12,8 @@
 //! - `{op: "memory"}`: the size of the isolate's WebAssembly memory (one instance serves every
 //!   object of the Worker), in bytes.
 
+use agent_tools::sql::Value as SqlValue;
 use serde_json::{json, Value};
-use worker::SqlStorageValue;
 
 use super::assistant::Assistant;
 use super::children::Researcher;
@@ -24,9 +24,11 @@ const TABLE: &str = "CREATE TABLE IF NOT EXISTS bench_rows (n INTEGER PRIMARY KE
 
 /// Serves one `bench` call.
 pub(crate) async fn bench(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, String> {
+    let (Some(env), Some(state)) = (host.env().worker(), host.state()) else {
+        return Err("bench measures the Workers runtime: it runs in a Worker only".into());
+    };
     let stub_named = |name: &str| {
-        host.env()
-            .durable_object(<Researcher as AgentClass>::BINDING)
+        env.durable_object(<Researcher as AgentClass>::BINDING)
             .and_then(|ns| ns.id_from_name(name)?.get_stub())
             .map_err(|e| e.to_string())
     };
@@ -54,7 +56,7 @@ pub(crate) async fn bench(host: &AgentHost<Assistant>, arg: Value) -> Result<Val
         }
         Some("blast") => {
             let n = arg.get("n").and_then(Value::as_u64).unwrap_or(1000).min(1_000_000);
-            let sockets = host.state().get_websockets();
+            let sockets = state.get_websockets();
             for i in 0..n {
                 let frame = format!(
                     r#"{{"type":"bench-blast","i":{i},"body":"{{\"type\":\"text-delta\",\"id\":\"t\",\"delta\":\" word\"}}"}}"#
@@ -69,32 +71,23 @@ pub(crate) async fn bench(host: &AgentHost<Assistant>, arg: Value) -> Result<Val
             let n = arg.get("n").and_then(Value::as_u64).unwrap_or(10_000).min(1_000_000) as i64;
             let bytes = arg.get("bytes").and_then(Value::as_u64).unwrap_or(80).min(100_000) as usize;
             let sql = host.sql();
-            sql.exec(TABLE, None).map_err(|e| e.to_string())?;
-            sql.exec("DELETE FROM bench_rows", None).map_err(|e| e.to_string())?;
-            let body: SqlStorageValue = "x".repeat(bytes).into();
+            sql.exec(TABLE, &[]).map_err(|e| e.to_string())?;
+            sql.exec("DELETE FROM bench_rows", &[]).map_err(|e| e.to_string())?;
+            let body: SqlValue = "x".repeat(bytes).into();
             sql.exec(
                 "WITH RECURSIVE k(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM k WHERE n < ?) \
                  INSERT INTO bench_rows (n, body) SELECT n, ? FROM k",
-                Some(vec![n.into(), body]),
+                &[n.into(), body],
             )
             .map_err(|e| e.to_string())?;
             Ok(json!({ "seeded": n }))
         }
         Some("read") => {
-            #[derive(serde::Deserialize)]
-            struct Row {
-                n: i64,
-                body: String,
-            }
-            let rows: Vec<Row> = host
-                .sql()
-                .exec("SELECT n, body FROM bench_rows ORDER BY n", None)
-                .and_then(|c| c.to_array())
-                .map_err(|e| e.to_string())?;
-            let sockets = host.state().get_websockets();
+            let rows = host.sql().exec("SELECT n, body FROM bench_rows ORDER BY n", &[]).map_err(|e| e.to_string())?;
+            let sockets = state.get_websockets();
             for row in &rows {
-                let frame = json!({ "type": "bench-read", "sequence": row.n,
-                                    "event": { "kind": "chunk", "runId": "bench", "body": row.body } });
+                let frame = json!({ "type": "bench-read", "sequence": row.int(0),
+                                    "event": { "kind": "chunk", "runId": "bench", "body": row.text(1) } });
                 let frame = frame.to_string();
                 for ws in &sockets {
                     let _ = ws.send_with_str(&frame);

@@ -1,12 +1,10 @@
 //! The demo's child agents.
 
-use std::time::Duration;
-
 use agent_tools::model::{Model, ModelError, ModelEvent, ModelProvider, ModelRequest};
 use agent_tools::prelude::*;
+use agent_tools::Env;
 use agent_tools::RecoveryPolicy;
 use serde_json::{json, Value};
-use worker::{Delay, Env};
 
 use super::setting;
 
@@ -53,16 +51,16 @@ impl Model for Paced {
         for (n, event) in events.enumerate() {
             let paced = matches!(event, ModelEvent::TextDelta(_) | ModelEvent::ToolCallStart { .. });
             if paced && offline.delay_ms > 0 {
-                Delay::from(Duration::from_millis(offline.delay_ms)).await;
+                agent_tools::sleep(offline.delay_ms).await;
             } else if n % 256 == 255 {
                 // With no pace, yield now and then, as a provider's stream does between reads.
-                Delay::from(Duration::ZERO).await;
+                agent_tools::sleep(0).await;
             }
             let delta = matches!(event, ModelEvent::TextDelta(_));
             on_event(event);
             if n == 0 && long && offline.delay_ms == 0 {
                 // A long answer's first event goes out at once, as a provider's first token does.
-                Delay::from(Duration::ZERO).await;
+                agent_tools::sleep(0).await;
             }
             if delta {
                 words += 1;
@@ -72,7 +70,7 @@ impl Model for Paced {
                     }
                 }
                 if self.stall_after == Some(words) {
-                    Delay::from(Duration::from_millis(self.stall_ms)).await;
+                    agent_tools::sleep(self.stall_ms).await;
                 }
             }
         }
@@ -142,12 +140,19 @@ impl Agent for Researcher {
         if let Some(ms) = turn.input().get("hangMs").and_then(Value::as_u64) {
             // A hung child: nothing reaches this Durable Object (not even an inspection) for
             // `hangMs`, as when it is stuck; the rest of the Worker goes on.
-            let hang = Delay::from(Duration::from_millis(ms.min(25_000)));
-            let hung = turn.host().state().block_concurrency_while(async move {
-                hang.await;
-                Ok(())
-            });
-            let _ = hung.await;
+            let hang = turn.host().sleep(ms.min(25_000));
+            match turn.host().state() {
+                Some(state) => {
+                    let _ = state
+                        .block_concurrency_while(async move {
+                            hang.await;
+                            Ok(())
+                        })
+                        .await;
+                }
+                // Natively there is no input gate to hold: the turn only waits.
+                None => hang.await,
+            }
         }
         turn.report_progress(step(0.6, "writing", "Writing the findings"));
         let out = turn.chat().await?;

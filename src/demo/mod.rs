@@ -25,7 +25,6 @@ async fn fetch(req: worker::Request, env: worker::Env, _ctx: worker::Context) ->
 }
 
 /// A var or secret of the Worker, if set and not empty.
-fn setting(env: &worker::Env, name: &str) -> Option<String> {
-    let value = env.var(name).map(|v| v.to_string()).or_else(|_| env.secret(name).map(|s| s.to_string())).ok()?;
-    (!value.is_empty()).then_some(value)
+fn setting(env: &agent_tools::Env, name: &str) -> Option<String> {
+    env.var(name)
 }

@@ -1,23 +1,17 @@
-//! The edge: every touch of the Workers platform lives here.
-//!
-//! Durable Object SQL behind [`crate::store::Sql`], the clock, ids, JSON responses, and
-//! [`AgentHost`], which binds the parent and child logic to a Durable Object, its WebSockets,
-//! its alarm and its children's stubs.
+//! The Workers platform beneath the host: every touch of `worker`, `js_sys` and `wasm_bindgen`
+//! lives here. Durable Object SQL behind [`crate::store::Sql`], the Durable Object as the host's
+//! [`crate::host::Io`] (`worker_io.rs`: its clock, sockets, alarm, `wait_until` and children's
+//! stubs), the calls between parent and child as HTTP (`child_http.rs`), the Durable Object's
+//! events turned into the host's (`entry.rs`), the router, and the model providers' HTTP.
 
-pub(crate) mod chat;
-pub(crate) mod child;
-pub(crate) mod hooks;
-pub(crate) mod host;
+mod child_http;
+mod entry;
 pub(crate) mod model;
-pub(crate) mod parent;
 pub(crate) mod route;
-pub(crate) mod tools;
+mod worker_io;
 
 use serde_json::json;
 use worker::{Response, SqlStorage, SqlStorageValue};
-
-pub use child::{Turn, TurnOutput};
-pub use host::AgentHost;
 
 use crate::store::{Row, Sql, StoreError, Value};
 
@@ -116,16 +110,6 @@ impl Sql for DoSql {
             (Err(e), None) => Err(StoreError { message: format!("transactionSync failed: {e:?}") }),
         }
     }
-}
-
-/// Milliseconds since the epoch.
-pub(crate) fn now_ms() -> i64 {
-    js_sys::Date::now() as i64
-}
-
-/// A random v4 UUID (`getrandom` reads `crypto.getRandomValues` in a Worker).
-pub(crate) fn random_id() -> String {
-    uuid::Uuid::new_v4().to_string()
 }
 
 /// A JSON body, parsed by `serde_json` from its text. `worker`'s own `json()` parses with JS's

@@ -52,12 +52,11 @@ impl std::fmt::Debug for WorkersAiConfig {
 }
 
 /// A var or secret, if set and non-empty.
-pub fn setting(env: &Env, name: &str) -> Option<String> {
-    let value = env.var(name).map(|v| v.to_string()).or_else(|_| env.secret(name).map(|s| s.to_string())).ok()?;
-    (!value.is_empty()).then_some(value)
+pub fn setting(env: &crate::Env, name: &str) -> Option<String> {
+    env.var(name)
 }
 
-fn number(env: &Env, name: &str) -> Option<u64> {
+fn number(env: &crate::Env, name: &str) -> Option<u64> {
     setting(env, name).and_then(|v| v.parse().ok())
 }
 
@@ -73,7 +72,7 @@ impl ModelProvider {
     /// | `MODEL_STALL_TIMEOUT_MS` | give up when no byte arrives for this long | `30000` |
     /// | `WORKERS_AI_MODEL` | model for the `AI` binding | `@cf/meta/llama-3.3-70b-instruct-fp8-fast` |
     /// | `OFFLINE_WORDS`, `OFFLINE_DELAY_MS` | the offline model's answer length and pace | `24`, `60` |
-    pub fn from_env(env: &Env) -> Result<Self, ModelError> {
+    pub fn from_env(env: &crate::Env) -> Result<Self, ModelError> {
         let stall_timeout_ms = number(env, "MODEL_STALL_TIMEOUT_MS").unwrap_or(30_000);
         match setting(env, "MODEL_PROVIDER").as_deref().unwrap_or("offline") {
             "offline" => {
@@ -94,7 +93,10 @@ impl ModelProvider {
                 model: setting(env, "WORKERS_AI_MODEL")
                     .unwrap_or_else(|| "@cf/meta/llama-3.3-70b-instruct-fp8-fast".into()),
                 stall_timeout_ms,
-                env: env.clone(),
+                env: env
+                    .worker()
+                    .cloned()
+                    .ok_or_else(|| ModelError::Config("Workers AI needs a Worker's AI binding".into()))?,
             })),
             other => Err(ModelError::Config(format!(
                 "MODEL_PROVIDER is {other:?}; use \"offline\", \"openai\" or \"workers-ai\""
@@ -131,16 +133,16 @@ impl Model for OfflineModel {
         for (n, event) in events.enumerate() {
             let paced = matches!(event, ModelEvent::TextDelta(_) | ModelEvent::ToolCallStart { .. });
             if paced && self.delay_ms > 0 {
-                Delay::from(Duration::from_millis(self.delay_ms)).await;
+                crate::host::pause(self.delay_ms).await;
             } else if n % OFFLINE_YIELD_EVERY == OFFLINE_YIELD_EVERY - 1 {
                 // With no pace, yield now and then, as a provider's stream does between reads:
                 // what was sent so far goes out before the rest is produced.
-                Delay::from(Duration::ZERO).await;
+                crate::host::pause(0).await;
             }
             on_event(event);
             if n == 0 && long && self.delay_ms == 0 {
                 // A long answer's first event goes out at once, as a provider's first token does.
-                Delay::from(Duration::ZERO).await;
+                crate::host::pause(0).await;
             }
         }
         Ok(())
@@ -172,7 +174,7 @@ async fn read_sse(
 ) -> Result<(), ModelError> {
     read_sse_events(body, stall_timeout_ms, decoder, on_event).await.map_err(|e| match e {
         ModelError::Reported { detail, .. } => {
-            let id = crate::platform::random_id();
+            let id = uuid::Uuid::new_v4().to_string();
             worker::console_error!("agent-tools: model provider error {id}: {detail}");
             ModelError::Reported { id, detail: String::new() }
         }
@@ -242,7 +244,7 @@ async fn openai_step(
     if resp.status_code() != 200 {
         let status = resp.status_code();
         let body: String = resp.text().await.unwrap_or_default().chars().take(2000).collect();
-        let id = crate::platform::random_id();
+        let id = uuid::Uuid::new_v4().to_string();
         worker::console_error!("agent-tools: model provider error {id}: HTTP {status}: {body}");
         return Err(ModelError::Http { status, id });
     }

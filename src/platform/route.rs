@@ -4,7 +4,7 @@ use futures::StreamExt;
 use worker::{Env, Method, Request, Response};
 
 use super::{json_error, new_request};
-use crate::routing::{kebab_case, parse_agent_path, RequestUrl};
+use crate::routing::{route_target, RequestUrl, RouteTarget};
 use crate::types::AgentClass;
 
 /// The largest request body the entry forwards to an agent (1 MiB); a larger one is answered
@@ -65,7 +65,7 @@ impl Routes {
 
     /// Serves one request.
     pub async fn serve(&self, req: Request, env: &Env) -> worker::Result<Response> {
-        let url = RequestUrl::of(&req);
+        let url = RequestUrl::new(req.inner().url());
         // The body is read here, whatever happens next: a body nobody reads makes the runtime's
         // proxy fail later requests ("Can't read from request stream after response has been
         // sent"), and reading it bounds its size before an agent sees it.
@@ -73,16 +73,10 @@ impl Routes {
             Ok(read) => read,
             Err(refusal) => return Ok(refusal),
         };
-        let Some(path) = parse_agent_path(url.path()) else {
-            return json_error(404, format!("no route for {}; agents live at /agents/<agent>/<name>", url.path()));
+        let RouteTarget { class, binding, name } = match route_target(url.path(), &self.agents) {
+            Ok(target) => target,
+            Err((status, message)) => return json_error(status, message),
         };
-        let Some((class, binding)) = self.agents.iter().find(|(class, _)| kebab_case(class) == path.agent) else {
-            let known: Vec<String> = self.agents.iter().map(|(c, _)| kebab_case(c)).collect();
-            return json_error(404, format!("unknown agent {:?}; this Worker serves {known:?}", path.agent));
-        };
-        if path.name.len() > 512 {
-            return json_error(400, "agent name is longer than 512 bytes");
-        }
         let namespace = match env.durable_object(binding) {
             Ok(namespace) => namespace,
             Err(_) => {
@@ -95,7 +89,7 @@ impl Routes {
                 )
             }
         };
-        let stub = namespace.id_from_name(&path.name)?.get_stub()?;
+        let stub = namespace.id_from_name(&name)?.get_stub()?;
         let body = body.map(|body| js_sys::Uint8Array::from(body.as_slice()).into());
         stub.fetch_with_request(new_request(url.as_str(), req.method(), Some(req.headers()), body.as_ref())?).await
     }
@@ -130,11 +124,4 @@ async fn read_body(req: Request) -> worker::Result<Result<(Request, Option<Vec<u
     }
     let body = (!matches!(req.method(), Method::Get | Method::Head)).then_some(kept);
     Ok(Ok((new_request(&req.inner().url(), req.method(), Some(&headers), None)?, body)))
-}
-
-impl RequestUrl {
-    /// The URL of `request`.
-    pub fn of(request: &Request) -> Self {
-        Self::new(request.inner().url())
-    }
 }

@@ -5,8 +5,9 @@
 //! starts a background research run.
 use agent_tools::model::{Model, ModelError, ModelEvent, ModelMessage, ModelRequest, OfflineModel, ToolCall};
 use agent_tools::prelude::*;
+use agent_tools::{json_error, json_response, Env, HttpRequest, HttpResponse};
 use serde_json::{json, Value};
-use worker::{event, Context, Env, Method, Request, Response};
+use worker::{event, Context, Request, Response};
 
 /// Calls every tool once in its first step (with the user's text as `query` and `text`), then
 /// answers with what the tools returned.
@@ -93,16 +94,16 @@ impl Agent for Planner {
         Ok(Scripted)
     }
     /// `POST /agents/planner/<name>/runs` with `{"query": …}` starts a background research run.
-    async fn on_request(&self, host: &AgentHost<Self>, mut req: Request) -> worker::Result<Response> {
-        if req.method() != Method::Post || !req.path().ends_with("/runs") {
+    async fn on_request(&self, host: &AgentHost<Self>, req: HttpRequest) -> HttpResponse {
+        if req.method() != "POST" || !req.uri().path().ends_with("/runs") {
             return host.default_response(&req);
         }
-        let Ok(topic) = req.json::<Topic>().await else {
-            return Ok(Response::from_json(&json!({ "error": "expected {\"query\": string}" }))?.with_status(400));
+        let Ok(topic) = serde_json::from_slice::<Topic>(req.body()) else {
+            return json_error(400, "expected {\"query\": string}");
         };
         let options = RunOptions::new(json!({ "query": topic.query }));
         let handle = host.run_agent_tool_detached::<Researcher>(options, DetachedOptions::default()).await;
-        Ok(Response::from_json(&handle)?.with_status(202))
+        json_response(202, &handle)
     }
 }
 
@@ -134,6 +135,6 @@ agent_tools::durable_object!(Researcher);
 agent_tools::durable_object!(FactChecker);
 
 #[event(fetch)]
-async fn fetch(req: Request, env: Env, _ctx: Context) -> worker::Result<Response> {
+async fn fetch(req: Request, env: worker::Env, _ctx: Context) -> worker::Result<Response> {
     agent_tools::route::<Planner>(req, &env).await
 }

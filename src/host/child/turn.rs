@@ -1,19 +1,17 @@
 //! The running agent-tool run, as the child agent sees it.
 
-use std::time::Duration;
-
 use futures::future::select;
 use serde_json::Value;
-use worker::{Delay, Env};
 
 use crate::agent::Agent;
 use crate::cancel::{CancelToken, Cancelled};
 use crate::chat::message::text_of;
 use crate::chat::store::Messages;
+use crate::chat::turn::DynModel;
 use crate::child::progress::Report;
-use crate::platform::chat::{ChatEnd, TurnSpec};
-use crate::platform::tools::HostTools;
-use crate::platform::{now_ms, AgentHost};
+use crate::host::chat::{ChatEnd, TurnSpec};
+use crate::host::tools::HostTools;
+use crate::host::{AgentHost, Env};
 use crate::protocol::chunk::Progress;
 use crate::protocol::tail::ChunkKind;
 
@@ -83,7 +81,7 @@ impl<A: Agent> Turn<A> {
     /// `data-agent-superseded`: use [`Turn::report_progress`]), which is refused with a log line.
     pub fn emit(&self, body: String) -> bool {
         if crate::protocol::chunk::is_reserved(&body) {
-            worker::console_error!("agent-tools: {} emitted a reserved chunk type; use report_progress", self.run_id);
+            self.host.host.log_error(&format!("{} emitted a reserved chunk type; use report_progress", self.run_id));
             return false;
         }
         self.host.host.child_emit(&self.run_id, ChunkKind::Stored, body)
@@ -104,7 +102,7 @@ impl<A: Agent> Turn<A> {
         if ms == 0 {
             return;
         }
-        let delay = Delay::from(Duration::from_millis(ms));
+        let delay = self.host.host.0.io.sleep(ms);
         let cancelled = self.cancel.cancelled();
         futures::pin_mut!(delay, cancelled);
         select(delay, cancelled).await;
@@ -118,9 +116,17 @@ impl<A: Agent> Turn<A> {
         let inner = &host.host.0;
         let agent = &host.parts.agent;
         let user = agent.format_agent_tool_input(&self.input, &self.run_id);
-        Messages::new(&inner.sql).upsert(&user, now_ms()).map_err(|e| e.to_string())?;
-        inner.chat.broadcast_transcript(&inner.state, None);
-        let model = agent.model(&inner.env, Some(&self.input)).map_err(|e| e.to_string())?;
+        Messages::new(inner.io.sql()).upsert(&user, inner.io.now()).map_err(|e| e.to_string())?;
+        inner.chat.broadcast_transcript(None);
+        let scripted = inner.io.model();
+        let own;
+        let model: &dyn DynModel = match &scripted {
+            Some(model) => &**model,
+            None => {
+                own = agent.model(inner.io.env(), Some(&self.input)).map_err(|e| e.to_string())?;
+                &own
+            }
+        };
         let tools = HostTools { host, request_id: &self.run_id, turn: Some(self) };
         // The turn builds its chunks from a fixed set of types, never a reserved one: no check.
         let emit = |body: String| {
@@ -139,7 +145,7 @@ impl<A: Agent> Turn<A> {
             flush: &|| self.host.host.child_flush_chunks(&self.run_id),
             cancel: self.cancel.clone(),
         };
-        let (message, end) = inner.chat.run(&inner.state, spec, &model, &tools).await;
+        let (message, end) = inner.chat.run(spec, model, &tools).await;
         match end {
             ChatEnd::Completed => {
                 let output = agent.get_agent_tool_output(self, &message);

@@ -1,37 +1,33 @@
-//! Carries out what the parent engine decides: talks to children over their stubs, reads their
-//! tails, sets timers and the alarm, sends frames to clients, resolves waiting callers, calls
-//! hooks and delivers detached outcomes; and feeds what happened back to the engine. No
-//! decision about a run is made here.
-
-use std::time::Duration;
+//! Carries out what the parent engine decides: calls children, reads their tails, arms the
+//! alarm and the one timer, sends frames to clients, resolves waiting callers, calls hooks and
+//! delivers detached outcomes; and feeds what happened back to the engine. No decision about a
+//! run is made here.
 
 use futures::future::{select, Either};
 use futures::StreamExt;
-use serde::Serialize;
-use wasm_bindgen::JsValue;
-use worker::{Delay, Method, Response, Stub};
 
 use crate::cancel::CancelToken;
+use crate::host::core::Host;
+use crate::host::{ChildCall, ChildReply};
 use crate::observability::{EventType, ObservabilityEvent};
 use crate::parent::engine::{ChildAddress, HookCall, NoticeOf, ParentAction, ParentEvent, StartError, TailOpenError};
-use crate::platform::host::Host;
-use crate::platform::{new_request, now_ms, parse_json};
-use crate::protocol::child_api::{self, CancelRequest, InspectionReply};
+use crate::protocol::child_api::{CancelRequest, InspectionReply, StartRequest};
 use crate::protocol::tail::LineSplitter;
 use crate::protocol::InterruptedReason;
 
 impl Host {
     /// Feeds what happened to the parent engine and carries out what it says.
     pub(crate) fn feed(&self, event: ParentEvent) {
-        let actions = self.0.parent.borrow_mut().handle(self.parent_sql(), event, now_ms());
+        let now = self.now();
+        let actions = self.0.parent.borrow_mut().handle(self.parent_sql(), event, now);
         self.carry_out(actions);
     }
 
-    /// Carries out the engine's actions: the immediate ones (frames to clients, exchanges with
+    /// Carries out the engine's actions: the immediate ones (frames to clients, calls to
     /// children, results to callers) at once and in order, so frames leave in the order the
-    /// engine numbered them; the ones that run the agent's code (hooks, deliveries, notices,
-    /// chat turns) after them, in order, in a background task. Then the one timer is armed for
-    /// the engines' next deadline.
+    /// engine numbered them; the ones that run the agent's code (hooks, deliveries, notices, chat
+    /// turns) after them, in order, in a background task. Then the one timer is armed for the
+    /// engines' next deadline.
     pub(crate) fn carry_out(&self, actions: Vec<ParentAction>) {
         let mut deferred = Vec::new();
         let mut frames = Vec::new();
@@ -59,30 +55,28 @@ impl Host {
                     }
                 }
                 ParentAction::InspectChild { run_id, gen, to } => {
+                    let call = self.0.io.call_child(&to, ChildCall::Inspect { run_id: run_id.clone() });
                     let host = self.clone();
                     self.spawn(async move {
-                        let result = host.inspect_child(&to, &run_id).await;
+                        let result = inspection(call.await);
                         host.feed(ParentEvent::Inspected { run_id, gen, result });
                     });
                 }
                 ParentAction::CancelChild { run_id, to, reason } => {
+                    let call = CancelRequest { run_id: run_id.clone(), reason };
+                    let call = self.0.io.call_child(&to, ChildCall::Cancel(call));
                     let host = self.clone();
                     self.spawn(async move {
-                        let request = CancelRequest { run_id: run_id.clone(), reason };
-                        if let Err(e) = host.child_call(&to, Method::Post, "cancel", &request).await {
-                            worker::console_error!("agent-tools: cancelling {run_id} at the child failed: {e}");
+                        if let Err(e) = done(call.await) {
+                            host.log_error(&format!("cancelling {run_id} at the child failed: {e}"));
                         }
                     });
                 }
                 ParentAction::ClearChild { run_id, to } => {
+                    let call = self.0.io.call_child(&to, ChildCall::Clear);
                     let host = self.clone();
                     self.spawn(async move {
-                        let request = CancelRequest { run_id: run_id.clone(), reason: None };
-                        let result = match host.child_call(&to, Method::Post, "clear", &request).await {
-                            Ok(resp) if resp.status_code() == 200 => Ok(()),
-                            Ok(resp) => Err(format!("the child answered {}", resp.status_code())),
-                            Err(e) => Err(e.to_string()),
-                        };
+                        let result = done(call.await);
                         host.feed(ParentEvent::ChildCleared { run_id, result });
                     });
                 }
@@ -91,7 +85,7 @@ impl Host {
                         let _ = waiter.send(result.clone());
                     }
                 }
-                ParentAction::Transcript => self.0.chat.broadcast_transcript(&self.0.state, None),
+                ParentAction::Transcript => self.0.chat.broadcast_transcript(None),
                 ParentAction::Observe(kind, payload) => self.observe(kind, payload),
                 ParentAction::Broadcast(_) | ParentAction::ArmAlarm { .. } => {}
                 other => deferred.push(other),
@@ -135,7 +129,8 @@ impl Host {
                     NoticeOf::Outcome(result) => self.0.hooks.format_detached_completion(&notice.run, result),
                     NoticeOf::Milestone(milestone) => self.0.hooks.format_detached_milestone(&notice.run, milestone),
                 };
-                let actions = self.0.parent.borrow_mut().post_notice(self.parent_sql(), notice, text, now_ms());
+                let now = self.now();
+                let actions = self.0.parent.borrow_mut().post_notice(self.parent_sql(), notice, text, now);
                 self.carry_out(actions);
             }
             ParentAction::RunChatTurn { request_id, delivery } => {
@@ -161,15 +156,16 @@ impl Host {
         let gen = self.0.timer_gen.get() + 1;
         self.0.timer_gen.set(gen);
         self.0.timer_at.set(Some(at));
+        let sleep = self.0.io.sleep((at - self.now()).max(1) as u64);
         let host = self.clone();
         self.spawn(async move {
-            Delay::from(Duration::from_millis((at - now_ms()).max(1) as u64)).await;
+            sleep.await;
             // A later arm for an earlier time took over.
             if host.0.timer_gen.get() != gen {
                 return;
             }
             host.0.timer_at.set(None);
-            let now = now_ms();
+            let now = host.now();
             let actions = host.0.parent.borrow_mut().handle_timeout(host.parent_sql(), now);
             host.carry_out(actions);
             host.child_timeout(now);
@@ -179,28 +175,20 @@ impl Host {
 
     /// Starts a child's run; its answer is the run's tail, kept for the engine's next
     /// `OpenTail` of that run (one round trip for both).
-    fn start_child(
-        &self,
-        run_id: String,
-        gen: u64,
-        to: ChildAddress,
-        request: crate::protocol::child_api::StartRequest,
-    ) {
+    fn start_child(&self, run_id: String, gen: u64, to: ChildAddress, request: StartRequest) {
+        let tail_after = request.tail_after.unwrap_or(-1);
+        let call = self.0.io.call_child(&to, ChildCall::Start(request));
         let host = self.clone();
         self.spawn(async move {
-            let tail_after = request.tail_after;
-            let result = match host.child_call(&to, Method::Post, "start", &request).await {
-                Ok(resp) if resp.status_code() == 200 => {
-                    if let Some(after) = tail_after {
-                        host.0.started_tails.borrow_mut().insert(run_id.clone(), (after, resp));
-                    }
+            let result = match call.await {
+                Ok(ChildReply::Tail(stream)) => {
+                    host.0.started_tails.borrow_mut().insert(run_id.clone(), (tail_after, stream));
                     Ok(())
                 }
-                Ok(mut resp) => {
-                    let body = resp.text().await.unwrap_or_default();
-                    let status = resp.status_code();
+                Ok(ChildReply::Refused { status, body }) => {
                     Err(StartError::Refused(format!("{} refused to start the run ({status}): {body}", to.binding)))
                 }
+                Ok(_) => Err(StartError::Refused(format!("{} answered the start out of turn", to.binding))),
                 Err(e) => Err(StartError::Unreachable(format!("{}: {e}", to.binding))),
             };
             host.feed(ParentEvent::StartReplied { run_id: run_id.clone(), gen, result });
@@ -216,39 +204,10 @@ impl Host {
             agent: self.0.class.to_owned(),
             name: self.name().unwrap_or_default(),
             payload,
-            timestamp: now_ms(),
+            timestamp: self.now(),
         };
-        worker::console_log!("{}", event.to_line());
+        self.log(&event.to_line());
         self.0.hooks.on_observability(&event);
-    }
-
-    fn stub(&self, to: &ChildAddress) -> worker::Result<Stub> {
-        self.0.env.durable_object(&to.binding)?.id_from_name(&to.name)?.get_stub()
-    }
-
-    async fn child_call<T: Serialize>(
-        &self,
-        to: &ChildAddress,
-        method: Method,
-        route: &str,
-        body: &T,
-    ) -> worker::Result<Response> {
-        send_json(&self.stub(to)?, method, &format!("{}/{route}", child_api::BASE), body).await
-    }
-
-    /// Inspects the child: `Ok(None)` when it does not know the run (yet). The engine times the
-    /// inspection out itself; a late answer is ignored there.
-    async fn inspect_child(
-        &self,
-        to: &ChildAddress,
-        run_id: &str,
-    ) -> Result<Option<InspectionReply>, InterruptedReason> {
-        let stub = self.stub(to).map_err(|_| InterruptedReason::InspectFailed)?;
-        let mut resp = match send_json(&stub, Method::Get, &child_api::inspect_url(run_id), &()).await {
-            Ok(resp) if resp.status_code() == 200 => resp,
-            _ => return Err(InterruptedReason::InspectFailed),
-        };
-        parse_json::<Option<InspectionReply>>(resp.text().await).map_err(|_| InterruptedReason::InspectFailed)
     }
 
     /// Reads a child's tail until it ends or the engine closes it, feeding every read's lines.
@@ -257,28 +216,26 @@ impl Host {
         if let Some(old) = self.0.tails.borrow_mut().insert(run_id.clone(), stop.clone()) {
             old.cancel(None);
         }
-        let host = self.clone();
         let started = self.0.started_tails.borrow_mut().remove(&run_id).filter(|(from, _)| *from == after);
+        let call = match started {
+            Some(_) => None,
+            None => Some(self.0.io.call_child(&to, ChildCall::Tail { run_id: run_id.clone(), after })),
+        };
+        let host = self.clone();
         self.spawn(async move {
-            let opened = match (started, host.stub(&to)) {
-                (Some((_, resp)), _) => Ok(resp),
-                (None, Ok(stub)) => send_json(&stub, Method::Get, &child_api::tail_url(&run_id, after), &()).await,
-                (None, Err(e)) => Err(e),
+            let opened = match (started, call) {
+                (Some((_, stream)), _) => Ok(stream),
+                (None, Some(call)) => match call.await {
+                    Ok(ChildReply::Tail(stream)) => Ok(stream),
+                    Ok(ChildReply::Refused { status, .. }) => Err(TailOpenError::Status(status)),
+                    Ok(_) => Err(TailOpenError::Unreachable("the child answered out of turn".into())),
+                    Err(e) => Err(TailOpenError::Unreachable(e)),
+                },
+                (None, None) => Err(TailOpenError::Unreachable("no tail was asked for".into())),
             };
-            let mut resp = match opened {
-                Ok(resp) if resp.status_code() == 200 => resp,
-                Ok(resp) => {
-                    let result = Err(TailOpenError::Status(resp.status_code()));
-                    return host.feed(ParentEvent::TailOpened { run_id, gen, result });
-                }
-                Err(e) => {
-                    let result = Err(TailOpenError::Unreachable(e.to_string()));
-                    return host.feed(ParentEvent::TailOpened { run_id, gen, result });
-                }
-            };
-            let Ok(mut body) = resp.stream() else {
-                let result = Err(TailOpenError::Unreachable("the tail has no body".into()));
-                return host.feed(ParentEvent::TailOpened { run_id, gen, result });
+            let mut body = match opened {
+                Ok(body) => body,
+                Err(e) => return host.feed(ParentEvent::TailOpened { run_id, gen, result: Err(e) }),
             };
             host.feed(ParentEvent::TailOpened { run_id: run_id.clone(), gen, result: Ok(()) });
             let mut splitter = LineSplitter::default();
@@ -302,7 +259,7 @@ impl Host {
                 for line in pushed {
                     match line {
                         Ok(line) => lines.push(line),
-                        Err(e) => worker::console_error!("agent-tools: garbled tail line from {run_id}: {e}"),
+                        Err(e) => host.log_error(&format!("garbled tail line from {run_id}: {e}")),
                     }
                 }
                 if !lines.is_empty() {
@@ -319,13 +276,21 @@ impl Host {
     }
 }
 
-/// A JSON request to a child's internal route.
-pub(crate) async fn send_json<T: Serialize>(
-    stub: &Stub,
-    method: Method,
-    url: &str,
-    body: &T,
-) -> worker::Result<Response> {
-    let body = (method != Method::Get).then(|| serde_json::to_string(body)).transpose()?.map(|b| JsValue::from_str(&b));
-    stub.fetch_with_request(new_request(url, method, None, body.as_ref())?).await
+/// An inspection's answer: `Ok(None)` when the child does not know the run (yet); any failure
+/// to ask is `inspect-failed`. The engine times the inspection out itself.
+fn inspection(reply: Result<ChildReply, String>) -> Result<Option<InspectionReply>, InterruptedReason> {
+    match reply {
+        Ok(ChildReply::Inspection(reply)) => Ok(reply),
+        _ => Err(InterruptedReason::InspectFailed),
+    }
+}
+
+/// Whether a cancel or a clear was done.
+fn done(reply: Result<ChildReply, String>) -> Result<(), String> {
+    match reply {
+        Ok(ChildReply::Done(_)) => Ok(()),
+        Ok(ChildReply::Refused { status, body }) => Err(format!("the child answered {status}: {body}")),
+        Ok(_) => Err("the child answered out of turn".to_owned()),
+        Err(e) => Err(e),
+    }
 }

@@ -14,8 +14,7 @@ use serde_json::Value;
 
 pub use turn::{Turn, TurnOutput};
 
-use super::host::Host;
-use super::{now_ms, random_id};
+use super::core::Host;
 use crate::cancel::CancelToken;
 use crate::chat::store::StreamLog;
 use crate::child::engine::ChildAction;
@@ -49,7 +48,7 @@ impl Host {
                 ChildAction::Close { subscriber } => {
                     self.0.subscribers.borrow_mut().remove(&subscriber);
                 }
-                ChildAction::ChatSend { run_id, bodies } => self.0.chat.send(&self.0.state, &run_id, &bodies),
+                ChildAction::ChatSend { run_id, bodies } => self.0.chat.send(&run_id, &bodies),
                 ChildAction::FlushSoon { run_id } => {
                     // Once the turn yields: what it emitted meanwhile goes out as one batch. A
                     // spawned task is first polled right after the running one yields, before
@@ -61,8 +60,8 @@ impl Host {
                     self.spawn(async move { host.child_flush_chunks(&run_id) });
                 }
                 ChildAction::SupersedeMessages { run_id } => {
-                    if let Err(e) = StreamLog::new(&self.0.sql).mark_superseded(&run_id) {
-                        worker::console_error!("agent-tools: marking the superseded attempt of {run_id} failed: {e}");
+                    if let Err(e) = StreamLog::new(self.sql()).mark_superseded(&run_id) {
+                        self.log_error(&format!("marking the superseded attempt of {run_id} failed: {e}"));
                     }
                 }
                 ChildAction::Observe(kind, payload) => self.observe(kind, payload),
@@ -73,14 +72,14 @@ impl Host {
     /// One chunk of a run's turn (see [`crate::child::engine::ChildEngine::emit`]).
     pub(crate) fn child_emit(&self, run_id: &str, kind: ChunkKind, body: String) -> bool {
         let streaming = self.0.chat.is_streaming(run_id);
-        let result = self.0.child.borrow_mut().emit(&self.0.sql, run_id, kind, body, None, streaming);
+        let result = self.0.child.borrow_mut().emit(self.sql(), run_id, kind, body, None, streaming);
         match result {
             Ok((live, actions)) => {
                 self.carry_out_child(actions);
                 live
             }
             Err(e) => {
-                worker::console_error!("agent-tools: storing a chunk of {run_id} failed: {e}");
+                self.log_error(&format!("storing a chunk of {run_id} failed: {e}"));
                 false
             }
         }
@@ -89,22 +88,32 @@ impl Host {
     /// Stores and sends what the run's turn emitted since the last flush.
     pub(crate) fn child_flush_chunks(&self, run_id: &str) {
         let streaming = self.0.chat.is_streaming(run_id);
-        let result = self.0.child.borrow_mut().flush(&self.0.sql, run_id, streaming);
+        let result = self.0.child.borrow_mut().flush(self.sql(), run_id, streaming);
         self.child_result(run_id, result);
     }
 
     pub(crate) fn child_progress(&self, run_id: &str, report: Report) {
         let streaming = self.0.chat.is_streaming(run_id);
-        let result =
-            self.0.child.borrow_mut().report_progress(&self.0.sql, run_id, report, streaming, &random_id, now_ms());
+        let result = self.0.child.borrow_mut().report_progress(
+            self.sql(),
+            run_id,
+            report,
+            streaming,
+            &|| self.0.io.random_id(),
+            self.now(),
+        );
         self.child_result(run_id, result);
     }
 
     /// The child engine's deadline came: held progress whose window closed goes out.
     pub(crate) fn child_timeout(&self, now: i64) {
         let chat = &self.0.chat;
-        let result =
-            self.0.child.borrow_mut().handle_timeout(&self.0.sql, &|run_id| chat.is_streaming(run_id), &random_id, now);
+        let result = self.0.child.borrow_mut().handle_timeout(
+            self.sql(),
+            &|run_id| chat.is_streaming(run_id),
+            &|| self.0.io.random_id(),
+            now,
+        );
         self.child_result("(progress)", result);
     }
 
@@ -112,7 +121,7 @@ impl Host {
         match result {
             Ok(actions) => self.carry_out_child(actions),
             Err(e) => {
-                worker::console_error!("agent-tools: a step of {run_id} failed: {e}");
+                self.log_error(&format!("a step of {run_id} failed: {e}"));
                 self.observe(
                     EventType::StorageFailed,
                     serde_json::json!({ "runId": run_id, "step": "child", "error": e.to_string() }),
@@ -128,7 +137,7 @@ impl Host {
         self.0.turns.borrow_mut().insert(run_id.clone(), cancel.clone());
         let host = self.clone();
         self.spawn(async move {
-            let begun = host.0.child.borrow_mut().turn_begins(&host.0.sql, &run_id);
+            let begun = host.0.child.borrow_mut().turn_begins(host.sql(), &run_id);
             if let Err(e) = begun {
                 host.storage_failed("child turn", &e);
             }
@@ -150,14 +159,15 @@ impl Host {
             }
             host.0.turns.borrow_mut().remove(&run_id);
             let streaming = host.0.chat.is_streaming(&run_id);
+            let new_id = || host.0.io.random_id();
             let result = host.0.child.borrow_mut().turn_finished(
-                &host.0.sql,
+                host.sql(),
                 &run_id,
                 returned,
                 cancelled,
                 streaming,
-                &random_id,
-                now_ms(),
+                &new_id,
+                host.now(),
             );
             host.child_result(&run_id, result);
         });

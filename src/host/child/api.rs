@@ -1,18 +1,14 @@
-//! The internal routes a parent calls: start, tail, inspect, cancel, clear.
-
-use std::collections::HashMap;
-use std::pin::Pin;
+//! What a child serves its parent: start, tail, inspect, cancel, clear (typed calls; in a Worker
+//! they travel as HTTP between the objects, see `platform/child_http.rs`).
 
 use futures::channel::mpsc;
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
 use serde_json::json;
-use worker::{Method, Request, Response};
 
 use crate::child::engine::{TailError, TailStart};
-use crate::platform::host::Host;
-use crate::platform::{json_error, now_ms, parse_json};
-use crate::protocol::child_api::{CancelRequest, StartRequest};
-use crate::routing::RequestUrl;
+use crate::host::core::Host;
+use crate::host::{ByteStream, ChildCall, ChildReply};
+use crate::protocol::child_api::StartRequest;
 use crate::store::meta;
 use crate::types::ClearFilter;
 
@@ -23,65 +19,54 @@ pub const TAIL_QUEUE: usize = 64;
 /// each read when the reader has taken the one before, so its memory does not grow with it.
 pub const TAIL_PAGE: usize = 1024;
 
-type BodyStream = Pin<Box<dyn Stream<Item = worker::Result<Vec<u8>>>>>;
+fn refused(status: u16, body: impl Into<String>) -> ChildReply {
+    ChildReply::Refused { status, body: body.into() }
+}
 
 impl Host {
-    /// Serves the parent's internal requests.
-    pub(crate) async fn serve_parent(&self, mut req: Request) -> worker::Result<Response> {
-        let url = RequestUrl::of(&req);
-        let query: HashMap<String, String> = url.query_pairs().collect();
-        let run_id = query.get("runId").cloned().unwrap_or_default();
-        match (req.method(), url.path()) {
-            (Method::Post, "/_agent_tools/start") => match parse_json::<StartRequest>(req.text().await) {
-                Ok(start) => match start.tail_after {
-                    // Started, then the tail in the same response (or the start's error).
-                    Some(after) => {
-                        let run_id = start.run_id.clone();
-                        let started = self.start(start)?;
-                        if started.status_code() != 200 {
-                            return Ok(started);
-                        }
-                        self.tail(&run_id, after)
-                    }
-                    None => self.start(start),
-                },
-                Err(e) => json_error(400, format!("malformed start request: {e}")),
-            },
-            (Method::Get, "/_agent_tools/tail") => {
-                let after = query.get("after").and_then(|a| a.parse::<i64>().ok()).unwrap_or(-1);
-                self.tail(&run_id, after)
+    /// Serves a call of this agent's parent.
+    pub(crate) async fn serve_child(&self, call: ChildCall) -> ChildReply {
+        if let Some(problem) = &self.0.config_error {
+            return refused(500, problem.clone());
+        }
+        match call {
+            ChildCall::Start(start) => {
+                // Started, then the tail in the same answer (or the start's error).
+                let (run_id, after) = (start.run_id.clone(), start.tail_after.unwrap_or(-1));
+                match self.start(start) {
+                    Ok(()) => self.tail(&run_id, after),
+                    Err(refusal) => refusal,
+                }
             }
-            (Method::Get, "/_agent_tools/inspect") => {
+            ChildCall::Tail { run_id, after } => self.tail(&run_id, after),
+            ChildCall::Inspect { run_id } => {
                 let streaming = self.0.chat.is_streaming(&run_id);
-                let result = self.0.child.borrow_mut().inspect(&self.0.sql, &run_id, streaming, now_ms());
+                let result = self.0.child.borrow_mut().inspect(self.sql(), &run_id, streaming, self.now());
                 match result {
                     Ok((inspection, actions)) => {
                         self.carry_out_child(actions);
-                        Response::from_json(&inspection)
+                        let reply = inspection.and_then(|i| serde_json::from_value(serde_json::to_value(i).ok()?).ok());
+                        ChildReply::Inspection(reply)
                     }
-                    Err(e) => json_error(500, e.to_string()),
+                    Err(e) => refused(500, e.to_string()),
                 }
             }
-            (Method::Post, "/_agent_tools/cancel") => match parse_json::<CancelRequest>(req.text().await) {
-                Ok(cancel) => {
-                    let result = self.0.child.borrow_mut().cancel(&self.0.sql, &cancel.run_id, cancel.reason, now_ms());
-                    match result {
-                        Ok(actions) => self.carry_out_child(actions),
-                        Err(e) => return json_error(500, e.to_string()),
-                    }
-                    let status = self.runs().get(&cancel.run_id).ok().flatten().map(|r| r.status.as_str());
-                    Response::from_json(&json!({ "status": status }))
+            ChildCall::Cancel(cancel) => {
+                let result = self.0.child.borrow_mut().cancel(self.sql(), &cancel.run_id, cancel.reason, self.now());
+                match result {
+                    Ok(actions) => self.carry_out_child(actions),
+                    Err(e) => return refused(500, e.to_string()),
                 }
-                Err(e) => json_error(400, format!("malformed cancel request: {e}")),
-            },
-            (Method::Post, "/_agent_tools/clear") => self.clear().await,
-            (_, path) => json_error(404, format!("{} has no route {path}", self.0.class)),
+                let status = self.runs().get(&cancel.run_id).ok().flatten().map(|r| r.status.as_str());
+                ChildReply::Done(json!({ "status": status }))
+            }
+            ChildCall::Clear => self.clear().await,
         }
     }
 
-    fn start(&self, start: StartRequest) -> worker::Result<Response> {
+    fn start(&self, start: StartRequest) -> Result<(), ChildReply> {
         if start.run_id.is_empty() {
-            return json_error(400, "start request without a runId");
+            return Err(refused(400, "start request without a runId"));
         }
         let identity: Vec<(&str, &str)> = [
             ("parent_class", &start.parent_class),
@@ -93,43 +78,35 @@ impl Host {
         .filter(|(_, value)| !value.is_empty())
         .map(|(key, value)| (key, value.as_str()))
         .collect();
-        if let Err(e) = meta::set_all(&self.0.sql, &identity) {
-            return json_error(500, e.to_string());
-        }
-        let result = self.0.child.borrow_mut().start(&self.0.sql, &start, now_ms());
-        match result {
-            Ok((reply, actions)) => {
-                self.carry_out_child(actions);
-                Response::from_json(&reply)
-            }
-            Err(e) => json_error(500, e.to_string()),
-        }
+        meta::set_all(self.sql(), &identity).map_err(|e| refused(500, e.to_string()))?;
+        let result = self.0.child.borrow_mut().start(self.sql(), &start, self.now());
+        let (_, actions) = result.map_err(|e| refused(500, e.to_string()))?;
+        self.carry_out_child(actions);
+        Ok(())
     }
 
-    fn tail(&self, run_id: &str, after: i64) -> worker::Result<Response> {
+    fn tail(&self, run_id: &str, after: i64) -> ChildReply {
         let streaming = self.0.chat.is_streaming(run_id);
-        let result = self.0.child.borrow_mut().tail(&self.0.sql, run_id, after, TAIL_PAGE, streaming, now_ms());
+        let result = self.0.child.borrow_mut().tail(self.sql(), run_id, after, TAIL_PAGE, streaming, self.now());
         let (start, actions) = match result {
             Ok(started) => started,
-            Err(TailError::Unknown) => return json_error(404, format!("{} has no run {run_id:?}", self.0.class)),
-            Err(TailError::Store(e)) => return json_error(500, e.to_string()),
+            Err(TailError::Unknown) => return refused(404, format!("{} has no run {run_id:?}", self.0.class)),
+            Err(TailError::Store(e)) => return refused(500, e.to_string()),
         };
         let body = TailBody::new(self.clone(), run_id.to_owned(), start);
         // The engine's actions (a rerun's turn) after the subscription: the tail sees it all.
         self.carry_out_child(actions);
-        let body: BodyStream = Box::pin(futures::stream::unfold(body, TailBody::step).flatten());
-        let mut resp = Response::from_stream(body)?;
-        resp.headers_mut().set("content-type", "application/x-ndjson")?;
-        Ok(resp)
+        let body: ByteStream = Box::pin(futures::stream::unfold(body, TailBody::step).flatten());
+        ChildReply::Tail(body)
     }
 
     /// Deletes everything this child stored (its runs, its own children, stream, milestones
     /// and messages), after stopping any live turn. The instance is left empty, with its tables
     /// in place.
-    async fn clear(&self) -> worker::Result<Response> {
+    async fn clear(&self) -> ChildReply {
         // A child with agent tools of its own clears its children first.
         if let Err(e) = self.clear_agent_tool_runs(&ClearFilter::default()).await {
-            worker::console_error!("agent-tools: clearing the runs of a cleared child failed: {e}");
+            self.log_error(&format!("clearing the runs of a cleared child failed: {e}"));
         }
         let mut live: Vec<_> = self.0.turns.borrow().values().cloned().collect();
         live.extend(self.0.chat.running()); // a drill-in chat turn
@@ -142,16 +119,18 @@ impl Host {
             if self.0.turns.borrow().is_empty() && self.0.chat.active().is_none() {
                 break;
             }
-            worker::Delay::from(std::time::Duration::from_millis(10)).await;
+            self.0.io.sleep(10).await;
         }
-        self.0.state.storage().delete_all().await?;
+        if let Err(e) = self.0.io.delete_all().await {
+            return refused(500, e);
+        }
         self.0.chat.reset();
         self.0.child.borrow_mut().reset();
-        match crate::platform::host::migrate(&self.0.sql) {
+        match crate::host::core::migrate(self.sql()) {
             Ok(parent_tables) => self.0.parent_tables.set(parent_tables),
-            Err(e) => return json_error(500, e.to_string()),
+            Err(e) => return refused(500, e.to_string()),
         }
-        Response::from_json(&json!({ "cleared": true }))
+        ChildReply::Done(json!({ "cleared": true }))
     }
 }
 
@@ -187,7 +166,7 @@ impl TailBody {
     }
 
     /// The current page; the next one is read (or the subscription taken) for the step after.
-    async fn step(mut self) -> Option<(BodyStream, Self)> {
+    async fn step(mut self) -> Option<(ByteStream, Self)> {
         let Some((page, more_after)) = self.page.take() else {
             // Lines queued while the reader was busy go out as one write.
             let live = self.live.take()?.ready_chunks(256).map(|lines| Ok(lines.concat()));
@@ -195,15 +174,16 @@ impl TailBody {
         };
         if let Some(after) = more_after {
             let streaming = self.host.0.chat.is_streaming(&self.run_id);
-            let sql = &self.host.0.sql;
-            let result = self.host.0.child.borrow_mut().tail(sql, &self.run_id, after, TAIL_PAGE, streaming, now_ms());
+            let now = self.host.now();
+            let result =
+                self.host.0.child.borrow_mut().tail(self.host.sql(), &self.run_id, after, TAIL_PAGE, streaming, now);
             match result {
                 Ok((next, actions)) => {
                     self.take(next);
                     self.host.carry_out_child(actions);
                 }
                 // The run went away (cleared) between pages: the tail ends; a reader tails again.
-                Err(e) => worker::console_error!("agent-tools: tailing {} failed: {e:?}", self.run_id),
+                Err(e) => self.host.log_error(&format!("tailing {} failed: {e:?}", self.run_id)),
             }
         }
         Some((Box::pin(futures::stream::iter((!page.is_empty()).then_some(Ok(page)))), self))

@@ -7,11 +7,10 @@ use futures::future::{select, Either};
 use serde_json::Value;
 
 use crate::agent::Agent;
+use crate::host::core::{missing_binding, AgentHost, Host};
 use crate::parent::agent_tool::ChildRef;
 use crate::parent::engine::{current_result, Admitted, Called, Cleared, Dispatch};
 use crate::parent::registry::{NewRun, RunRecord};
-use crate::platform::host::{missing_binding, Host};
-use crate::platform::{now_ms, random_id, AgentHost};
 use crate::types::AgentClass;
 use crate::types::{
     validate_run_id, AgentToolChunk, ClearFilter, DetachedHandle, DetachedOptions, RunInfo, RunInspection, RunOptions,
@@ -143,7 +142,7 @@ impl Host {
         let abandoned = signal.is_cancelled().then(reason);
         let dispatch = Dispatch { new, detached: None, abandoned };
         let (admitted, actions) =
-            self.0.parent.borrow_mut().dispatch(self.parent_sql(), dispatch, options.input.clone(), now_ms());
+            self.0.parent.borrow_mut().dispatch(self.parent_sql(), dispatch, options.input.clone(), self.now());
         let Some(result) = admitted.settled(&run_id, child.class) else {
             // Driven, joined or queued: wait for its result, or for the caller to give up.
             let (tx, rx) = oneshot::channel();
@@ -155,7 +154,7 @@ impl Host {
                 Either::Left((result, _)) => return result.unwrap_or_else(|_| self.lost(&run_id, child.class)),
                 Either::Right((_, rx)) => rx,
             };
-            let actions = self.0.parent.borrow_mut().abandon(self.parent_sql(), &run_id, reason(), now_ms());
+            let actions = self.0.parent.borrow_mut().abandon(self.parent_sql(), &run_id, reason(), self.now());
             self.carry_out(actions);
             return rx.await.unwrap_or_else(|_| self.lost(&run_id, child.class));
         };
@@ -173,11 +172,11 @@ impl Host {
     /// Checks a dispatch's run id and child binding, and describes its row; a refusal is the
     /// run id and why.
     pub(crate) fn prepare(&self, child: ChildRef, options: &RunOptions) -> Result<NewRun, (String, String)> {
-        let run_id = options.run_id.clone().unwrap_or_else(random_id);
+        let run_id = options.run_id.clone().unwrap_or_else(|| self.0.io.random_id());
         if let Err(problem) = validate_run_id(&run_id) {
             return Err((run_id, problem));
         }
-        if self.0.env.durable_object(child.binding).is_err() {
+        if !self.0.io.has_binding(child.binding) {
             return Err((run_id, missing_binding(self.0.class, child.class, child.binding)));
         }
         Ok(NewRun {
@@ -209,13 +208,14 @@ impl Host {
         let run_id = new.run_id.clone();
         let dispatch = Dispatch { new, detached: Some(detached), abandoned: None };
         let (admitted, actions) =
-            self.0.parent.borrow_mut().dispatch(self.parent_sql(), dispatch, options.input, now_ms());
+            self.0.parent.borrow_mut().dispatch(self.parent_sql(), dispatch, options.input, self.now());
         self.carry_out(actions);
         admitted.handle(&run_id, child.class)
     }
 
     pub(crate) async fn cancel_agent_tool(&self, run_id: &str, reason: Option<String>) -> Result<(), String> {
-        let Called { result, actions } = self.0.parent.borrow_mut().cancel(self.parent_sql(), run_id, reason, now_ms());
+        let Called { result, actions } =
+            self.0.parent.borrow_mut().cancel(self.parent_sql(), run_id, reason, self.now());
         self.carry_out(actions);
         result.map_err(|e| e.to_string())
     }
@@ -225,7 +225,7 @@ impl Host {
         if !self.0.parent_tables.get() {
             return Ok(Vec::new());
         }
-        let Called { result, actions } = self.0.parent.borrow_mut().clear(self.parent_sql(), filter, now_ms());
+        let Called { result, actions } = self.0.parent.borrow_mut().clear(self.parent_sql(), filter, self.now());
         self.carry_out(actions);
         match result {
             Ok(Cleared { runs, failed: None }) => Ok(runs),

@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use super::child::Turn;
-use super::host::{AgentHost, Host};
+use super::core::{AgentHost, Host};
 use crate::agent::Agent;
 use crate::chat::turn::ToolBox;
 use crate::llm::{ToolCall, ToolSpec};
@@ -89,7 +89,7 @@ impl Host {
         // and its run is recovered by the alarm.
         for (run_id, result) in runs.iter().zip(cancels.await) {
             if let Err(e) = result {
-                worker::console_error!("agent-tools: cancelling {run_id} with its chat turn failed: {e}");
+                self.log_error(&format!("cancelling {run_id} with its chat turn failed: {e}"));
             }
         }
     }

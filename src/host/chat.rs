@@ -1,17 +1,15 @@
-//! The chat agent on the platform, shared by parents and children: carries out what the chat
-//! protocol's state machine ([`crate::chat::protocol`]) decides over hibernatable WebSockets,
+//! The chat agent on its host, shared by parents and children: carries out what the chat
+//! protocol's state machine ([`crate::chat::protocol`]) decides over the object's client sockets,
 //! and runs a turn (one at a time) that streams to every connected client and is persisted.
 
 use std::cell::RefCell;
+use std::rc::Rc;
 
 use futures::future::{select, Either};
 use futures::lock::Mutex;
 use serde_json::Value;
-use wasm_bindgen::JsValue;
-use worker::worker_sys::ext::WebSocketExt;
-use worker::{State, WebSocket, WebSocketIncomingMessage};
 
-use super::{now_ms, random_id, DoSql};
+use super::io::{Io, Socket};
 use crate::cancel::CancelToken;
 use crate::chat::convert::to_model_messages;
 use crate::chat::message::MessageBuilder;
@@ -21,33 +19,7 @@ use crate::chat::store::{Messages, OpenStreams, StreamLog};
 use crate::chat::turn::{run_turn, DynModel, DynToolBox, TurnOptions, TurnOutcome};
 use crate::protocol::rpc::{self, ClientFrame, FrameError, RpcRequest, RpcResponse};
 use crate::protocol::tail::ChunkKind;
-use crate::store::StoreError;
-
-/// Tag of every client socket.
-pub const CLIENT_TAG: &str = "agent-client";
-
-/// Accepts a client socket, giving it a connection id that survives hibernation: its
-/// attachment is `{ id }`, built and read as a JS object (through `worker`'s
-/// `serialize_attachment`, every socket's id would go through `serde_wasm_bindgen`).
-pub fn accept(state: &State, ws: &WebSocket) -> String {
-    let id = random_id();
-    state.accept_websocket_with_tags(ws, &[CLIENT_TAG]);
-    let attachment = js_sys::Object::new();
-    let _ = js_sys::Reflect::set(&attachment, &JsValue::from_str("id"), &JsValue::from_str(&id));
-    let _ = ws.as_ref().serialize_attachment(attachment.into());
-    id
-}
-
-/// The connection id given by [`accept`] (empty for a socket with none).
-pub fn connection_id(ws: &WebSocket) -> String {
-    ws.as_ref()
-        .deserialize_attachment()
-        .ok()
-        .filter(|a| a.is_object())
-        .and_then(|a| js_sys::Reflect::get(&a, &JsValue::from_str("id")).ok())
-        .and_then(|id| id.as_string())
-        .unwrap_or_default()
-}
+use crate::store::{Sql, StoreError};
 
 /// What a client frame asks of the host, once the chat has handled its own frames.
 #[derive(Debug)]
@@ -98,12 +70,12 @@ pub struct TurnSpec<'a> {
 /// The chat of one agent: its state machine, the running turn's cancel token, and the lock
 /// that runs turns one at a time.
 pub struct Chat {
-    sql: DoSql,
+    io: Rc<dyn Io>,
     state: RefCell<ChatState>,
     running: RefCell<Option<(String, CancelToken)>>,
     turns: Mutex<()>,
     /// Request ids a client may not use (they name streams the host writes itself).
-    reserved: Option<fn(&DoSql, &str) -> bool>,
+    reserved: Option<fn(&dyn Sql, &str) -> bool>,
 }
 
 /// Ends the running turn's stream when the turn ends, however it ends (a dropped turn too).
@@ -125,12 +97,12 @@ impl Chat {
     /// The chat over this agent's SQL (its tables are the host's to create: see
     /// `host::migrate`). A turn that a restart cut short is saved as the partial message it had
     /// streamed.
-    pub fn new(sql: DoSql) -> Self {
-        if let Err(e) = OpenStreams::new(&sql).recover(now_ms()) {
-            worker::console_error!("agent-tools: recovering interrupted chat streams failed: {e}");
+    pub fn new(io: Rc<dyn Io>) -> Self {
+        if let Err(e) = OpenStreams::new(io.sql()).recover(io.now()) {
+            io.log(&format!("agent-tools: recovering interrupted chat streams failed: {e}"), true);
         }
         Self {
-            sql,
+            io,
             state: RefCell::new(ChatState::default()),
             running: RefCell::new(None),
             turns: Mutex::new(()),
@@ -140,28 +112,32 @@ impl Chat {
 
     /// Refuses client requests whose id `reserved` claims: a child's run ids, whose stream
     /// logs share the table with client turns.
-    pub fn with_reserved_ids(mut self, reserved: fn(&DoSql, &str) -> bool) -> Self {
+    pub fn with_reserved_ids(mut self, reserved: fn(&dyn Sql, &str) -> bool) -> Self {
         self.reserved = Some(reserved);
         self
     }
 
+    fn sql(&self) -> &dyn Sql {
+        self.io.sql()
+    }
+
     fn is_reserved(&self, request_id: &str) -> bool {
-        self.reserved.is_some_and(|reserved| reserved(&self.sql, request_id))
+        self.reserved.is_some_and(|reserved| reserved(self.sql(), request_id))
     }
 
     /// Sends the state machine's frames, and hands back what is the host's to do.
-    fn carry_out(&self, state: &State, outputs: Vec<ChatOutput>) -> ChatAction {
+    fn carry_out(&self, outputs: Vec<ChatOutput>) -> ChatAction {
         let mut action = ChatAction::Done;
         // The sockets are looked up once for the lot; their ids only when a frame is for some.
-        let sockets = state.get_websockets_with_tag(CLIENT_TAG);
+        let sockets = self.io.sockets();
         let mut ids: Option<Vec<String>> = None;
         for output in outputs {
             match output {
                 ChatOutput::Send { to, frame } => {
-                    let ids = ids.get_or_insert_with(|| sockets.iter().map(connection_id).collect());
+                    let ids = ids.get_or_insert_with(|| sockets.iter().map(|s| s.id()).collect());
                     let text = frame.to_json();
-                    for (ws, _) in sockets.iter().zip(ids.iter()).filter(|(_, id)| **id == to) {
-                        let _ = ws.send_with_str(&text);
+                    for (socket, _) in sockets.iter().zip(ids.iter()).filter(|(_, id)| **id == to) {
+                        socket.send(&text);
                     }
                 }
                 ChatOutput::Broadcast { frame, skip } => {
@@ -170,14 +146,14 @@ impl Chat {
                     }
                     let text = frame.to_json();
                     if skip.is_empty() {
-                        for ws in &sockets {
-                            let _ = ws.send_with_str(&text);
+                        for socket in &sockets {
+                            socket.send(&text);
                         }
                         continue;
                     }
-                    let ids = ids.get_or_insert_with(|| sockets.iter().map(connection_id).collect());
-                    for (ws, _) in sockets.iter().zip(ids.iter()).filter(|(_, id)| !skip.contains(*id)) {
-                        let _ = ws.send_with_str(&text);
+                    let ids = ids.get_or_insert_with(|| sockets.iter().map(|s| s.id()).collect());
+                    for (socket, _) in sockets.iter().zip(ids.iter()).filter(|(_, id)| !skip.contains(*id)) {
+                        socket.send(&text);
                     }
                 }
                 ChatOutput::RunTurn { request_id, sender } => action = ChatAction::RunTurn { request_id, sender },
@@ -188,7 +164,7 @@ impl Chat {
     }
 
     fn failed(&self, step: &str, e: &StoreError) {
-        worker::console_error!("agent-tools: the chat's {step} failed: {e}");
+        self.io.log(&format!("agent-tools: the chat's {step} failed: {e}"), true);
     }
 
     /// Cancels a turn: the running one (its model stream is dropped) or one still waiting for
@@ -211,7 +187,7 @@ impl Chat {
 
     /// The transcript.
     pub fn messages(&self) -> Vec<Value> {
-        Messages::new(&self.sql).list().unwrap_or_else(|e| {
+        Messages::new(self.sql()).list().unwrap_or_else(|e| {
             self.failed("transcript", &e);
             Vec::new()
         })
@@ -234,36 +210,36 @@ impl Chat {
 
     /// Sends the transcript to every chat client but `except` (with none attached, a child run
     /// nobody drilled into, the messages are not even read).
-    pub fn broadcast_transcript(&self, state: &State, except: Option<&str>) {
-        if state.get_websockets_with_tag(CLIENT_TAG).is_empty() {
+    pub fn broadcast_transcript(&self, except: Option<&str>) {
+        if self.io.sockets().is_empty() {
             return;
         }
-        let output = self.state.borrow().transcript(&self.sql, except);
+        let output = self.state.borrow().transcript(self.sql(), except);
         match output {
-            Ok(output) => drop(self.carry_out(state, vec![output])),
+            Ok(output) => drop(self.carry_out(vec![output])),
             Err(e) => self.failed("transcript", &e),
         }
     }
 
     /// Sends chunks of request `request_id` to the chat clients (except those resuming), in
     /// order.
-    pub fn send(&self, state: &State, request_id: &str, bodies: &[String]) {
+    pub fn send(&self, request_id: &str, bodies: &[String]) {
         let outputs = self.state.borrow().turn_chunks(request_id, bodies);
-        self.carry_out(state, outputs);
+        self.carry_out(outputs);
     }
 
     /// Tells every client that request `request_id` failed before it began.
-    pub fn fail_request(&self, state: &State, request_id: &str, problem: &str) {
+    pub fn fail_request(&self, request_id: &str, problem: &str) {
         let output = self.state.borrow().broadcast(ChatFrame::failed(request_id, problem.to_owned()), None);
-        self.carry_out(state, vec![output]);
+        self.carry_out(vec![output]);
     }
 
     /// The frames a chat client gets first: `cf_agent_stream_resuming` while a stream is active
     /// (the connection then gets no live chunks until it acknowledges).
-    pub fn on_connect(&self, ws: &WebSocket, connection: &str) {
-        for output in self.state.borrow_mut().on_connect(connection) {
+    pub fn on_connect(&self, socket: &dyn Socket) {
+        for output in self.state.borrow_mut().on_connect(&socket.id()) {
             if let ChatOutput::Send { frame, .. } = output {
-                let _ = ws.send_with_str(frame.to_json());
+                socket.send(&frame.to_json());
             }
         }
     }
@@ -271,21 +247,22 @@ impl Chat {
     /// Reads one client frame: chat frames are handled here and anything malformed or refused
     /// gets its error frame (the socket stays open); what is left for the host (an RPC call, a
     /// turn to run, a cancel) is returned.
-    pub fn receive(&self, state: &State, ws: &WebSocket, message: WebSocketIncomingMessage) -> ChatAction {
+    pub fn receive(&self, socket: &dyn Socket, message: Result<String, ()>) -> ChatAction {
         let frame = match message {
-            WebSocketIncomingMessage::String(text) => rpc::parse_client_frame(&text),
-            WebSocketIncomingMessage::Binary(_) => Err(FrameError::Binary),
+            Ok(text) => rpc::parse_client_frame(&text),
+            Err(()) => Err(FrameError::Binary),
         };
         let reply = match frame {
             Ok(ClientFrame::Rpc(call)) => return ChatAction::Call(call),
             Ok(ClientFrame::Other { kind, frame }) => match ChatMessage::parse(&kind, &frame) {
                 Ok(None) => return ChatAction::Done,
                 Ok(Some(message)) => {
-                    let connection = connection_id(ws);
+                    let connection = socket.id();
                     let reserved = |id: &str| self.is_reserved(id);
-                    let outputs = self.state.borrow_mut().receive(&self.sql, &connection, message, &reserved, now_ms());
+                    let outputs =
+                        self.state.borrow_mut().receive(self.sql(), &connection, message, &reserved, self.io.now());
                     match outputs {
-                        Ok(outputs) => return self.carry_out(state, outputs),
+                        Ok(outputs) => return self.carry_out(outputs),
                         Err(e) => ChatFrame::Error(format!("the frame could not be handled: {e}")).to_json(),
                     }
                 }
@@ -296,15 +273,15 @@ impl Chat {
             }
             Err(e) => rpc::protocol_error_frame(&e),
         };
-        let _ = ws.send_with_str(reply);
+        socket.send(&reply);
         ChatAction::Done
     }
 
     /// Forgets a client that went away and completes the close handshake.
-    pub fn closed(&self, ws: &WebSocket, code: usize, reason: String) {
-        self.state.borrow_mut().on_close(&connection_id(ws));
-        let code = if code == 1005 || code == 1006 { 1000 } else { code as u16 };
-        let _ = ws.close(Some(code), Some(reason));
+    pub fn closed(&self, socket: &dyn Socket, code: u16, reason: &str) {
+        self.state.borrow_mut().on_close(&socket.id());
+        let code = if code == 1005 || code == 1006 { 1000 } else { code };
+        socket.close(code, reason);
     }
 
     /// Runs the turn a chat client asked for: a fresh stream under its request id, each chunk
@@ -312,7 +289,6 @@ impl Chat {
     #[allow(clippy::too_many_arguments)]
     pub async fn run_client_turn(
         &self,
-        state: &State,
         request_id: &str,
         sender: Option<String>,
         system: Option<String>,
@@ -323,9 +299,9 @@ impl Chat {
         let next = std::cell::Cell::new(0_i64);
         let emit = |body: String| {
             let index = next.get();
-            match StreamLog::new(&self.sql).append(request_id, index, ChunkKind::Stored, &body) {
+            match StreamLog::new(self.sql()).append(request_id, index, ChunkKind::Stored, &body) {
                 Ok(()) => {
-                    self.send(state, request_id, std::slice::from_ref(&body));
+                    self.send(request_id, std::slice::from_ref(&body));
                     next.set(index + 1);
                 }
                 Err(e) => self.failed("stream", &e),
@@ -342,40 +318,35 @@ impl Chat {
             flush: &|| {},
             cancel: CancelToken::new(),
         };
-        self.run(state, spec, model, tools).await.1
+        self.run(spec, model, tools).await.1
     }
 
     /// Runs one turn over the transcript (after any turn already running), streaming through
     /// `spec.emit`, then persists the assistant message, sends the transcript to the other
     /// clients and the final frame to all. Returns the assistant message and the outcome.
-    pub async fn run(
-        &self,
-        state: &State,
-        spec: TurnSpec<'_>,
-        model: &dyn DynModel,
-        tools: &dyn DynToolBox,
-    ) -> (Value, ChatEnd) {
+    pub async fn run(&self, spec: TurnSpec<'_>, model: &dyn DynModel, tools: &dyn DynToolBox) -> (Value, ChatEnd) {
         self.state.borrow_mut().turn_waits(&spec.request_id, spec.sender.clone());
         let _turn = self.turns.lock().await;
         let begun =
-            self.state.borrow_mut().turn_begins(&self.sql, &spec.request_id, spec.replay_after, spec.fresh_stream);
+            self.state.borrow_mut().turn_begins(self.sql(), &spec.request_id, spec.replay_after, spec.fresh_stream);
         match begun {
             Ok(Ok(())) => {}
             Ok(Err(end)) => {
-                self.carry_out(state, vec![end]);
+                self.carry_out(vec![end]);
                 return (Value::Null, ChatEnd::Aborted(Some("cancelled before it began".into())));
             }
             Err(e) => {
                 self.failed("turn", &e);
-                self.fail_request(state, &spec.request_id, &e.to_string());
+                self.fail_request(&spec.request_id, &e.to_string());
                 return (Value::Null, ChatEnd::Error(e.to_string()));
             }
         }
         *self.running.borrow_mut() = Some((spec.request_id.clone(), spec.cancel.clone()));
         let _running = RunningGuard { chat: self, request_id: spec.request_id.clone() };
         let history = to_model_messages(spec.system.as_deref(), &self.messages());
-        let message_id = format!("assistant_{}_{}", now_ms(), random_id().chars().take(8).collect::<String>());
-        if let Err(e) = OpenStreams::new(&self.sql).open(&spec.request_id, &spec.request_id, &message_id, now_ms()) {
+        let now = self.io.now();
+        let message_id = format!("assistant_{now}_{}", self.io.random_id().chars().take(8).collect::<String>());
+        if let Err(e) = OpenStreams::new(self.sql()).open(&spec.request_id, &spec.request_id, &message_id, now) {
             self.failed("stream", &e);
         }
         let builder = RefCell::new(MessageBuilder::new(message_id.clone()));
@@ -404,15 +375,15 @@ impl Chat {
         };
         (spec.flush)();
         let message = builder.borrow().message();
-        if let Err(e) = Messages::new(&self.sql)
-            .upsert(&message, now_ms())
-            .and_then(|_| OpenStreams::new(&self.sql).close(&spec.request_id))
+        if let Err(e) = Messages::new(self.sql())
+            .upsert(&message, self.io.now())
+            .and_then(|_| OpenStreams::new(self.sql()).close(&spec.request_id))
         {
             self.failed("assistant message", &e);
         }
         let reserved = |id: &str| self.is_reserved(id);
         let ended = self.state.borrow_mut().turn_ends(
-            &self.sql,
+            self.sql(),
             &spec.request_id,
             &end,
             spec.sender.as_deref(),
@@ -420,7 +391,7 @@ impl Chat {
             &reserved,
         );
         match ended {
-            Ok(outputs) => drop(self.carry_out(state, outputs)),
+            Ok(outputs) => drop(self.carry_out(outputs)),
             Err(e) => self.failed("turn's end", &e),
         }
         (message, end)

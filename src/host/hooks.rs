@@ -3,23 +3,20 @@
 //! agent class of a Worker instead of once per class. Only these forwarding calls, the agent's
 //! tools and its [`Turn`] are compiled per agent type.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::rc::Rc;
 
 use serde_json::Value;
-use worker::{Request, Response};
 
 use super::child::{Turn, TurnOutput};
-use super::host::{AgentHost, Host};
+use super::core::{AgentHost, Host};
+pub(crate) use super::io::LocalFuture;
+use super::io::{HttpRequest, HttpResponse};
 use super::tools::HostTools;
 use crate::agent::{Agent, Refusal, SubAgent};
 use crate::cancel::CancelToken;
 use crate::observability::ObservabilityEvent;
 use crate::tools::Tools;
 use crate::types::{Milestone, ProgressSnapshot, RunInfo, RunResult, ScheduledTask};
-
-pub(crate) type LocalFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 
 /// The agent of one Durable Object and its tools: what [`Hooks`] is implemented for, and what
 /// an [`AgentHost`] holds beside the erased host.
@@ -31,14 +28,14 @@ pub(crate) struct Parts<A: Agent> {
 /// An agent's hooks with its type erased. Each call hands the hook the typed
 /// [`AgentHost`] it expects, made from the erased host and these parts.
 pub(crate) trait Hooks {
-    fn authorize<'a>(self: Rc<Self>, host: &Host, request: &'a Request) -> LocalFuture<'a, Result<(), Refusal>>;
+    fn authorize<'a>(self: Rc<Self>, host: &Host, request: &'a HttpRequest) -> LocalFuture<'a, Result<(), Refusal>>;
     fn call<'a>(
         self: Rc<Self>,
         host: &Host,
         method: &'a str,
         args: Vec<Value>,
     ) -> LocalFuture<'a, Result<Value, String>>;
-    fn on_request(self: Rc<Self>, host: &Host, request: Request) -> LocalFuture<'static, worker::Result<Response>>;
+    fn on_request(self: Rc<Self>, host: &Host, request: HttpRequest) -> LocalFuture<'static, HttpResponse>;
     fn on_schedule(self: Rc<Self>, host: &Host, task: ScheduledTask) -> LocalFuture<'static, ()>;
     fn on_observability(&self, event: &ObservabilityEvent);
     fn on_agent_tool_start<'a>(self: Rc<Self>, host: &Host, run: &'a RunInfo) -> LocalFuture<'a, ()>;
@@ -66,9 +63,9 @@ pub(crate) trait Hooks {
     fn on_before_sub_agent<'a>(
         self: Rc<Self>,
         host: &Host,
-        request: &'a Request,
+        request: &'a HttpRequest,
         child: &'a SubAgent,
-    ) -> LocalFuture<'a, Option<Response>>;
+    ) -> LocalFuture<'a, Option<HttpResponse>>;
     /// Runs a chat turn a client (or a detached run's notice) asked for, with the agent's
     /// model and tools.
     fn run_chat_turn(
@@ -95,7 +92,7 @@ impl<A: Agent> Parts<A> {
 }
 
 impl<A: Agent> Hooks for Parts<A> {
-    fn authorize<'a>(self: Rc<Self>, host: &Host, request: &'a Request) -> LocalFuture<'a, Result<(), Refusal>> {
+    fn authorize<'a>(self: Rc<Self>, host: &Host, request: &'a HttpRequest) -> LocalFuture<'a, Result<(), Refusal>> {
         let host = self.typed(host);
         Box::pin(async move { host.parts.agent.authorize(&host, request).await })
     }
@@ -110,7 +107,7 @@ impl<A: Agent> Hooks for Parts<A> {
         Box::pin(async move { host.parts.agent.call(&host, method, args).await })
     }
 
-    fn on_request(self: Rc<Self>, host: &Host, request: Request) -> LocalFuture<'static, worker::Result<Response>> {
+    fn on_request(self: Rc<Self>, host: &Host, request: HttpRequest) -> LocalFuture<'static, HttpResponse> {
         let host = self.typed(host);
         Box::pin(async move { host.parts.agent.on_request(&host, request).await })
     }
@@ -171,9 +168,9 @@ impl<A: Agent> Hooks for Parts<A> {
     fn on_before_sub_agent<'a>(
         self: Rc<Self>,
         host: &Host,
-        request: &'a Request,
+        request: &'a HttpRequest,
         child: &'a SubAgent,
-    ) -> LocalFuture<'a, Option<Response>> {
+    ) -> LocalFuture<'a, Option<HttpResponse>> {
         let host = self.typed(host);
         Box::pin(async move { host.parts.agent.on_before_sub_agent(&host, request, child).await })
     }
@@ -188,13 +185,17 @@ impl<A: Agent> Hooks for Parts<A> {
         Box::pin(async move {
             let core = &host.host.0;
             let agent = &host.parts.agent;
-            let model = match agent.model(&core.env, None) {
-                Ok(m) => m,
-                Err(e) => return core.chat.fail_request(&core.state, &request_id, &e.to_string()),
-            };
             let tools = HostTools { host: &host, request_id: &request_id, turn: None };
             let (system, max_steps) = (agent.system_prompt(), agent.max_steps());
-            core.chat.run_client_turn(&core.state, &request_id, sender, system, max_steps, &model, &tools).await;
+            if let Some(model) = core.io.model() {
+                core.chat.run_client_turn(&request_id, sender, system, max_steps, &*model, &tools).await;
+                return;
+            }
+            let model = match agent.model(core.io.env(), None) {
+                Ok(m) => m,
+                Err(e) => return core.chat.fail_request(&request_id, &e.to_string()),
+            };
+            core.chat.run_client_turn(&request_id, sender, system, max_steps, &model, &tools).await;
         })
     }
 
