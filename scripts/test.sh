@@ -18,6 +18,8 @@ cargo test -p agent-tools --doc
 # The schema checks compiled to wasm32 and run on V8's RegExp, in Node (tests/wasm.rs).
 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
   cargo test --target wasm32-unknown-unknown -p agent-tools --no-default-features --test wasm
+# The example Worker's own tests: its agents hosted natively by the test kit (no wrangler).
+cargo test -p hello-agents --tests
 rm -f "$ROOT/test-artifacts/scale.txt"
 cargo test -p agent-tools --lib --tests -- --test-threads="${TEST_THREADS:-2}" "$@"
 if [ -f "$ROOT/test-artifacts/scale.txt" ]; then

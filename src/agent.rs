@@ -123,6 +123,8 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
 
     /// Fires once per run when it reaches a terminal status, awaited or detached (a repaired
     /// `interrupted` run does not fire it again; a detached run's handler sees every outcome).
+    /// At least once: if the object dies before the hook returns, its next instance calls it
+    /// again; callers of the run get its result after the hook returned.
     async fn on_agent_tool_finish(&self, host: &AgentHost<Self>, run: &RunInfo, result: &RunResult) {
         let _ = (host, run, result);
     }

@@ -124,6 +124,10 @@ fn the_host_reaches_the_platform_only_through_io() {
     let graph = module_graph();
     let (deps, _) = graph.get("host").expect("a host module");
     assert!(!deps.contains("platform"), "the host names the platform: {deps:?}");
+    // The test kit is the other platform beneath the same host: it never borrows the Worker's.
+    let (deps, crates) = graph.get("testing").expect("a testing module");
+    assert!(!deps.contains("platform"), "the test kit names the Worker's platform: {deps:?}");
+    assert!(crates.is_empty(), "the test kit names the Workers runtime: {crates:?}");
     assert!(graph["platform"].0.contains("host"), "the platform binds the host (this check sees the graph)");
 }
 

@@ -84,6 +84,8 @@ mod schedule;
 mod schema;
 pub mod sql;
 mod store;
+#[cfg(all(any(test, feature = "testing"), not(target_arch = "wasm32")))]
+pub mod testing;
 mod tools;
 mod types;
 mod wrangler_check;

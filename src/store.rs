@@ -128,13 +128,14 @@ pub fn atomic<T>(sql: &(impl Sql + ?Sized), work: impl FnOnce() -> Result<T, Sto
     out.ok_or_else(|| StoreError { message: "a unit of work did not run".into() })
 }
 
-#[cfg(all(test, not(target_arch = "wasm32")))]
+#[cfg(all(any(test, feature = "testing"), not(target_arch = "wasm32")))]
 pub(crate) mod sqlite {
-    //! `rusqlite` behind [`Sql`], for the native unit tests.
+    //! `rusqlite` behind [`Sql`], for the native unit tests and the test kit.
     use super::{Row, Sql, StoreError, Value};
     use rusqlite::types::{ToSqlOutput, ValueRef};
 
     /// A fresh in-memory database.
+    #[cfg(test)]
     pub fn memory() -> rusqlite::Connection {
         rusqlite::Connection::open_in_memory().expect("open in-memory sqlite")
     }

@@ -209,8 +209,7 @@ pub fn sleep(ms: u64) -> impl Future<Output = ()> + 'static {
 }
 
 /// Sets how native code waits (the test kit's clock), for this thread.
-#[cfg(not(target_arch = "wasm32"))]
-#[allow(dead_code)] // the test kit's
+#[cfg(all(any(test, feature = "testing"), not(target_arch = "wasm32")))]
 pub(crate) fn set_native_sleep(sleep: Option<Sleeper>) {
     NATIVE_SLEEP.with(|current| *current.borrow_mut() = sleep);
 }

@@ -13,5 +13,7 @@ pub(crate) mod tools;
 
 pub use child::{Turn, TurnOutput};
 pub use core::AgentHost;
+#[cfg(all(any(test, feature = "testing"), not(target_arch = "wasm32")))]
+pub(crate) use io::set_native_sleep;
 pub use io::{json_error, json_response, sleep, Env, HttpRequest, HttpResponse};
 pub(crate) use io::{pause, ByteStream, ChildCall, ChildReply, Io, LocalFuture, Reply, Socket};

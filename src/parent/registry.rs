@@ -63,6 +63,7 @@ CREATE TABLE IF NOT EXISTS agent_tool_runs (
   progress_seq INTEGER,
   child_binding TEXT NOT NULL DEFAULT '',
   finish_hook_at INTEGER,
+  finish_hook_done_at INTEGER,
   notify INTEGER NOT NULL DEFAULT 0,
   input_json TEXT,
   reruns INTEGER NOT NULL DEFAULT 0,
@@ -101,6 +102,7 @@ const ADDED_COLUMNS: &[(&str, &str)] = &[
     ("input_json", "TEXT"),
     ("reruns", "INTEGER NOT NULL DEFAULT 0"),
     ("started_seq", "INTEGER NOT NULL DEFAULT 0"),
+    ("finish_hook_done_at", "INTEGER"),
 ];
 
 /// How many deleted run ids keep their sequence high-water mark (a cleared id dispatched
@@ -337,8 +339,31 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
         Ok(())
     }
 
-    /// Claims the one `on_agent_tool_finish` call of a run, awaited or detached: `true` for the
-    /// first caller only (a repaired `interrupted` run, a retried delivery, do not fire it again).
+    /// The finish hook of `run_id` returned: a restart does not call it again.
+    pub fn finish_hook_returned(&self, run_id: &str, now: i64) -> Result<(), StoreError> {
+        self.sql.exec(
+            "UPDATE agent_tool_runs SET finish_hook_done_at = ? WHERE run_id = ? AND finish_hook_done_at IS NULL",
+            &[V::Int(now), V::from(run_id)],
+        )?;
+        Ok(())
+    }
+
+    /// Ended runs whose finish hook was claimed but never returned (the object died first):
+    /// a fresh instance calls them again.
+    pub fn finish_hooks_owed(&self) -> Result<Vec<RunRecord>, StoreError> {
+        let rows = self.sql.exec(
+            &format!(
+                "SELECT {COLUMNS} FROM agent_tool_runs WHERE finish_hook_at IS NOT NULL \
+                 AND finish_hook_done_at IS NULL AND status NOT IN ('starting', 'running') ORDER BY finish_hook_at, run_id"
+            ),
+            &[],
+        )?;
+        Ok(rows.iter().map(RunRecord::from_row).collect())
+    }
+
+    /// Claims the `on_agent_tool_finish` call of a run, awaited or detached: `true` for the
+    /// first caller only (a repaired `interrupted` run, a retried delivery, do not fire it again;
+    /// a restart before it returned calls it again, see [`Registry::finish_hooks_owed`]).
     pub fn claim_finish_hook(&self, run_id: &str, now: i64) -> Result<bool, StoreError> {
         let rows = self.sql.exec(
             "UPDATE agent_tool_runs SET finish_hook_at = ? WHERE run_id = ? AND finish_hook_at IS NULL RETURNING 1",

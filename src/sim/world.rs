@@ -307,6 +307,8 @@ pub struct Observed {
     pub notified: BTreeMap<(String, String), usize>,
     /// Runs whose finish hook is running.
     pub hooks_running: std::collections::BTreeSet<String>,
+    /// Runs whose finish hook was called while a call of it was running.
+    pub overlapping_hooks: Vec<String>,
     /// Runs whose caller got the result while the run's finish hook was still running.
     pub early_results: Vec<String>,
     /// How many times each run id was cleared.
@@ -1004,6 +1006,9 @@ impl World {
                 ParentAction::Resolve { run_id, result } => self.resolve(&run_id, &result),
                 ParentAction::Hook(HookCall::Finish(run, _)) => {
                     *self.observed.finish_hooks.entry(run.run_id.clone()).or_default() += 1;
+                    if self.observed.hooks_running.contains(&run.run_id) {
+                        self.observed.overlapping_hooks.push(run.run_id.clone());
+                    }
                     // The agent's hook takes a while (now and then a long while); its run's
                     // callers must not get the result before it returned.
                     self.observed.hooks_running.insert(run.run_id.clone());

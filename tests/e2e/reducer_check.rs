@@ -1,4 +1,4 @@
-//! The Rust port of the stock client reducer (`src/sim/reducer.rs`, which the simulation uses
+//! The Rust port of the stock client reducer (`src/testing/reducer.rs`, which the simulation uses
 //! as "a stock client") checked against the stock TypeScript code itself (`agents@0.32.0`, run
 //! by `tests/node/reducer-check.mjs`): a few thousand seeded frame sequences go through both,
 //! and every final state must serialize to the same bytes, with the same fate for every frame.
@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-#[path = "../../src/sim/reducer.rs"]
+#[path = "../../src/testing/reducer.rs"]
 mod reducer;
 
 use reducer::{Client, Outcome};

@@ -326,7 +326,13 @@ impl ParentEngine {
     /// Handles what happened.
     pub fn handle(&mut self, sql: &(impl Sql + ?Sized), event: ParentEvent, now: i64) -> Vec<ParentAction> {
         let run_id = event_run(&event).to_owned();
-        let mut actions = self.unit(sql, Some(&run_id), "event", now, |e| e.on_event(sql, event, now));
+        // A returned hook hands its run's callers their result whatever the storage does (a
+        // failed write of its return only means a restart calls it again).
+        let mut actions = match &event {
+            ParentEvent::FinishHookDone { run_id } => self.finish_hook_done(run_id),
+            _ => Vec::new(),
+        };
+        actions.extend(self.unit(sql, Some(&run_id), "event", now, |e| e.on_event(sql, event, now)));
         actions.extend(self.settle(sql, now));
         self.account(actions)
     }
@@ -371,7 +377,10 @@ impl ParentEngine {
                 let delivery = Delivery { slot, gen, attempt };
                 self.on_delivery_done(sql, &run_id, delivery, result, now)
             }
-            ParentEvent::FinishHookDone { run_id } => Ok(self.finish_hook_done(&run_id)),
+            ParentEvent::FinishHookDone { run_id } => {
+                Registry::new(sql).finish_hook_returned(&run_id, now)?;
+                Ok(Vec::new())
+            }
         }
     }
 

@@ -17,16 +17,31 @@ impl ParentEngine {
         }
         self.recovery_started = true;
         let mut actions = self.unit(sql, None, "recovery", now, |engine| engine.begin_recovery(sql, now));
+        actions.extend(self.unit(sql, None, "finish hooks", now, |engine| engine.owed_finish_hooks(sql)));
         actions.extend(self.settle(sql, now));
         self.account(actions)
+    }
+
+    /// The finish hooks an earlier instance claimed and never saw return: called again (the
+    /// hook is at least once; exactly once unless the object dies while it runs).
+    fn owed_finish_hooks(&mut self, sql: &(impl Sql + ?Sized)) -> Result<Vec<ParentAction>, StoreError> {
+        let owed = Registry::new(sql).finish_hooks_owed()?;
+        Ok(owed
+            .into_iter()
+            .filter(|run| !self.finishing.contains_key(&run.run_id))
+            .map(|run| ParentAction::Hook(HookCall::Finish(run.info(), run.result())))
+            .collect())
     }
 
     /// The alarm: recovery (if it never ran here), the backbone's tick, watching given-up
     /// children, retention, owed child clears, and the next alarm. Each run's step is its own
     /// unit: one that fails is reported and retried at the next alarm, the others go on.
     pub fn alarm(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Vec<ParentAction> {
-        self.recovery_started = true;
+        let fresh = !std::mem::replace(&mut self.recovery_started, true);
         let mut actions = self.unit(sql, None, "recovery", now, |engine| engine.begin_recovery(sql, now));
+        if fresh {
+            actions.extend(self.unit(sql, None, "finish hooks", now, |engine| engine.owed_finish_hooks(sql)));
+        }
         actions.extend(self.settle(sql, now));
         let outstanding = match Ledger::new(sql).outstanding() {
             Ok(outstanding) => outstanding,

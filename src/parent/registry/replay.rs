@@ -46,7 +46,7 @@ impl ReplayCursor {
 
 impl<'a, S: Sql + ?Sized> Registry<'a, S> {
     /// Every retained run's frames, as [`Registry::replay_each`] sends them.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn replay(&self) -> Result<Vec<EventFrame>, StoreError> {
         let mut out = Vec::new();
         self.replay_each(|frame| {
@@ -58,7 +58,7 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
 
     /// Replays every retained run to `send` in one go (see [`ReplayCursor`]). `send` returns
     /// `false` to stop.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "testing"))]
     pub fn replay_each(&self, mut send: impl FnMut(EventFrame) -> bool) -> Result<(), StoreError> {
         let mut cursor = ReplayCursor::default();
         while self.replay_page(&mut cursor, usize::MAX, &mut send)? {}

@@ -123,3 +123,41 @@ fn a_recovery_pass_moves_on_when_the_run_it_waits_on_is_concluded_meanwhile() {
     let actions = engine.cancel(&db, "a", None, 101).actions;
     assert!(gen_of(&actions, "inspect", "b").is_some(), "{actions:?}");
 }
+
+fn finish_hooks(actions: &[ParentAction]) -> Vec<String> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            ParentAction::Hook(HookCall::Finish(run, _)) => Some(run.run_id.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The finish hook is at least once: one an instance called and never saw return (it died
+/// first) is called again by the next instance; one that returned is not; a failed write of
+/// its return still hands the callers their result.
+#[test]
+fn a_finish_hook_that_never_returned_is_called_again_after_a_restart() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    for id in ["returned", "lost"] {
+        let tail = started(&db, &mut engine, id, None);
+        let actions = engine.handle(&db, end(tail, id), 12);
+        assert_eq!(finish_hooks(&actions), [id]);
+    }
+    let actions = engine.handle(&db, ParentEvent::FinishHookDone { run_id: "returned".into() }, 13);
+    assert_eq!(resolved(&actions), [("returned".to_owned(), RunStatus::Completed)]);
+    // A restart before the other hook returned.
+    let mut engine = ParentEngine::new("Parent", AgentToolOptions::default(), 2);
+    let actions = engine.wake(&db, 100);
+    assert_eq!(finish_hooks(&actions), ["lost"]);
+    // Its return, written this time, is the last call.
+    let db = FailOn { db, pattern: "finish_hook_done_at = ?", times: std::cell::Cell::new(1) };
+    let actions = engine.handle(&db, ParentEvent::FinishHookDone { run_id: "lost".into() }, 101);
+    assert_eq!(observed(&actions), [EventType::StorageFailed], "the failed write is reported");
+    let mut engine = ParentEngine::new("Parent", AgentToolOptions::default(), 3);
+    assert_eq!(finish_hooks(&engine.alarm(&db, 200)), ["lost"], "its return was not recorded");
+    engine.handle(&db, ParentEvent::FinishHookDone { run_id: "lost".into() }, 201);
+    let mut engine = ParentEngine::new("Parent", AgentToolOptions::default(), 4);
+    assert!(finish_hooks(&engine.wake(&db, 300)).is_empty(), "every hook returned");
+}

@@ -1,0 +1,451 @@
+//! A browser client as the stock libraries behave: `useAgent`'s socket (which reconnects by
+//! itself unless the server closed it with a final 4xxx code), `useAgentChat`'s chat requests,
+//! RPC calls, and `useAgentToolEvents`'s state, kept by the Rust port of the stock reducer.
+//! Each `agent-tool-event` frame is checked against the contract as it arrives.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::rc::{Rc, Weak};
+
+use serde_json::{json, Value};
+
+use super::exec::TEST;
+use super::io::KitSocket;
+use super::reducer::{Client as Reducer, Outcome};
+use super::world::WorldInner;
+use crate::chat::message::{text_of, user_text, MessageBuilder};
+
+/// How long a dropped client waits before it reconnects (virtual ms; PartySocket's first
+/// delay is about a second).
+pub const RECONNECT_MS: u64 = 1_000;
+
+/// A chat response as the client assembled it from its stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatReply {
+    /// The assistant message (`UIMessage` JSON).
+    pub message: Value,
+    /// Its text parts, joined.
+    pub text: String,
+    /// The stream's error, if it ended with one.
+    pub error: Option<String>,
+    /// Whether the stream ended.
+    pub done: bool,
+}
+
+#[derive(Default)]
+struct Response {
+    builder: Option<MessageBuilder>,
+    error: Option<String>,
+    done: bool,
+}
+
+/// What a client's socket delivers to, and what it keeps.
+pub(crate) struct Inbox {
+    pub(crate) path: String,
+    world: Weak<WorldInner>,
+    socket: RefCell<Option<Rc<KitSocket>>>,
+    frames: RefCell<Vec<Value>>,
+    reducer: RefCell<Reducer>,
+    transcript: RefCell<Vec<Value>>,
+    responses: RefCell<BTreeMap<String, Response>>,
+    rpc: RefCell<HashMap<String, Result<Value, String>>>,
+    /// Frames sent while the connection was down, sent when it is back (PartySocket's queue).
+    outbox: RefCell<Vec<String>>,
+    closed: RefCell<Option<(u16, String)>>,
+    /// The client closed it itself: it stays closed.
+    closed_by_client: Cell<bool>,
+    reconnects: Cell<usize>,
+    // ----- the contract, checked frame by frame
+    /// Each `(run, sequence)`'s event, as first seen.
+    named: RefCell<HashMap<(String, i64), String>>,
+    /// The sequence of each run's hard terminal frame (`finished`, `error`, `aborted`) on this
+    /// connection; an `interrupted` run can still be repaired by a late result.
+    terminal: RefCell<HashMap<String, i64>>,
+    violation: RefCell<Option<String>>,
+}
+
+impl Inbox {
+    pub(crate) fn new(world: &Rc<WorldInner>, path: &str) -> Rc<Self> {
+        let mut reducer = Reducer::new();
+        reducer.set_now(world.exec.now() as f64);
+        Rc::new(Self {
+            path: path.to_owned(),
+            world: Rc::downgrade(world),
+            socket: RefCell::new(None),
+            frames: RefCell::new(Vec::new()),
+            reducer: RefCell::new(reducer),
+            transcript: RefCell::new(Vec::new()),
+            responses: RefCell::new(BTreeMap::new()),
+            rpc: RefCell::new(HashMap::new()),
+            outbox: RefCell::new(Vec::new()),
+            closed: RefCell::new(None),
+            closed_by_client: Cell::new(false),
+            reconnects: Cell::new(0),
+            named: RefCell::new(HashMap::new()),
+            terminal: RefCell::new(HashMap::new()),
+            violation: RefCell::new(None),
+        })
+    }
+
+    pub(crate) fn connected(&self, socket: Rc<KitSocket>) {
+        *self.socket.borrow_mut() = Some(socket.clone());
+        *self.closed.borrow_mut() = None;
+        // A new connection gets the replay again; its terminal frames are tracked afresh.
+        self.terminal.borrow_mut().clear();
+        let queued = self.outbox.take();
+        if let (false, Some(world)) = (queued.is_empty(), self.world.upgrade()) {
+            for text in queued {
+                world.send_frame(socket.clone(), text);
+            }
+        }
+    }
+
+    pub(crate) fn refused(&self, code: u16, reason: &str) {
+        *self.closed.borrow_mut() = Some((code, reason.to_owned()));
+    }
+
+    pub(crate) fn is_open(&self) -> bool {
+        self.closed.borrow().is_none() && self.socket.borrow().is_some()
+    }
+
+    /// The stock reducer's state.
+    pub(crate) fn runs_json(&self) -> Value {
+        self.reducer.borrow().state_json()
+    }
+
+    /// Whether the client still listens (it did not close its socket, and no refusal was final).
+    pub(crate) fn listening(&self) -> bool {
+        !self.closed_by_client.get() && self.is_open()
+    }
+
+    pub(crate) fn violation(&self) -> Option<String> {
+        self.violation.borrow().clone()
+    }
+
+    fn violated(&self, problem: String) {
+        let mut violation = self.violation.borrow_mut();
+        if violation.is_none() {
+            *violation = Some(format!("{}: {problem}", self.path));
+        }
+    }
+
+    /// A frame arrived.
+    pub(crate) fn receive(&self, text: &str) {
+        let frame: Value = serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()));
+        match frame.get("type").and_then(Value::as_str) {
+            Some("agent-tool-event") => self.event(&frame),
+            Some("cf_agent_chat_messages") => {
+                if let Some(messages) = frame.get("messages").and_then(Value::as_array) {
+                    *self.transcript.borrow_mut() = messages.clone();
+                }
+            }
+            Some("cf_agent_use_chat_response") => self.response(&frame),
+            Some("rpc") => {
+                let id = frame.get("id").and_then(Value::as_str).unwrap_or_default().to_owned();
+                if frame.get("success") == Some(&Value::Bool(false)) {
+                    let error = frame.get("error").and_then(Value::as_str).unwrap_or_default().to_owned();
+                    self.rpc.borrow_mut().insert(id, Err(error));
+                } else if frame.get("done") == Some(&Value::Bool(true)) {
+                    self.rpc.borrow_mut().insert(id, Ok(frame.get("result").cloned().unwrap_or(Value::Null)));
+                }
+            }
+            _ => {}
+        }
+        self.frames.borrow_mut().push(frame);
+    }
+
+    fn event(&self, frame: &Value) {
+        if let Some(world) = self.world.upgrade() {
+            self.reducer.borrow_mut().set_now(world.exec.now() as f64);
+        }
+        match self.reducer.borrow_mut().receive(frame) {
+            Outcome::KeyThrew(e) | Outcome::Threw(e) => {
+                self.violated(format!("the stock reducer threw on {frame}: {}", e.message()))
+            }
+            _ => {}
+        }
+        let event = &frame["event"];
+        let (Some(run), Some(sequence)) = (event["runId"].as_str(), frame["sequence"].as_i64()) else {
+            return self.violated(format!("a frame without a run id or a sequence: {frame}"));
+        };
+        let text = event.to_string();
+        let key = (run.to_owned(), sequence);
+        let first = self.named.borrow().get(&key).cloned();
+        match first {
+            Some(seen) if seen != text => {
+                self.violated(format!("({run}, {sequence}) names two frames: {seen} and {text}"))
+            }
+            Some(_) => {}
+            None => {
+                self.named.borrow_mut().insert(key, text);
+            }
+        }
+        if let Some(&end) = self.terminal.borrow().get(run) {
+            if sequence > end {
+                self.violated(format!("a frame of {run} after its terminal frame ({end}): {frame}"));
+            }
+        }
+        let kind = event["kind"].as_str().unwrap_or_default();
+        if ["finished", "error", "aborted"].contains(&kind) {
+            self.terminal.borrow_mut().insert(run.to_owned(), sequence);
+        }
+    }
+
+    fn response(&self, frame: &Value) {
+        let Some(id) = frame.get("id").and_then(Value::as_str) else { return };
+        let mut responses = self.responses.borrow_mut();
+        let response = responses.entry(id.to_owned()).or_default();
+        let body = frame.get("body").and_then(Value::as_str).unwrap_or_default();
+        if frame.get("error") == Some(&Value::Bool(true)) {
+            response.error = Some(body.to_owned());
+        } else if let Ok(chunk) = serde_json::from_str::<Value>(body) {
+            let builder = response.builder.get_or_insert_with(|| MessageBuilder::new(format!("a-{id}")));
+            builder.apply(&chunk);
+            if chunk.get("type").and_then(Value::as_str) == Some("error") {
+                response.error = chunk.get("errorText").and_then(Value::as_str).map(str::to_owned);
+            }
+        }
+        if frame.get("done") == Some(&Value::Bool(true)) {
+            response.done = true;
+        }
+    }
+
+    /// The connection closed (the server closed it, or the network dropped it): the client
+    /// reconnects after [`RECONNECT_MS`] unless the code is final (4000–4999) or it closed
+    /// the socket itself.
+    pub(crate) fn closed(self: &Rc<Self>, code: u16, reason: &str) {
+        *self.closed.borrow_mut() = Some((code, reason.to_owned()));
+        if self.closed_by_client.get() || (4000..5000).contains(&code) {
+            return;
+        }
+        let Some(world) = self.world.upgrade() else { return };
+        let inbox = Rc::downgrade(self);
+        let wait = world.exec.sleep(RECONNECT_MS);
+        let clock = Rc::downgrade(&world);
+        world.exec.spawn(
+            TEST,
+            Box::pin(async move {
+                wait.await;
+                loop {
+                    let (Some(inbox), Some(world)) = (inbox.upgrade(), clock.upgrade()) else { return };
+                    if inbox.closed_by_client.get() || inbox.is_open() {
+                        return;
+                    }
+                    inbox.reconnects.set(inbox.reconnects.get() + 1);
+                    let open = WorldInner::open(world.clone(), inbox.clone());
+                    let wait = world.exec.sleep(RECONNECT_MS);
+                    drop((inbox, world));
+                    match open.await {
+                        Ok(()) | Err((true, _)) => return,
+                        Err((false, _)) => wait.await,
+                    }
+                }
+            }),
+        );
+    }
+
+    /// The network drops the connection: both ends hear of it.
+    pub(crate) fn drop_connection(self: &Rc<Self>) {
+        let socket = self.socket.borrow_mut().take();
+        let Some(socket) = socket else { return };
+        if let Some(world) = self.world.upgrade() {
+            world.close_socket(socket, 1006, "the connection dropped".into());
+        }
+        self.closed(1006, "the connection dropped");
+    }
+}
+
+/// A client connected to an agent (see [`super::World::connect`]): its socket, the stock
+/// client's state of agent-tool runs, and the chat. Methods that wait for an answer drive the
+/// world until it comes.
+pub struct Client {
+    world: Weak<WorldInner>,
+    inbox: Rc<Inbox>,
+    next_id: Cell<u64>,
+}
+
+impl Client {
+    pub(crate) fn new(world: Weak<WorldInner>, inbox: Rc<Inbox>) -> Self {
+        Self { world, inbox, next_id: Cell::new(1) }
+    }
+
+    fn world(&self) -> Rc<WorldInner> {
+        self.world.upgrade().expect("the world of this client was dropped")
+    }
+
+    fn id(&self, prefix: &str) -> String {
+        let n = self.next_id.get();
+        self.next_id.set(n + 1);
+        format!("{prefix}-{n}")
+    }
+
+    /// Every frame received so far, parsed (a frame that is not JSON is a JSON string).
+    pub fn frames(&self) -> Vec<Value> {
+        self.inbox.frames.borrow().clone()
+    }
+
+    /// The `agent-tool-event` frames received so far.
+    pub fn events(&self) -> Vec<Value> {
+        let frames = self.inbox.frames.borrow();
+        frames.iter().filter(|f| f["type"] == "agent-tool-event").cloned().collect()
+    }
+
+    /// The stock client's state (`useAgentToolEvents`): `{runsById, runsByToolCallId,
+    /// unboundRuns}`, as `JSON.parse(JSON.stringify(state))`.
+    pub fn runs(&self) -> Value {
+        self.inbox.reducer.borrow().state_json()
+    }
+
+    /// One run of [`Client::runs`] (`runsById[run_id]`).
+    pub fn run(&self, run_id: &str) -> Option<Value> {
+        self.runs().get("runsById").and_then(|runs| runs.get(run_id)).cloned()
+    }
+
+    /// The transcript the server last sent (`cf_agent_chat_messages`).
+    pub fn messages(&self) -> Vec<Value> {
+        self.inbox.transcript.borrow().clone()
+    }
+
+    /// Sends a raw frame. While the connection is down (the client reconnecting) the frame
+    /// waits and goes out when it is back, as PartySocket queues it.
+    pub fn send(&self, frame: &Value) {
+        assert!(!self.inbox.closed_by_client.get(), "the client closed its connection to {}", self.inbox.path);
+        let socket = self.inbox.socket.borrow().clone();
+        match socket {
+            Some(socket) if self.inbox.is_open() => self.world().send_frame(socket, frame.to_string()),
+            _ => self.inbox.outbox.borrow_mut().push(frame.to_string()),
+        }
+    }
+
+    /// Sends a chat message as `useAgentChat`'s `sendMessage` does (the transcript so far and
+    /// the new user message), without waiting. Returns the request id.
+    pub fn send_chat(&self, text: &str) -> String {
+        let request_id = self.id("req");
+        let mut messages = self.messages();
+        for reply in self.inbox.responses.borrow().values().filter(|r| r.done) {
+            if let Some(message) = reply.builder.as_ref().map(MessageBuilder::message) {
+                if !messages.iter().any(|m| m["id"] == message["id"]) {
+                    messages.push(message);
+                }
+            }
+        }
+        messages.push(user_text(self.id("user"), text));
+        let body = json!({ "messages": messages, "trigger": "submit-message" }).to_string();
+        let frame = json!({ "type": "cf_agent_use_chat_request", "id": request_id,
+                            "init": { "method": "POST", "body": body } });
+        self.send(&frame);
+        request_id
+    }
+
+    /// Sends a chat message and waits for the whole reply.
+    pub fn chat(&self, text: &str) -> ChatReply {
+        let request_id = self.send_chat(text);
+        self.wait_reply(&request_id)
+    }
+
+    /// Waits for the reply to `request_id` to end.
+    pub fn wait_reply(&self, request_id: &str) -> ChatReply {
+        let inbox = self.inbox.clone();
+        let done = self.world().run_until(&mut || inbox.responses.borrow().get(request_id).is_some_and(|r| r.done));
+        assert!(done, "no end of the reply to {request_id} within the wait limit");
+        self.reply(request_id).expect("a reply")
+    }
+
+    /// The reply to `request_id` as received so far.
+    pub fn reply(&self, request_id: &str) -> Option<ChatReply> {
+        let responses = self.inbox.responses.borrow();
+        let response = responses.get(request_id)?;
+        let message = response.builder.as_ref().map_or(Value::Null, MessageBuilder::message);
+        Some(ChatReply { text: text_of(&message), message, error: response.error.clone(), done: response.done })
+    }
+
+    /// Calls the agent's RPC method `method` ([`crate::Agent::call`]) and waits for its answer.
+    pub fn call(&self, method: &str, args: Vec<Value>) -> Result<Value, String> {
+        let id = self.id("rpc");
+        self.send(&json!({ "type": "rpc", "id": id, "method": method, "args": args }));
+        let inbox = self.inbox.clone();
+        let done = self.world().run_until(&mut || inbox.rpc.borrow().contains_key(&id));
+        assert!(done, "no answer to the RPC call {method} within the wait limit");
+        self.inbox.rpc.borrow_mut().remove(&id).expect("an answer")
+    }
+
+    /// Closes the connection (code 1000); the client does not reconnect.
+    pub fn close(&self) {
+        self.inbox.closed_by_client.set(true);
+        let socket = self.inbox.socket.borrow_mut().take();
+        if let Some(socket) = socket {
+            self.world().close_socket(socket, 1000, String::new());
+        }
+        *self.inbox.closed.borrow_mut() = Some((1000, String::new()));
+    }
+
+    /// Drops the connection as a network failure would (both ends see 1006); the client
+    /// reconnects after [`RECONNECT_MS`].
+    pub fn drop_connection(&self) {
+        self.inbox.drop_connection();
+    }
+
+    /// Whether the connection is open now.
+    pub fn is_open(&self) -> bool {
+        self.inbox.is_open()
+    }
+
+    /// The close code and reason, while closed.
+    pub fn closed(&self) -> Option<(u16, String)> {
+        self.inbox.closed.borrow().clone()
+    }
+
+    /// How many times the client reconnected.
+    pub fn reconnects(&self) -> usize {
+        self.inbox.reconnects.get()
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        // A client that goes away closes its socket, as a closed tab does.
+        if self.inbox.is_open() && self.world.upgrade().is_some() {
+            self.close();
+        }
+        self.inbox.closed_by_client.set(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::World;
+
+    fn frame(sequence: i64, kind: &str, text: &str) -> String {
+        let event = match kind {
+            "chunk" => {
+                json!({ "kind": "chunk", "runId": "r", "body": json!({ "type": "text-delta", "id": "t", "delta": text }).to_string() })
+            }
+            _ => json!({ "kind": kind, "runId": "r", "summary": text }),
+        };
+        json!({ "type": "agent-tool-event", "sequence": sequence, "event": event }).to_string()
+    }
+
+    /// The contract's checks catch what they check: a frame after a run's hard terminal frame,
+    /// and one `(run, sequence)` naming two frames; an `interrupted` run may still be repaired.
+    #[test]
+    fn the_checks_see_what_they_check() {
+        let world = World::new();
+        let inbox = Inbox::new(&world.0, "/agents/a/b");
+        inbox.receive(&frame(1, "chunk", "a"));
+        inbox.receive(&frame(2, "interrupted", ""));
+        inbox.receive(&frame(3, "chunk", "b"));
+        inbox.receive(&frame(4, "finished", "done"));
+        inbox.receive(&frame(4, "finished", "done"));
+        assert_eq!(inbox.violation(), None, "a repair after interrupted, a replayed frame: all fine");
+        inbox.receive(&frame(5, "chunk", "late"));
+        let problem = inbox.violation().expect("a frame after the terminal one");
+        assert!(problem.contains("after its terminal frame (4)"), "{problem}");
+
+        let inbox = Inbox::new(&world.0, "/agents/a/b");
+        inbox.receive(&frame(1, "chunk", "a"));
+        inbox.receive(&frame(1, "chunk", "b"));
+        let problem = inbox.violation().expect("two frames under one sequence");
+        assert!(problem.contains("(r, 1) names two frames"), "{problem}");
+    }
+}

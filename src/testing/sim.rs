@@ -1,0 +1,225 @@
+//! Seeded schedules over a Worker's own agents: each seed picks the order ready work runs in and
+//! when faults strike; the library's invariants are checked after every step and at the end,
+//! then the test's own. A failing seed prints the line that replays it.
+
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+
+use serde_json::Value;
+
+use super::world::{Faults, ObjectRef, World};
+use crate::parent::registry::Registry;
+use crate::routing::parse_agent_path;
+
+/// The env var that replays one seed: `AGENT_TOOLS_SEED=<seed> cargo test <test>`.
+pub const SEED_VAR: &str = "AGENT_TOOLS_SEED";
+
+/// An invariant of a test's own.
+type Check = dyn Fn(&World) -> Result<(), String>;
+
+/// Runs a scenario over many seeded worlds (see the module docs of [`crate::testing`]).
+///
+/// ```
+/// # use agent_tools::prelude::*;
+/// # #[derive(Default)] pub struct Planner;
+/// # impl agent_tools::AgentClass for Planner { const CLASS: &'static str = "Planner"; const BINDING: &'static str = "Planner"; }
+/// # impl Agent for Planner {}
+/// use agent_tools::testing::{Faults, Simulation};
+/// Simulation::new(|world| world.route::<Planner>())
+///     .faults(Faults::chaos())
+///     .schedules(20)
+///     .run(|world| {
+///         let client = world.connect("/agents/planner/p");
+///         client.send_chat("hello");
+///     });
+/// ```
+pub struct Simulation<S: Fn(World) -> World> {
+    setup: S,
+    faults: Faults,
+    schedules: u64,
+    base: u64,
+    checks: Vec<Box<Check>>,
+}
+
+impl<S: Fn(World) -> World> Simulation<S> {
+    /// A simulation of the world `setup` builds (its agent classes, vars and models) from a
+    /// seeded one. 100 schedules, no faults, until told otherwise.
+    pub fn new(setup: S) -> Self {
+        Self { setup, faults: Faults::default(), schedules: 100, base: 0, checks: Vec::new() }
+    }
+
+    /// The faults each world injects.
+    pub fn faults(mut self, faults: Faults) -> Self {
+        self.faults = faults;
+        self
+    }
+
+    /// How many seeds to run (from the base seed on).
+    pub fn schedules(mut self, n: u64) -> Self {
+        self.schedules = n;
+        self
+    }
+
+    /// The first seed (default 0).
+    pub fn base(mut self, seed: u64) -> Self {
+        self.base = seed;
+        self
+    }
+
+    /// An invariant of the test's own, checked at the end of every schedule.
+    pub fn check(mut self, check: impl Fn(&World) -> Result<(), String> + 'static) -> Self {
+        self.checks.push(Box::new(check));
+        self
+    }
+
+    /// Runs `scenario` in each seeded world, then lets the world settle with the faults over,
+    /// and checks the invariants. `AGENT_TOOLS_SEED=<seed>` runs that seed only. Panics with
+    /// the seed and the line that replays it at the first failure. Returns the faults injected
+    /// over all the schedules.
+    pub fn run(self, scenario: impl Fn(&World)) -> usize {
+        let seeds: Vec<u64> = match std::env::var(SEED_VAR).ok().and_then(|s| s.parse().ok()) {
+            Some(seed) => vec![seed],
+            None => (self.base..self.base + self.schedules).collect(),
+        };
+        let mut injected = 0;
+        for seed in seeds {
+            let outcome = catch_unwind(AssertUnwindSafe(|| {
+                let world = (self.setup)(World::seeded(seed).faults(self.faults.clone()));
+                scenario(&world);
+                world.settle_after_faults(self.faults.until_ms);
+                let mut problems = Vec::new();
+                if let Err(problem) = check_end(&world) {
+                    problems.push(problem);
+                }
+                for check in &self.checks {
+                    if let Err(problem) = check(&world) {
+                        problems.push(problem);
+                    }
+                }
+                (problems, world.injected_faults())
+            }));
+            match outcome {
+                Ok((problems, n)) if problems.is_empty() => injected += n,
+                Ok((problems, _)) => fail(seed, &problems.join("; ")),
+                Err(panic) => {
+                    eprintln!("seed {seed} panicked; replay it with {SEED_VAR}={seed} cargo test <this test>");
+                    resume_unwind(panic)
+                }
+            }
+        }
+        injected
+    }
+}
+
+fn fail(seed: u64, problem: &str) -> ! {
+    panic!(
+        "seed {seed} broke an invariant: {problem}\nreplay it: {SEED_VAR}={seed} cargo test <this test> -- --nocapture"
+    )
+}
+
+/// The library's invariants once a world settled: every run ended; each run's replay is in
+/// increasing sequence and ends with its terminal frame; no child owes a clear; every ended
+/// run's finish hook ran (exactly once when nothing crashed); every client connected to a
+/// parent holds the same state of its retained runs as a client that connects now.
+pub(crate) fn check_end(world: &World) -> Result<(), String> {
+    for object in world.objects() {
+        let Some((runs, frames, owed)) = world.with_sql(&object, |sql| {
+            if !crate::parent::engine::has_tables(sql).unwrap_or(false) {
+                return Ok(None);
+            }
+            let registry = Registry::new(sql);
+            Ok(Some((registry.all()?, registry.replay()?, registry.child_clears_pending()?)))
+        })?
+        else {
+            continue;
+        };
+        for run in &runs {
+            if run.status.is_live() {
+                return Err(format!("{object}: run {} is still {:?} after the world settled", run.run_id, run.status));
+            }
+            let hooks = world.finish_hooks(&object, &run.run_id);
+            if hooks == 0 || (hooks > 1 && !world.0.crashed.get()) {
+                return Err(format!(
+                    "{object}: the finish hook of {} ({:?}, {:?}) ran {hooks} times",
+                    run.run_id, run.status, run.error_message
+                ));
+            }
+            let mine: Vec<Value> = (frames.iter())
+                .map(|f| serde_json::to_value(f).unwrap_or(Value::Null))
+                .filter(|f| f["event"]["runId"] == run.run_id.as_str())
+                .collect();
+            let sequences: Vec<i64> = mine.iter().filter_map(|f| f["sequence"].as_i64()).collect();
+            if sequences.windows(2).any(|w| w[0] >= w[1]) {
+                return Err(format!("{object}: run {}'s replay is out of order: {sequences:?}", run.run_id));
+            }
+            let last = mine.last().and_then(|f| f["event"]["kind"].as_str()).unwrap_or_default();
+            if !mine.is_empty() && !["finished", "error", "aborted", "interrupted"].contains(&last) {
+                return Err(format!(
+                    "{object}: run {}'s replay ends with {last:?}, not its terminal frame",
+                    run.run_id
+                ));
+            }
+        }
+        if owed != 0 {
+            return Err(format!("{object}: {owed} children still owe a clear"));
+        }
+        let retained: Vec<&str> = runs.iter().map(|r| r.run_id.as_str()).collect();
+        let clients = world.clients_of(&object);
+        if clients.is_empty() {
+            continue;
+        }
+        let class = world.class_name(&object.binding).unwrap_or_default();
+        let path = format!("/agents/{}/{}", crate::routing::kebab_case(class), object.name);
+        let late = world.try_connect(&path)?;
+        world.settle();
+        let expected = runs_by_id(&late.runs(), &retained);
+        for client in clients {
+            let state = runs_by_id(&client.runs_json(), &retained);
+            if state != expected {
+                return Err(format!(
+                    "{object}: a client that stayed (or reconnected) holds {state}, a client connecting now {expected}"
+                ));
+            }
+        }
+        late.close();
+    }
+    Ok(())
+}
+
+/// The `runsById` of a reducer state, for the runs still retained.
+fn runs_by_id(state: &Value, retained: &[&str]) -> Value {
+    let mut out = serde_json::Map::new();
+    if let Some(runs) = state["runsById"].as_object() {
+        for (id, run) in runs.iter().filter(|(id, _)| retained.contains(&id.as_str())) {
+            out.insert(id.clone(), run.clone());
+        }
+    }
+    Value::Object(out)
+}
+
+impl World {
+    /// Runs until the faults are over, then until nothing happens for a while, every dropped
+    /// client back.
+    pub(crate) fn settle_after_faults(&self, until_ms: i64) {
+        let end = super::world::START_MS + until_ms;
+        if self.now() < end {
+            self.advance((end - self.now()) as u64);
+        }
+        self.settle();
+    }
+
+    /// The clients connected to `object` itself (not drilled in to a child).
+    pub(crate) fn clients_of(&self, object: &ObjectRef) -> Vec<std::rc::Rc<super::client::Inbox>> {
+        let clients = self.0.clients.borrow();
+        clients
+            .iter()
+            .filter_map(std::rc::Weak::upgrade)
+            .filter(|c| c.listening())
+            .filter(|c| {
+                let class = self.class_name(&object.binding).unwrap_or_default();
+                parse_agent_path(&c.path).is_some_and(|p| {
+                    p.sub.is_none() && p.name == object.name && p.agent == crate::routing::kebab_case(class)
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,912 @@
+//! The simulated Worker: its agent classes, one object per `(binding, name)` as a Durable
+//! Object namespace keeps them, a virtual clock, the hops between objects, and the faults a
+//! test asks for (or a seed picks).
+
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::future::Future;
+use std::rc::{Rc, Weak};
+
+use futures::channel::oneshot;
+
+use super::client::{Client, Inbox};
+use super::exec::{Exec, Owner, Rng, TEST};
+use super::hooks::{HookCounts, Watched};
+use super::io::{Accepted, Db, KitIo, KitSocket, RefusedSocket};
+use crate::agent::Agent;
+use crate::chat::turn::DynModel;
+use crate::host::core::Host;
+use crate::host::{HttpRequest, HttpResponse, Io, LocalFuture, Reply, Socket};
+use crate::llm::Model;
+use crate::routing::route_target;
+use crate::store::Sql;
+use crate::AgentHost;
+
+/// Where the virtual clock starts: 2026-01-01T00:00:00Z.
+pub const START_MS: i64 = 1_767_225_600_000;
+
+/// How long [`World::settle`] lets pass with nothing happening before it stops (5 minutes of
+/// virtual time).
+pub const QUIET_MS: i64 = 5 * 60_000;
+
+/// How long [`World::run_until`] and the calls that wait for an answer let the virtual clock
+/// run at most (1 hour).
+pub const WAIT_LIMIT_MS: i64 = 60 * 60_000;
+
+/// One object of the world: an agent class's binding and an instance name, as a Durable Object
+/// namespace addresses it (`idFromName`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectRef {
+    /// The Durable Object binding (`AgentClass::BINDING`).
+    pub binding: String,
+    /// The instance name: `<name>` of `/agents/<agent>/<name>`, or `<Parent>/<parent-name>/<run-id>`
+    /// for a child run's object.
+    pub name: String,
+}
+
+impl ObjectRef {
+    /// Agent class `A`'s object named `name`.
+    pub fn of<A: Agent>(name: &str) -> Self {
+        Self { binding: A::BINDING.to_owned(), name: name.to_owned() }
+    }
+}
+
+impl fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.binding, self.name)
+    }
+}
+
+/// Faults a seeded world injects by itself, each a chance per step (a task polled) until the
+/// virtual clock reaches `until_ms` after the world's start. All zero by default.
+#[derive(Debug, Clone, Default)]
+pub struct Faults {
+    /// An object crashes: its memory, its running work and its client connections are lost;
+    /// its storage and alarm stay.
+    pub crash: f64,
+    /// An object is evicted with its connections kept (a hibernation): its memory and running
+    /// work are lost.
+    pub hibernate: f64,
+    /// A client's connection drops (it reconnects by itself, as the stock client does).
+    pub drop_client: f64,
+    /// An object stops answering for a while (up to `max_stall_ms`), as a hung one does.
+    pub stall: f64,
+    /// The longest stall.
+    pub max_stall_ms: u64,
+    /// A call between objects takes up to this long on its way.
+    pub max_hop_ms: u64,
+    /// When the faults stop (ms after the start), so the world can settle.
+    pub until_ms: i64,
+}
+
+impl Faults {
+    /// A mix that finds ordering bugs: crashes, hibernations, dropped clients, stalls and slow
+    /// hops, for the first 60 virtual seconds.
+    pub fn chaos() -> Self {
+        Self {
+            crash: 0.002,
+            hibernate: 0.002,
+            drop_client: 0.003,
+            stall: 0.002,
+            max_stall_ms: 5_000,
+            max_hop_ms: 50,
+            until_ms: 60_000,
+        }
+    }
+}
+
+/// A log line an object wrote.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogLine {
+    /// When (virtual epoch ms).
+    pub at: i64,
+    /// The object.
+    pub object: ObjectRef,
+    /// An error line.
+    pub error: bool,
+    /// What it said.
+    pub text: String,
+}
+
+type Make = fn(Rc<dyn Io>, &Rc<RefCell<HookCounts>>, &ObjectRef) -> (Host, Rc<dyn Any>);
+
+struct Class {
+    class: &'static str,
+    binding: &'static str,
+    make: Make,
+}
+
+fn make<A: Agent>(io: Rc<dyn Io>, counts: &Rc<RefCell<HookCounts>>, object: &ObjectRef) -> (Host, Rc<dyn Any>) {
+    let counts = counts.clone();
+    let object = object.clone();
+    let host = AgentHost::<A>::with_io_watched(io, move |hooks| Rc::new(Watched { inner: hooks, counts, object }));
+    (host.host.clone(), Rc::new(host))
+}
+
+/// An object: its storage and alarm (durable), its memory (the live host, if any) and its
+/// client sockets.
+pub(crate) struct Object {
+    class: usize,
+    db: Rc<Db>,
+    pub(crate) alarm: Cell<Option<i64>>,
+    live: RefCell<Option<Live>>,
+    /// The incarnation running now (set before its constructor runs); 0 when none is.
+    incarnation: Cell<Owner>,
+    pub(crate) sockets: RefCell<Vec<Rc<KitSocket>>>,
+    stalled_until: Cell<i64>,
+}
+
+struct Live {
+    host: Host,
+    typed: Rc<dyn Any>,
+    owner: Owner,
+    ended: Rc<Ended>,
+}
+
+/// The end of an incarnation: what its connections to other objects wait on, so a crash cuts
+/// them as a dead isolate's connections are cut.
+#[derive(Default)]
+pub(crate) struct Ended {
+    ended: Cell<bool>,
+    wakers: RefCell<Vec<std::task::Waker>>,
+}
+
+impl Ended {
+    fn end(&self) {
+        self.ended.set(true);
+        for waker in self.wakers.take() {
+            waker.wake();
+        }
+    }
+
+    /// Whether it ended; if not, `cx` is woken when it does.
+    pub(crate) fn poll(&self, cx: &std::task::Context<'_>) -> bool {
+        if !self.ended.get() {
+            self.wakers.borrow_mut().push(cx.waker().clone());
+        }
+        self.ended.get()
+    }
+}
+
+/// Hop faults a test asked for, by binding.
+#[derive(Default)]
+struct HopFaults {
+    delay_ms: HashMap<String, u64>,
+    drop: HashMap<String, usize>,
+}
+
+/// What the world holds (shared with its objects' platforms, its clients and its tasks).
+pub(crate) struct WorldInner {
+    pub(crate) exec: Exec,
+    classes: RefCell<Vec<Class>>,
+    routes: RefCell<Vec<(&'static str, &'static str)>>,
+    objects: RefCell<BTreeMap<ObjectRef, Rc<Object>>>,
+    vars: RefCell<BTreeMap<String, String>>,
+    pub(crate) models: RefCell<HashMap<&'static str, Rc<dyn DynModel>>>,
+    ids: RefCell<Rng>,
+    logs: RefCell<Vec<LogLine>>,
+    hops: RefCell<HopFaults>,
+    next_owner: Cell<Owner>,
+    pub(crate) hooks: Rc<RefCell<HookCounts>>,
+    pub(crate) clients: RefCell<Vec<Weak<Inbox>>>,
+    /// The seed and the faults it drives, for a seeded world.
+    chaos: RefCell<Option<(Rng, Faults)>>,
+    pub(crate) seed: Option<u64>,
+    /// Faults injected so far (crashes, hibernations, drops, stalls).
+    pub(crate) injected: Cell<usize>,
+    /// Whether a crash or a hibernation happened (some guarantees are "without a crash").
+    pub(crate) crashed: Cell<bool>,
+    echo_logs: bool,
+}
+
+/// A simulated Worker in this process: the same agent code, host, engines and chat protocol a
+/// Worker runs, over real SQLite, on a virtual clock. See the module docs.
+pub struct World(pub(crate) Rc<WorldInner>);
+
+impl Default for World {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl World {
+    /// An empty world: tasks run in the order they are woken, ids are fixed by a seed of 0, and
+    /// nothing fails unless the test says so.
+    pub fn new() -> Self {
+        Self::build(None, 0)
+    }
+
+    /// A world driven by `seed`: ready tasks run in an order the seed picks, and the faults set
+    /// with [`World::faults`] strike when it says. The same seed replays the same run.
+    pub fn seeded(seed: u64) -> Self {
+        Self::build(Some(seed), seed)
+    }
+
+    fn build(order: Option<u64>, seed: u64) -> Self {
+        let inner = Rc::new(WorldInner {
+            exec: Exec::new(START_MS, order.map(Rng::new)),
+            classes: RefCell::new(Vec::new()),
+            routes: RefCell::new(Vec::new()),
+            objects: RefCell::new(BTreeMap::new()),
+            vars: RefCell::new(BTreeMap::new()),
+            models: RefCell::new(HashMap::new()),
+            ids: RefCell::new(Rng::new(seed ^ 0x1d5)),
+            logs: RefCell::new(Vec::new()),
+            hops: RefCell::new(HopFaults::default()),
+            next_owner: Cell::new(TEST + 1),
+            hooks: Rc::new(RefCell::new(HookCounts::default())),
+            clients: RefCell::new(Vec::new()),
+            chaos: RefCell::new(None),
+            seed: order,
+            injected: Cell::new(0),
+            crashed: Cell::new(false),
+            echo_logs: std::env::var_os("AGENT_TOOLS_KIT_LOG").is_some(),
+        });
+        // Code with no object at hand (a model's pace) waits on this world's clock.
+        let clock = Rc::downgrade(&inner);
+        crate::host::set_native_sleep(Some(Rc::new(move |ms| match clock.upgrade() {
+            Some(world) => world.exec.sleep(ms),
+            None => Box::pin(async {}),
+        })));
+        Self(inner)
+    }
+
+    /// Hosts agent class `A` and routes `/agents/<a-kebab>/<name>` to it, as
+    /// [`crate::Routes::agent`] does in the Worker's entry.
+    pub fn route<A: Agent>(self) -> Self {
+        self.0.routes.borrow_mut().push((A::CLASS, A::BINDING));
+        self.agent::<A>()
+    }
+
+    /// Hosts agent class `A` (a child class: reachable from its parents, not routed).
+    pub fn agent<A: Agent>(self) -> Self {
+        let mut classes = self.0.classes.borrow_mut();
+        if !classes.iter().any(|c| c.binding == A::BINDING) {
+            classes.push(Class { class: A::CLASS, binding: A::BINDING, make: make::<A> });
+        }
+        drop(classes);
+        self
+    }
+
+    /// Sets a var of the Worker's environment (what `wrangler.toml`'s `[vars]` or a secret
+    /// would), for the objects created from now on.
+    pub fn var(self, name: &str, value: &str) -> Self {
+        self.0.vars.borrow_mut().insert(name.to_owned(), value.to_owned());
+        self
+    }
+
+    /// Runs agent class `A` on `model` instead of its own ([`Agent::model`] is not called),
+    /// for its chat turns and its runs.
+    pub fn model<A: Agent>(self, model: impl Model + 'static) -> Self {
+        self.0.models.borrow_mut().insert(A::CLASS, Rc::new(model));
+        self
+    }
+
+    /// Lets the world inject `faults` by itself (a seeded world; see [`World::seeded`]).
+    pub fn faults(self, faults: Faults) -> Self {
+        let seed = self.0.seed.unwrap_or(0);
+        *self.0.chaos.borrow_mut() = Some((Rng::new(seed ^ 0xfa17), faults));
+        self
+    }
+
+    // ----- clients and requests ---------------------------------------------------------
+
+    /// Connects a client to `path` (`/agents/<agent>/<name>`, or a drill-in path
+    /// `/agents/<agent>/<name>/sub/<child>/<run-id>`), as `useAgent` does. Panics when the
+    /// connection is refused (see [`World::try_connect`]).
+    pub fn connect(&self, path: &str) -> Client {
+        self.try_connect(path).unwrap_or_else(|e| panic!("connecting to {path} was refused: {e}"))
+    }
+
+    /// Connects a client to `path`; a refusal is its HTTP status and body, or the close code
+    /// and reason of a socket accepted and closed at once.
+    pub fn try_connect(&self, path: &str) -> Result<Client, String> {
+        let inbox = Inbox::new(&self.0, path);
+        self.0.upgrade(&inbox)?;
+        Ok(Client::new(Rc::downgrade(&self.0), inbox))
+    }
+
+    /// Sends an HTTP request through the Worker's entry and waits for the answer.
+    pub fn request(&self, request: HttpRequest) -> HttpResponse {
+        match self.block_on(self.0.clone().fetch(request)) {
+            Reply::Http(response) => response,
+            Reply::Native(native) => match native.downcast::<RefusedSocket>() {
+                Ok(refused) => {
+                    crate::json_error(400, format!("a socket, closed with {}: {}", refused.code, refused.reason))
+                }
+                Err(_) => crate::json_error(400, "the request was answered with a socket; use World::connect"),
+            },
+        }
+    }
+
+    /// `GET path`.
+    pub fn get(&self, path: &str) -> HttpResponse {
+        self.request(request("GET", path, Vec::new()))
+    }
+
+    /// `POST path` with a JSON body.
+    pub fn post(&self, path: &str, body: &serde_json::Value) -> HttpResponse {
+        let mut req = request("POST", path, serde_json::to_vec(body).unwrap_or_default());
+        req.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+        self.request(req)
+    }
+
+    // ----- objects ----------------------------------------------------------------------
+
+    /// The host of agent class `A`'s object `name` (started if it is not running), to call
+    /// its methods from the test: `world.block_on(async move { host.run_agent_tool::<C>(…).await })`.
+    pub fn host<A: Agent>(&self, name: &str) -> AgentHost<A> {
+        let object = ObjectRef::of::<A>(name);
+        let (_, typed, _) = self.0.live(&object);
+        typed
+            .downcast::<AgentHost<A>>()
+            .map(|host| (*host).clone())
+            .unwrap_or_else(|_| panic!("{object} is not an object of {}", A::CLASS))
+    }
+
+    /// Every object created so far, by binding and name.
+    pub fn objects(&self) -> Vec<ObjectRef> {
+        self.0.objects.borrow().keys().cloned().collect()
+    }
+
+    /// The objects of agent class `A` (a child class: one per run).
+    pub fn objects_of<A: Agent>(&self) -> Vec<ObjectRef> {
+        self.objects().into_iter().filter(|o| o.binding == A::BINDING).collect()
+    }
+
+    /// Crashes `object`: its memory, its running work (requests, turns, tails) and its client
+    /// connections are lost (clients see code 1006 and reconnect); its storage and its alarm
+    /// stay. The next request or its alarm starts it again.
+    pub fn crash(&self, object: &ObjectRef) {
+        self.0.crash(object, true);
+    }
+
+    /// Evicts `object` with its client connections kept, as a hibernation does: its memory and
+    /// running work are lost; the next event starts it again.
+    pub fn hibernate(&self, object: &ObjectRef) {
+        self.0.crash(object, false);
+    }
+
+    /// Makes `object` answer nothing for `ms` (requests wait, as behind a hung turn's input
+    /// gate); what it is running goes on.
+    pub fn stall(&self, object: &ObjectRef, ms: u64) {
+        let object = self.0.object(object);
+        object.stalled_until.set(self.0.exec.now() + ms as i64);
+    }
+
+    /// Delays every call to objects of `binding` by `ms` from now on (0 ends it).
+    pub fn delay_hops_to(&self, binding: &str, ms: u64) {
+        self.0.hops.borrow_mut().delay_ms.insert(binding.to_owned(), ms);
+    }
+
+    /// Fails the next `n` calls to objects of `binding`, as a broken connection would.
+    pub fn drop_hops_to(&self, binding: &str, n: usize) {
+        self.0.hops.borrow_mut().drop.insert(binding.to_owned(), n);
+    }
+
+    // ----- time -------------------------------------------------------------------------
+
+    /// Now on the virtual clock (epoch ms).
+    pub fn now(&self) -> i64 {
+        self.0.exec.now()
+    }
+
+    /// Runs everything that can run, letting virtual time pass while something is scheduled
+    /// within [`QUIET_MS`] of the last event; stops when nothing is.
+    pub fn settle(&self) {
+        loop {
+            self.0.run_ready();
+            match self.0.next_event() {
+                Some(at) if at <= self.now() + QUIET_MS => self.0.advance_to(at),
+                _ => break,
+            }
+        }
+    }
+
+    /// Lets `ms` of virtual time pass, running what falls due on the way.
+    pub fn advance(&self, ms: u64) {
+        let until = self.now() + ms as i64;
+        loop {
+            self.0.run_ready();
+            match self.0.next_event() {
+                Some(at) if at <= until => self.0.advance_to(at),
+                _ => break,
+            }
+        }
+        self.0.exec.set_now(until);
+        self.0.run_ready();
+    }
+
+    /// Runs until `done` holds (checked after every step), for at most [`WAIT_LIMIT_MS`] of
+    /// virtual time. Whether it held.
+    pub fn run_until(&self, mut done: impl FnMut() -> bool) -> bool {
+        self.0.run_until(&mut done)
+    }
+
+    /// Runs `future` as the test's own task, driving the world until it resolves. Panics if it
+    /// does not within [`WAIT_LIMIT_MS`] of virtual time.
+    pub fn block_on<T: 'static>(&self, future: impl Future<Output = T> + 'static) -> T {
+        let out = Rc::new(RefCell::new(None));
+        let slot = out.clone();
+        self.0.exec.spawn(TEST, Box::pin(async move { *slot.borrow_mut() = Some(future.await) }));
+        let done = self.run_until(|| out.borrow().is_some());
+        assert!(done, "the future did not resolve within {WAIT_LIMIT_MS} ms of virtual time");
+        let value = out.borrow_mut().take();
+        value.expect("resolved")
+    }
+
+    // ----- what happened ----------------------------------------------------------------
+
+    /// Every log line so far (set `AGENT_TOOLS_KIT_LOG=1` to see them as they are written).
+    pub fn logs(&self) -> Vec<LogLine> {
+        self.0.logs.borrow().clone()
+    }
+
+    /// How many times `on_agent_tool_finish` ran for `run_id` on `parent`.
+    pub fn finish_hooks(&self, parent: &ObjectRef, run_id: &str) -> usize {
+        self.0.hooks.borrow().finish.get(&(parent.clone(), run_id.to_owned())).copied().unwrap_or(0)
+    }
+
+    /// How many times `on_detached_finish` ran for `run_id` on `parent` (attempts included).
+    pub fn detached_handlers(&self, parent: &ObjectRef, run_id: &str) -> usize {
+        self.0.hooks.borrow().detached.get(&(parent.clone(), run_id.to_owned())).copied().unwrap_or(0)
+    }
+
+    /// Faults the world injected by itself so far.
+    pub fn injected_faults(&self) -> usize {
+        self.0.injected.get()
+    }
+
+    /// Tasks polled so far (the world's steps).
+    pub fn steps(&self) -> u64 {
+        self.0.exec.polls.get()
+    }
+}
+
+impl World {
+    /// Reads `object`'s storage (for the kit's checks).
+    pub(crate) fn with_sql<T>(
+        &self,
+        object: &ObjectRef,
+        read: impl FnOnce(&dyn Sql) -> Result<T, crate::store::StoreError>,
+    ) -> Result<T, String> {
+        let object = self.0.object(object);
+        read(object.sql()).map_err(|e| e.to_string())
+    }
+
+    /// The class name of the agents bound to `binding`.
+    pub(crate) fn class_name(&self, binding: &str) -> Option<&'static str> {
+        self.0.classes.borrow().iter().find(|c| c.binding == binding).map(|c| c.class)
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        // Tasks hold the hosts, and the hosts their platforms: drop them all so nothing leaks.
+        self.0.shutdown();
+        crate::host::set_native_sleep(None);
+    }
+}
+
+/// A request to `path` on the Worker's origin.
+pub(crate) fn request(method: &str, path: &str, body: Vec<u8>) -> HttpRequest {
+    let mut req = http::Request::new(body);
+    *req.method_mut() = http::Method::from_bytes(method.as_bytes()).unwrap_or(http::Method::GET);
+    *req.uri_mut() = format!("http://worker.test{path}").parse().unwrap_or_default();
+    req
+}
+
+impl WorldInner {
+    pub(crate) fn random_id(&self) -> String {
+        let (a, b) = {
+            let mut ids = self.ids.borrow_mut();
+            (ids.next(), ids.next())
+        };
+        let bytes: Vec<u8> = a.to_be_bytes().into_iter().chain(b.to_be_bytes()).collect();
+        uuid::Builder::from_random_bytes(bytes.try_into().unwrap_or([0; 16])).into_uuid().to_string()
+    }
+
+    pub(crate) fn has_binding(&self, binding: &str) -> bool {
+        self.classes.borrow().iter().any(|c| c.binding == binding)
+    }
+
+    pub(crate) fn object(&self, key: &ObjectRef) -> Rc<Object> {
+        if let Some(object) = self.objects.borrow().get(key) {
+            return object.clone();
+        }
+        let class = self.classes.borrow().iter().position(|c| c.binding == key.binding);
+        let class = class.unwrap_or_else(|| panic!("no agent class is bound to {:?}", key.binding));
+        let db = rusqlite::Connection::open_in_memory().expect("an in-memory SQLite database");
+        let object = Rc::new(Object {
+            class,
+            db: Rc::new(Db(db)),
+            alarm: Cell::new(None),
+            live: RefCell::new(None),
+            incarnation: Cell::new(0),
+            sockets: RefCell::new(Vec::new()),
+            stalled_until: Cell::new(0),
+        });
+        self.objects.borrow_mut().insert(key.clone(), object.clone());
+        object
+    }
+
+    /// The object's running host, started if need be.
+    fn live(self: &Rc<Self>, key: &ObjectRef) -> (Host, Rc<dyn Any>, Owner) {
+        let (host, typed, owner, _) = self.live_ended(key);
+        (host, typed, owner)
+    }
+
+    /// [`WorldInner::live`], and what ends with this incarnation.
+    fn live_ended(self: &Rc<Self>, key: &ObjectRef) -> (Host, Rc<dyn Any>, Owner, Rc<Ended>) {
+        let object = self.object(key);
+        if let Some(live) = object.live.borrow().as_ref() {
+            return (live.host.clone(), live.typed.clone(), live.owner, live.ended.clone());
+        }
+        let owner = self.next_owner.get();
+        self.next_owner.set(owner + 1);
+        let (class, make) = {
+            let classes = self.classes.borrow();
+            (classes[object.class].class, classes[object.class].make)
+        };
+        let env = crate::Env::from_vars(self.vars.borrow().clone());
+        let io = Rc::new(KitIo {
+            world: Rc::downgrade(self),
+            object: key.clone(),
+            owner,
+            db: object.db.clone(),
+            env,
+            class,
+        });
+        // The incarnation is live before its constructor runs: work it spawns there is its own.
+        object.incarnation.set(owner);
+        let (host, typed) = make(io, &self.hooks, key);
+        let ended = Rc::new(Ended::default());
+        *object.live.borrow_mut() =
+            Some(Live { host: host.clone(), typed: typed.clone(), owner, ended: ended.clone() });
+        (host, typed, owner, ended)
+    }
+
+    pub(crate) fn is_live(&self, key: &ObjectRef, owner: Owner) -> bool {
+        self.objects.borrow().get(key).is_some_and(|o| o.incarnation.get() == owner)
+    }
+
+    /// Runs `serve` on the object's host as the object's own work (a crash drops it), once the
+    /// object answers; the answer comes back unless the object crashed first.
+    pub(crate) fn deliver<T: 'static>(
+        self: &Rc<Self>,
+        key: &ObjectRef,
+        serve: impl FnOnce(Host) -> LocalFuture<'static, T> + 'static,
+    ) -> LocalFuture<'static, Result<T, String>> {
+        self.deliver_to(key, serve).0
+    }
+
+    /// [`WorldInner::deliver`], and what ends with the incarnation that serves it (a stream it
+    /// answers with is cut then).
+    pub(crate) fn deliver_to<T: 'static>(
+        self: &Rc<Self>,
+        key: &ObjectRef,
+        serve: impl FnOnce(Host) -> LocalFuture<'static, T> + 'static,
+    ) -> (LocalFuture<'static, Result<T, String>>, Rc<Ended>) {
+        let (tx, rx) = oneshot::channel();
+        let (host, _, owner, ended) = self.live_ended(key);
+        let world = Rc::downgrade(self);
+        let object = key.clone();
+        self.exec.spawn(
+            owner,
+            Box::pin(async move {
+                // A stalled object answers once the stall is over.
+                let stall = world.upgrade().and_then(|w| {
+                    let left = w.object(&object).stalled_until.get() - w.exec.now();
+                    (left > 0).then(|| w.exec.sleep(left as u64))
+                });
+                if let Some(stall) = stall {
+                    stall.await;
+                }
+                let _ = tx.send(serve(host).await);
+            }),
+        );
+        let key = key.clone();
+        (Box::pin(async move { rx.await.map_err(|_| format!("{key} restarted before it answered")) }), ended)
+    }
+
+    /// The way to an object: the delay and the failures a test (or the seed) set.
+    pub(crate) async fn hop(self: &Rc<Self>, to: &ObjectRef) -> Result<(), String> {
+        let (delay, dropped) = {
+            let mut hops = self.hops.borrow_mut();
+            let delay = hops.delay_ms.get(&to.binding).copied().unwrap_or(0);
+            let dropped = match hops.drop.get_mut(&to.binding) {
+                Some(n) if *n > 0 => {
+                    *n -= 1;
+                    true
+                }
+                _ => false,
+            };
+            (delay, dropped)
+        };
+        let random = match self.chaos.borrow_mut().as_mut() {
+            Some((rng, faults)) if faults.max_hop_ms > 0 && self.faults_on(faults) => {
+                rng.next() % (faults.max_hop_ms + 1)
+            }
+            _ => 0,
+        };
+        if delay + random > 0 {
+            self.exec.sleep(delay + random).await;
+        }
+        if dropped {
+            return Err(format!("the connection to {to} was lost (a test's fault)"));
+        }
+        Ok(())
+    }
+
+    fn faults_on(&self, faults: &Faults) -> bool {
+        self.exec.now() < super::world::START_MS + faults.until_ms
+    }
+
+    /// A client's request through the Worker's entry: routed as the entry routes, then served
+    /// by the object.
+    pub(crate) async fn fetch(self: Rc<Self>, request: HttpRequest) -> Reply {
+        if request.body().len() > crate::MAX_BODY_BYTES {
+            let message = format!("request bodies are limited to {} bytes", crate::MAX_BODY_BYTES);
+            return Reply::Http(crate::json_error(413, message));
+        }
+        let path = request.uri().path().to_owned();
+        let routes = self.routes.borrow().clone();
+        let object = match route_target(&path, &routes) {
+            Ok(target) => ObjectRef { binding: target.binding.to_owned(), name: target.name },
+            Err((status, message)) => return Reply::Http(crate::json_error(status, message)),
+        };
+        let served = self.deliver(&object, move |host| Box::pin(async move { host.fetch(request).await }));
+        served.await.unwrap_or_else(|e| Reply::Http(crate::json_error(502, e)))
+    }
+
+    /// Runs until `done` holds, for at most [`WAIT_LIMIT_MS`] of virtual time.
+    pub(crate) fn run_until(self: &Rc<Self>, done: &mut dyn FnMut() -> bool) -> bool {
+        let limit = self.exec.now() + WAIT_LIMIT_MS;
+        loop {
+            if self.run_ready_until(done) {
+                return true;
+            }
+            match self.next_event() {
+                Some(at) if at <= limit => self.advance_to(at),
+                _ => return done(),
+            }
+        }
+    }
+
+    /// Opens a client's connection, blocking: an upgrade request to its path, tried again
+    /// after [`super::RECONNECT_MS`] while the refusal is not final (an object that restarted
+    /// while it answered), as the stock client does, up to ten times.
+    pub(crate) fn upgrade(self: &Rc<Self>, inbox: &Rc<Inbox>) -> Result<(), String> {
+        let mut tries = 0;
+        loop {
+            let out = Rc::new(RefCell::new(None));
+            let slot = out.clone();
+            let open = Self::open(self.clone(), inbox.clone());
+            self.exec.spawn(TEST, Box::pin(async move { *slot.borrow_mut() = Some(open.await) }));
+            if !self.run_until(&mut || out.borrow().is_some()) {
+                return Err("the upgrade was not answered".into());
+            }
+            let opened = out.borrow_mut().take().expect("answered");
+            tries += 1;
+            match opened {
+                Ok(()) => return Ok(()),
+                Err((false, _)) if tries < 10 => {
+                    let until = self.exec.now() + super::client::RECONNECT_MS as i64;
+                    self.run_until(&mut || self.exec.now() >= until);
+                }
+                Err((_, problem)) => return Err(problem),
+            }
+        }
+    }
+
+    /// Opens (or reopens) a client's connection. A refusal says whether it is final (a 4xx
+    /// answer, or a socket closed at once with 4000–4999), and why.
+    pub(crate) async fn open(self: Rc<Self>, inbox: Rc<Inbox>) -> Result<(), (bool, String)> {
+        let mut req = request("GET", &inbox.path, Vec::new());
+        req.headers_mut().insert(http::header::UPGRADE, http::HeaderValue::from_static("websocket"));
+        let reply = self.clone().fetch(req).await;
+        match reply {
+            Reply::Http(response) => {
+                let status = response.status().as_u16();
+                let body = String::from_utf8_lossy(response.body()).into_owned();
+                Err(((400..500).contains(&status), format!("HTTP {status}: {body}")))
+            }
+            Reply::Native(native) => match native.downcast::<Accepted>() {
+                Ok(accepted) => {
+                    inbox.connected(accepted.0.clone());
+                    accepted.0.attach(&inbox);
+                    let mut clients = self.clients.borrow_mut();
+                    if !clients.iter().any(|c| c.as_ptr() == Rc::as_ptr(&inbox)) {
+                        clients.push(Rc::downgrade(&inbox));
+                    }
+                    Ok(())
+                }
+                Err(native) => match native.downcast::<RefusedSocket>() {
+                    Ok(refused) => {
+                        inbox.refused(refused.code, &refused.reason);
+                        let reason = format!("closed with {}: {}", refused.code, refused.reason);
+                        Err(((4000..5000).contains(&refused.code), reason))
+                    }
+                    Err(_) => Err((true, "an answer of another platform".into())),
+                },
+            },
+        }
+    }
+
+    /// A client frame, delivered to the object that holds the socket.
+    pub(crate) fn send_frame(self: &Rc<Self>, socket: Rc<KitSocket>, text: String) {
+        let key = socket.object.clone();
+        let served =
+            self.deliver(&key, move |host| Box::pin(async move { host.websocket_message(socket, Ok(text)).await }));
+        self.exec.spawn(TEST, Box::pin(async move { drop(served.await) }));
+    }
+
+    /// A client closed its socket: its object hears of it.
+    pub(crate) fn close_socket(self: &Rc<Self>, socket: Rc<KitSocket>, code: u16, reason: String) {
+        socket.close_quietly();
+        let key = socket.object.clone();
+        self.object(&key).sockets.borrow_mut().retain(|s| !Rc::ptr_eq(s, &socket));
+        let served =
+            self.deliver(&key, move |host| Box::pin(async move { host.websocket_closed(&*socket, code, &reason) }));
+        self.exec.spawn(TEST, Box::pin(async move { drop(served.await) }));
+    }
+
+    pub(crate) fn log(&self, object: &ObjectRef, text: &str, error: bool) {
+        if self.echo_logs {
+            eprintln!("[{} {object}] {text}", self.exec.now() - START_MS);
+        }
+        let line = LogLine { at: self.exec.now(), object: object.clone(), error, text: text.to_owned() };
+        self.logs.borrow_mut().push(line);
+    }
+
+    fn crash(self: &Rc<Self>, key: &ObjectRef, close_sockets: bool) {
+        let what = if close_sockets { "crashed" } else { "hibernated" };
+        self.log(key, &format!("kit: {what}"), false);
+        let object = self.object(key);
+        let live = object.live.borrow_mut().take();
+        object.incarnation.set(0);
+        if let Some(live) = live {
+            self.exec.kill(live.owner);
+            live.ended.end();
+        }
+        self.crashed.set(true);
+        if close_sockets {
+            for socket in object.sockets.take() {
+                socket.close(1006, "the object crashed");
+            }
+        }
+    }
+
+    // ----- running ----------------------------------------------------------------------
+
+    /// Runs every task that can run now (timers and alarms due now included).
+    pub(crate) fn run_ready(self: &Rc<Self>) {
+        self.run_ready_until(&mut || false);
+    }
+
+    /// [`WorldInner::run_ready`], stopping as soon as `done` holds.
+    pub(crate) fn run_ready_until(self: &Rc<Self>, done: &mut dyn FnMut() -> bool) -> bool {
+        loop {
+            if done() {
+                return true;
+            }
+            if self.exec.step() {
+                self.after_step();
+                continue;
+            }
+            if self.exec.fire_due() || self.fire_alarms() {
+                continue;
+            }
+            return done();
+        }
+    }
+
+    /// The next timer or alarm.
+    pub(crate) fn next_event(&self) -> Option<i64> {
+        let alarm = self.objects.borrow().values().filter_map(|o| o.alarm.get()).min();
+        match (self.exec.next_timer(), alarm) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Moves the clock to `at` and runs what falls due.
+    pub(crate) fn advance_to(self: &Rc<Self>, at: i64) {
+        self.exec.set_now(at);
+        self.run_ready();
+    }
+
+    /// Fires the alarms due now. Whether any fired.
+    fn fire_alarms(self: &Rc<Self>) -> bool {
+        let now = self.exec.now();
+        let due: Vec<ObjectRef> = (self.objects.borrow().iter())
+            .filter(|(_, o)| o.alarm.get().is_some_and(|at| at <= now))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in &due {
+            self.object(key).alarm.set(None);
+            let fired = self.deliver(key, |host| Box::pin(async move { host.alarm().await }));
+            self.exec.spawn(TEST, Box::pin(async move { drop(fired.await) }));
+        }
+        !due.is_empty()
+    }
+
+    /// After each step: the faults a seed injects, then the clients' invariants.
+    fn after_step(self: &Rc<Self>) {
+        self.inject();
+        for inbox in self.clients.borrow().iter().filter_map(Weak::upgrade) {
+            if let Some(problem) = inbox.violation() {
+                let seed = self.seed.map_or(String::new(), |s| format!(" (seed {s})"));
+                panic!("a client saw what the contract forbids{seed}: {problem}");
+            }
+        }
+    }
+
+    fn inject(self: &Rc<Self>) {
+        let fault = {
+            let mut chaos = self.chaos.borrow_mut();
+            let Some((rng, faults)) = chaos.as_mut() else { return };
+            if self.exec.now() >= START_MS + faults.until_ms {
+                return;
+            }
+            let kind = if rng.chance(faults.crash) {
+                0
+            } else if rng.chance(faults.hibernate) {
+                1
+            } else if rng.chance(faults.drop_client) {
+                2
+            } else if rng.chance(faults.stall) {
+                3
+            } else {
+                return;
+            };
+            (kind, rng.next(), rng.next() % (faults.max_stall_ms + 1))
+        };
+        let (kind, pick, stall_ms) = fault;
+        let live: Vec<ObjectRef> =
+            self.objects.borrow().iter().filter(|(_, o)| o.live.borrow().is_some()).map(|(k, _)| k.clone()).collect();
+        match kind {
+            0 | 1 if !live.is_empty() => {
+                let key = &live[(pick % live.len() as u64) as usize];
+                self.crash(key, kind == 0);
+                self.injected.set(self.injected.get() + 1);
+            }
+            2 => {
+                let clients: Vec<Rc<Inbox>> = self.clients.borrow().iter().filter_map(Weak::upgrade).collect();
+                let open: Vec<&Rc<Inbox>> = clients.iter().filter(|c| c.is_open()).collect();
+                if !open.is_empty() {
+                    open[(pick % open.len() as u64) as usize].drop_connection();
+                    self.injected.set(self.injected.get() + 1);
+                }
+            }
+            3 if !live.is_empty() => {
+                let key = &live[(pick % live.len() as u64) as usize];
+                let object = self.object(key);
+                object.stalled_until.set(self.exec.now() + stall_ms as i64);
+                self.log(key, &format!("kit: stalled for {stall_ms} ms"), false);
+                self.injected.set(self.injected.get() + 1);
+            }
+            _ => {}
+        }
+    }
+
+    fn shutdown(&self) {
+        let objects: Vec<Rc<Object>> = self.objects.borrow().values().cloned().collect();
+        for object in &objects {
+            if let Some(live) = object.live.borrow_mut().take() {
+                self.exec.kill(live.owner);
+            }
+        }
+        self.exec.kill(TEST);
+        self.objects.borrow_mut().clear();
+    }
+}
+
+impl Object {
+    /// The object's storage.
+    pub(crate) fn sql(&self) -> &dyn Sql {
+        &*self.db
+    }
+}
