@@ -86,6 +86,11 @@ pub mod sql;
 mod store;
 #[cfg(all(any(test, feature = "testing"), not(target_arch = "wasm32")))]
 pub mod testing;
+
+/// `docs/testing.md`, whose examples are compiled and run as doctests.
+#[cfg(all(doctest, feature = "testing"))]
+#[doc = include_str!("../docs/testing.md")]
+pub struct TestingGuide;
 mod tools;
 mod types;
 mod wrangler_check;

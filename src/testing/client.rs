@@ -108,6 +108,14 @@ impl Inbox {
         self.closed.borrow().is_none() && self.socket.borrow().is_some()
     }
 
+    /// The transcript loaded over HTTP at connect (a frame that came meanwhile is newer).
+    pub(crate) fn set_transcript(&self, messages: Vec<Value>) {
+        let mut transcript = self.transcript.borrow_mut();
+        if transcript.is_empty() {
+            *transcript = messages;
+        }
+    }
+
     /// The stock reducer's state.
     pub(crate) fn runs_json(&self) -> Value {
         self.reducer.borrow().state_json()
@@ -301,7 +309,8 @@ impl Client {
         self.runs().get("runsById").and_then(|runs| runs.get(run_id)).cloned()
     }
 
-    /// The transcript the server last sent (`cf_agent_chat_messages`).
+    /// The transcript as the stock client holds it: loaded at connect (`GET get-messages`),
+    /// then replaced by each `cf_agent_chat_messages` the server sends.
     pub fn messages(&self) -> Vec<Value> {
         self.inbox.transcript.borrow().clone()
     }

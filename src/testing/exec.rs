@@ -140,15 +140,38 @@ impl Exec {
             let at = self.order.borrow_mut().as_mut().map_or(0, |rng| rng.below(ready.len()));
             ready.remove(at)
         };
+        self.poll(id);
+        true
+    }
+
+    /// Polls one ready task of `owner`. False when none is ready.
+    pub(crate) fn step_owner(&self, owner: Owner) -> bool {
+        let id = {
+            let tasks = self.tasks.borrow();
+            let mut ready = self.ready.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(at) = ready.iter().position(|id| tasks.get(id).is_some_and(|t| t.owner == owner)) else {
+                return false;
+            };
+            ready.remove(at)
+        };
+        self.poll(id);
+        true
+    }
+
+    /// Whether `owner` has any task, ready or waiting.
+    pub(crate) fn is_busy(&self, owner: Owner) -> bool {
+        self.tasks.borrow().values().any(|t| t.owner == owner)
+    }
+
+    fn poll(&self, id: u64) {
         // A task that ended or was killed may still be woken.
-        let Some(mut task) = self.tasks.borrow_mut().remove(&id) else { return true };
+        let Some(mut task) = self.tasks.borrow_mut().remove(&id) else { return };
         let waker = futures::task::waker(Arc::new(Wake { id, ready: self.ready.clone() }));
         let mut cx = Context::from_waker(&waker);
         self.polls.set(self.polls.get() + 1);
         if task.future.as_mut().poll(&mut cx).is_pending() {
             self.tasks.borrow_mut().insert(id, task);
         }
-        true
     }
 
     /// A future that resolves once the clock reaches now + `ms`.

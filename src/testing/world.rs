@@ -301,10 +301,15 @@ impl World {
     }
 
     /// Connects a client to `path`; a refusal is its HTTP status and body, or the close code
-    /// and reason of a socket accepted and closed at once.
+    /// and reason of a socket accepted and closed at once. As `useAgentChat` does, the client
+    /// then loads the transcript with `GET <path>/get-messages`.
     pub fn try_connect(&self, path: &str) -> Result<Client, String> {
         let inbox = Inbox::new(&self.0, path);
         self.0.upgrade(&inbox)?;
+        let messages = self.get(&format!("{}/get-messages", path.trim_end_matches('/')));
+        if let Ok(serde_json::Value::Array(messages)) = serde_json::from_slice(messages.body()) {
+            inbox.set_transcript(messages);
+        }
         Ok(Client::new(Rc::downgrade(&self.0), inbox))
     }
 
@@ -358,13 +363,16 @@ impl World {
 
     /// Crashes `object`: its memory, its running work (requests, turns, tails) and its client
     /// connections are lost (clients see code 1006 and reconnect); its storage and its alarm
-    /// stay. The next request or its alarm starts it again.
+    /// stay. The next request or its alarm starts it again. It strikes between the object's
+    /// events: what the object was already running without waiting (JavaScript's microtasks,
+    /// which commit with their event's storage writes) finishes first.
     pub fn crash(&self, object: &ObjectRef) {
         self.0.crash(object, true);
     }
 
     /// Evicts `object` with its client connections kept, as a hibernation does: its memory and
-    /// running work are lost; the next event starts it again.
+    /// running work are lost; the next event starts it again. (A real hibernation waits until
+    /// the object is idle; this one strikes between its events, as a crash does.)
     pub fn hibernate(&self, object: &ObjectRef) {
         self.0.crash(object, false);
     }
@@ -765,6 +773,10 @@ impl WorldInner {
         let what = if close_sockets { "crashed" } else { "hibernated" };
         self.log(key, &format!("kit: {what}"), false);
         let object = self.object(key);
+        // Between events: the object's ready work runs to its next wait first.
+        if let Some(owner) = object.live.borrow().as_ref().map(|l| l.owner) {
+            while self.exec.step_owner(owner) {}
+        }
         let live = object.live.borrow_mut().take();
         object.incarnation.set(0);
         if let Some(live) = live {
@@ -865,8 +877,14 @@ impl WorldInner {
             (kind, rng.next(), rng.next() % (faults.max_stall_ms + 1))
         };
         let (kind, pick, stall_ms) = fault;
-        let live: Vec<ObjectRef> =
-            self.objects.borrow().iter().filter(|(_, o)| o.live.borrow().is_some()).map(|(k, _)| k.clone()).collect();
+        let live: Vec<ObjectRef> = (self.objects.borrow().iter())
+            .filter(|(_, o)| match o.live.borrow().as_ref() {
+                // A hibernation only takes an idle object.
+                Some(live) => kind != 1 || !self.exec.is_busy(live.owner),
+                None => false,
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
         match kind {
             0 | 1 if !live.is_empty() => {
                 let key = &live[(pick % live.len() as u64) as usize];

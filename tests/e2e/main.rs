@@ -9,6 +9,7 @@ mod example;
 mod foundation;
 mod harness;
 mod hostile;
+mod kit_parity;
 mod library;
 mod lifecycle;
 mod limits;

@@ -1,0 +1,144 @@
+//! The demo Worker's agents under the test kit: its chat, drill-in and recovery scenarios, on
+//! the built-in offline model, natively (no wrangler, no Node). `tests/e2e/kit_parity.rs` runs
+//! three of them both ways and compares.
+
+#![cfg(feature = "demo")]
+
+use agent_tools::demo::{Assistant, Researcher, Summarizer};
+use agent_tools::testing::{Faults, ObjectRef, Simulation, World};
+use agent_tools::RunStatus;
+use serde_json::{json, Value};
+
+/// The demo Worker, its offline model answering `words` words `delay_ms` apart.
+fn demo(words: u32, delay_ms: u32) -> World {
+    World::new()
+        .route::<Assistant>()
+        .agent::<Researcher>()
+        .agent::<Summarizer>()
+        .var("OFFLINE_WORDS", &words.to_string())
+        .var("OFFLINE_DELAY_MS", &delay_ms.to_string())
+}
+
+fn runs(client: &agent_tools::testing::Client) -> Vec<Value> {
+    client.call("runs", vec![]).expect("runs").as_array().cloned().unwrap_or_default()
+}
+
+#[test]
+fn the_offline_model_researches_two_topics_in_one_step() {
+    let world = demo(8, 5);
+    let client = world.connect("/agents/assistant/alice");
+    let other = world.connect("/agents/assistant/alice");
+    let reply = client.chat("Research HTTP/3 and gRPC");
+    assert_eq!(reply.error, None);
+    let tools: Vec<&Value> =
+        (reply.message["parts"].as_array().expect("parts").iter()).filter(|p| p["type"] == "tool-research").collect();
+    assert_eq!(tools.len(), 2, "{:#}", reply.message);
+    assert!(tools.iter().all(|t| t["state"] == "output-available"));
+    // Both runs completed, each with a milestone, in the registry and in both clients' state.
+    let runs = runs(&client);
+    assert_eq!(runs.len(), 2);
+    for run in &runs {
+        assert_eq!(run["status"], "completed", "{run:#}");
+        assert_eq!(run["milestones"][0]["name"], "sources-gathered");
+        let id = run["runId"].as_str().expect("a run id");
+        for state in [client.run(id), other.run(id)] {
+            let state = state.expect("the client knows the run");
+            assert_eq!((&state["status"], &state["summary"]), (&json!("completed"), &run["summary"]));
+        }
+    }
+    // The other tab got the transcript after the turn.
+    assert_eq!(other.messages().len(), 2);
+}
+
+#[test]
+fn drilling_in_shows_the_childs_own_chat_and_a_guessed_id_is_refused() {
+    let world = demo(6, 5);
+    let client = world.connect("/agents/assistant/bob");
+    client.chat("Research QUIC");
+    let run_id = runs(&client)[0]["runId"].as_str().expect("a run id").to_owned();
+    let child = world.connect(&format!("/agents/assistant/bob/sub/researcher/{run_id}"));
+    world.settle();
+    let messages = child.messages();
+    assert_eq!(messages.len(), 2, "the child's transcript: the run's input and its answer");
+    assert_eq!(messages[1]["role"], "assistant");
+    let identity = child.frames().into_iter().find(|f| f["type"] == "cf_agent_identity").expect("an identity");
+    assert_eq!((&identity["agent"], &identity["name"]), (&json!("researcher"), &json!(run_id)));
+    // A run id the parent never dispatched: the socket is accepted and closed with 4404.
+    let refused = world.try_connect("/agents/assistant/bob/sub/researcher/guessed").err().expect("refused");
+    assert!(refused.contains("4404"), "{refused}");
+}
+
+#[test]
+fn a_parent_restart_mid_run_recovers_and_every_client_converges() {
+    let world = demo(40, 20);
+    let client = world.connect("/agents/assistant/carol");
+    let handle = client
+        .call("dispatch", vec![json!({ "agent": "Researcher", "input": { "query": "TLS" }, "runId": "r1", "detached": { "onFinish": "record" } })])
+        .expect("a handle");
+    assert_eq!(handle["runId"], "r1");
+    world.advance(300);
+    world.crash(&ObjectRef::of::<Assistant>("carol"));
+    world.settle();
+    assert!(client.reconnects() >= 1);
+    let run = &runs(&client)[0];
+    assert_eq!(run["status"], "completed", "{run:#}");
+    assert_eq!(run["summary"].as_str().map(|s| s.split_whitespace().count()), Some(40));
+    // The handler ran once, the finish hook once; a client that connects now holds the same.
+    let hooks = client.call("hooks", vec![]).expect("hooks");
+    let detached: Vec<&Value> = hooks.as_array().expect("rows").iter().filter(|h| h["hook"] == "detached").collect();
+    assert_eq!(detached.len(), 1, "{hooks:#}");
+    assert_eq!(world.finish_hooks(&ObjectRef::of::<Assistant>("carol"), "r1"), 1);
+    let late = world.connect("/agents/assistant/carol");
+    world.settle();
+    assert_eq!(late.run("r1"), client.run("r1"));
+}
+
+#[test]
+fn a_child_restart_mid_run_heals_by_running_it_again() {
+    let world = demo(30, 20);
+    let client = world.connect("/agents/assistant/dave");
+    let call = client.call(
+        "dispatch",
+        vec![json!({ "agent": "Researcher", "input": { "query": "DNS" }, "runId": "r1", "detached": true })],
+    );
+    assert!(call.is_ok());
+    world.advance(200);
+    let child = world.objects_of::<Researcher>().remove(0);
+    world.crash(&child);
+    world.settle();
+    let run = &runs(&client)[0];
+    assert_eq!(run["status"], "completed", "{run:#}");
+    assert_eq!(run["reruns"], 1, "{run:#}");
+    // The client's state shows one attempt's text, the summary.
+    let state = client.run("r1").expect("the run");
+    assert_eq!(state["summary"], run["summary"]);
+}
+
+/// Seeded schedules of the demo's chat and a detached run, with faults.
+#[test]
+fn seeded_schedules_of_the_demo_keep_the_contract() {
+    let injected = Simulation::new(|world| {
+        world
+            .route::<Assistant>()
+            .agent::<Researcher>()
+            .agent::<Summarizer>()
+            .var("OFFLINE_WORDS", "6")
+            .var("OFFLINE_DELAY_MS", "10")
+    })
+    .faults(Faults::chaos())
+    .schedules(std::env::var("SCHEDULES").ok().and_then(|n| n.parse().ok()).unwrap_or(200))
+    .check(|world| {
+        let host = world.host::<Assistant>("sim");
+        match host.agent_tool_runs().iter().find(|r| matches!(r.status, RunStatus::Error | RunStatus::Aborted)) {
+            Some(run) => Err(format!("run {} ended {:?}", run.run_id, run.status)),
+            None => Ok(()),
+        }
+    })
+    .run(|world| {
+        let client = world.connect("/agents/assistant/sim");
+        client.send_chat("Research HTTP/3 and gRPC");
+        let dispatch = json!({ "agent": "Researcher", "input": { "query": "QUIC" }, "runId": "d1", "detached": { "onFinish": "record" } });
+        client.send(&json!({ "type": "rpc", "id": "d", "method": "dispatch", "args": [dispatch] }));
+    });
+    assert!(injected > 20, "the faults struck ({injected})");
+}
