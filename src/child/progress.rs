@@ -112,6 +112,8 @@ mod tests {
         assert_eq!(c.offer(at(0.4), 1300), Decision::Defer { flush_at: 1400 });
         assert_eq!(c.offer(at(0.5), 1450), Decision::Emit(at(0.5)), "a report after the window goes at once");
         assert_eq!(c.flush(1460), None, "and supersedes the held one");
+        // The window is half-open: a report exactly a window after the last one goes at once.
+        assert_eq!(c.offer(at(0.6), 1450 + WINDOW_MS), Decision::Emit(at(0.6)));
     }
 
     #[test]

@@ -343,3 +343,135 @@ fn a_failed_log_write_keeps_the_chunks_for_the_next_flush() {
     assert_eq!(bodies.len(), 2, "both chunks, once each, in order: {bodies:?}");
     assert!(bodies[0].contains("\"i\":0") && bodies[1].contains("\"i\":1"), "{bodies:?}");
 }
+
+fn status(db: &rusqlite::Connection, run_id: &str) -> ChildStatus {
+    ChildRuns::new(db).get(run_id).unwrap().unwrap().status
+}
+
+fn end_line(actions: &[ChildAction], to: SubscriberId) -> Option<Value> {
+    actions.iter().find_map(|a| match a {
+        ChildAction::Send { subscriber, line } if *subscriber == to => {
+            let text = String::from_utf8_lossy(line);
+            text.lines().filter_map(|l| serde_json::from_str::<Value>(l).ok()).find(|l| l.get("outcome").is_some())
+        }
+        _ => None,
+    })
+}
+
+/// A turn that begins makes the run `running`; how it finishes decides the run's outcome: what
+/// it returned, or `aborted` when it was cancelled (a dropped turn's stream gets its `abort`
+/// chunk); every tail gets the `end` line and is closed.
+#[test]
+fn a_turns_end_is_the_runs_outcome_unless_it_was_cancelled() {
+    type Returned = Option<Result<(String, Option<Value>), String>>;
+    let cases: [(&str, Returned, Option<Option<String>>, ChildStatus, bool); 4] = [
+        ("done", Some(Ok(("sum".into(), None))), None, ChildStatus::Completed, false),
+        ("failed", Some(Err("boom".into())), None, ChildStatus::Error, false),
+        ("dropped", None, Some(Some("stop".into())), ChildStatus::Aborted, true),
+        ("late", Some(Ok(("sum".into(), None))), Some(None), ChildStatus::Aborted, false),
+    ];
+    for (run_id, returned, cancelled, expected, abort_chunk) in cases {
+        let db = db();
+        let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+        engine.start(&db, &start(run_id), 1).unwrap();
+        assert_eq!(status(&db, run_id), ChildStatus::Starting);
+        engine.turn_begins(&db, run_id).unwrap();
+        assert_eq!(status(&db, run_id), ChildStatus::Running, "{run_id}");
+        let (tail, _) = engine.tail(&db, run_id, -1, usize::MAX, false, 1).unwrap();
+        let sub = tail.subscriber.unwrap();
+        let actions = engine.turn_finished(&db, run_id, returned, cancelled, false, &id, 2).unwrap();
+        assert_eq!(status(&db, run_id), expected, "{run_id}");
+        let end = end_line(&actions, sub).unwrap_or_else(|| panic!("{run_id}: no end line in {actions:?}"));
+        assert_eq!(end["outcome"]["status"], expected.as_str(), "{run_id}");
+        assert!(actions.iter().any(|a| matches!(a, ChildAction::Close { subscriber } if *subscriber == sub)));
+        let stored = ChildRuns::new(&db).chunks_after(run_id, -1, 10).unwrap();
+        assert_eq!(stored.iter().any(|c| c.body.contains("\"abort\"")), abort_chunk, "{run_id}: {stored:?}");
+        assert!(!engine.is_live(run_id));
+    }
+}
+
+/// A cancel stops a live turn (the platform drops it); a run with no turn here is recorded
+/// `aborted` at once with the reason; an ended run is left as it is.
+#[test]
+fn a_cancel_stops_the_turn_or_records_the_run_aborted() {
+    let db = db();
+    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    engine.start(&db, &start("live"), 1).unwrap();
+    let actions = engine.cancel(&db, "live", Some("stop".into()), 2).unwrap();
+    assert!(
+        matches!(&actions[..], [ChildAction::CancelTurn { run_id, reason }] if run_id == "live" && reason.as_deref() == Some("stop"))
+    );
+    assert_eq!(status(&db, "live"), ChildStatus::Starting, "the turn's end records it");
+    // Another instance: the run has no turn here.
+    let mut other = ChildEngine::new(RecoveryPolicy::Rerun);
+    assert!(other.cancel(&db, "live", Some("stop".into()), 3).unwrap().is_empty());
+    let run = ChildRuns::new(&db).get("live").unwrap().unwrap();
+    assert_eq!((run.status, run.outcome().and_then(|o| o.error)), (ChildStatus::Aborted, Some("stop".into())));
+    // Ended: nothing changes.
+    let mut third = ChildEngine::new(RecoveryPolicy::Rerun);
+    assert!(third.cancel(&db, "live", Some("again".into()), 4).unwrap().is_empty());
+    let run = ChildRuns::new(&db).get("live").unwrap().unwrap();
+    assert_eq!(run.outcome().and_then(|o| o.error), Some("stop".into()), "the first reason stays");
+    assert!(third.cancel(&db, "unknown", None, 5).unwrap().is_empty());
+}
+
+/// A tail that went away gets nothing more; the others do. A reset (the storage wiped)
+/// forgets every live run.
+#[test]
+fn an_unsubscribed_tail_gets_nothing_more_and_a_reset_forgets_live_runs() {
+    let db = db();
+    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    engine.start(&db, &start("r"), 1).unwrap();
+    let (a, _) = engine.tail(&db, "r", -1, usize::MAX, false, 1).unwrap();
+    let (b, _) = engine.tail(&db, "r", -1, usize::MAX, false, 1).unwrap();
+    let (a, b) = (a.subscriber.unwrap(), b.subscriber.unwrap());
+    engine.unsubscribe(a);
+    let actions = emit_now(&mut engine, &db, "{\"n\":0}".into());
+    let to: Vec<SubscriberId> = actions
+        .iter()
+        .filter_map(|x| match x {
+            ChildAction::Send { subscriber, .. } => Some(*subscriber),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(to, [b]);
+    assert!(engine.is_live("r"));
+    engine.reset();
+    assert!(!engine.is_live("r"));
+}
+
+/// Stored chunks are read strictly after the cursor; the statuses read back as written.
+#[test]
+fn the_log_reads_after_its_cursor_and_statuses_round_trip() {
+    let db = db();
+    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    engine.start(&db, &start("r"), 1).unwrap();
+    for n in 0..3 {
+        emit_now(&mut engine, &db, format!("{{\"n\":{n}}}"));
+    }
+    let indexes = |after| -> Vec<i64> {
+        ChildRuns::new(&db).chunks_after("r", after, 10).unwrap().iter().map(|c| c.index).collect()
+    };
+    assert_eq!(indexes(-1), [0, 1, 2]);
+    assert_eq!(indexes(0), [1, 2]);
+    assert_eq!(indexes(2), Vec::<i64>::new());
+    let runs = ChildRuns::new(&db);
+    assert!(runs.mark_running("r").unwrap(), "starting → running");
+    assert!(!runs.mark_running("r").unwrap(), "once");
+    for status in [ChildStatus::Completed, ChildStatus::Error, ChildStatus::Aborted] {
+        let outcome = RunOutcome {
+            status: match status {
+                ChildStatus::Completed => OutcomeStatus::Completed,
+                ChildStatus::Error => OutcomeStatus::Error,
+                _ => OutcomeStatus::Aborted,
+            },
+            summary: None,
+            output: None,
+            error: None,
+        };
+        let id = format!("s-{}", status.as_str());
+        engine.start(&db, &start(&id), 1).unwrap();
+        runs.finish(&id, &outcome, 2).unwrap();
+        assert_eq!(runs.get(&id).unwrap().unwrap().status, status);
+    }
+}
