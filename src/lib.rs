@@ -175,6 +175,35 @@ mod public_api_tests {
         assert!(named >= 25, "the guards table names the tests ({named})");
     }
 
+    /// Every test `docs/parity.md` names (`path::function`) is a function in that file, and
+    /// every row of the table names tests, says **none**, or "—" (cannot apply): the table cannot
+    /// point at a test that is gone or moved.
+    #[test]
+    fn every_test_the_parity_table_names_exists() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let parity = std::fs::read_to_string(root.join("docs/parity.md")).expect("docs/parity.md");
+        let (mut rows, mut named) = (0, 0);
+        for row in parity.lines().filter(|l| l.starts_with("| ") && l[2..].starts_with(|c: char| c.is_ascii_digit())) {
+            rows += 1;
+            let test_cell = row.trim_end_matches('|').rsplit('|').next().expect("a test column").trim();
+            if test_cell == "**none**" || test_cell == "—" {
+                continue;
+            }
+            let mut in_row = 0;
+            for cell in test_cell.split('`').skip(1).step_by(2) {
+                let Some((file, function)) = cell.split_once(".rs::") else { continue };
+                let path = root.join(format!("{file}.rs"));
+                let text =
+                    std::fs::read_to_string(&path).unwrap_or_else(|_| panic!("{row}\nno file {}", path.display()));
+                assert!(text.contains(&format!("fn {function}(")), "{row}\nno test {function} in {file}.rs");
+                in_row += 1;
+            }
+            assert!(in_row > 0, "a row names no test and says neither **none** nor —: {row}");
+            named += in_row;
+        }
+        assert!(rows >= 140 && named >= 130, "the table has its rows ({rows}) and names their tests ({named})");
+    }
+
     /// The demo is built as another Worker would be: it names only public items.
     #[test]
     fn the_demo_uses_the_public_api_only() {

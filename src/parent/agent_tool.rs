@@ -229,10 +229,12 @@ mod tests {
     fn calls_map_to_run_options() {
         let call = ToolCall { id: "call_7".into(), name: "research".into(), input: json!({"query": "QUIC"}) };
         let o = tool().icon("🔎").run_options(&call, 2);
+        assert_eq!(tool().child_class(), "Researcher", "the class it dispatches");
         assert_eq!(o.run_id.as_deref(), Some("agent-tool:call_7"));
         assert_eq!(o.parent_tool_call_id.as_deref(), Some("call_7"));
         assert_eq!(o.display_order, Some(2));
         assert_eq!(o.display, Some(json!({"name": "Researcher", "icon": "🔎"})));
+        assert_eq!(o.input, json!({"query": "QUIC"}), "the model's input is the child's");
     }
 
     #[test]

@@ -389,6 +389,49 @@ mod tests {
         assert_eq!(finish_due(&reg.get("late").unwrap().unwrap()), FinishDue::Deliver);
     }
 
+    /// Each slot is due for its own outcomes only, until it is delivered or has used up its
+    /// attempts; a run that is not detached has no slots.
+    #[test]
+    fn a_slot_is_due_for_its_outcome_until_delivered_or_exhausted() {
+        let db = db();
+        let reg = Registry::new(&db);
+        let ledger = Ledger::new(&db);
+        let interrupted = Terminal::Interrupted { error: "x".into(), reason: None, child_still_running: None };
+        let completed = Terminal::Completed { summary: "s".into(), output: None };
+        let due = |id: &str| {
+            let run = reg.get(id).unwrap().unwrap();
+            (finish_due(&run), give_up_due(&run))
+        };
+        detached(&db, "live", &DetachedOptions::default(), 0);
+        assert_eq!(due("live"), (FinishDue::No, false), "nothing is due while it runs");
+        detached(&db, "done", &DetachedOptions::default(), 0);
+        reg.finish("done", &completed, 1).unwrap();
+        assert_eq!(due("done"), (FinishDue::Deliver, false));
+        ledger.delivered("done", Slot::Finish, 2).unwrap();
+        assert_eq!(due("done"), (FinishDue::No, false), "delivered");
+        detached(&db, "gave-up", &DetachedOptions::default(), 0);
+        reg.finish("gave-up", &interrupted, 1).unwrap();
+        assert_eq!(due("gave-up"), (FinishDue::No, true));
+        ledger.delivered("gave-up", Slot::GiveUp, 2).unwrap();
+        assert_eq!(due("gave-up"), (FinishDue::No, false), "delivered");
+        for (id, terminal) in [("failing", &completed), ("failing-give-up", &interrupted)] {
+            detached(&db, id, &DetachedOptions::default(), 0);
+            reg.finish(id, terminal, 1).unwrap();
+            let slot = if id == "failing" { Slot::Finish } else { Slot::GiveUp };
+            for n in 1..MAX_ATTEMPTS {
+                ledger.claim(id, slot, n * LEASE_MS).unwrap();
+                ledger.failed(id, slot).unwrap();
+                assert_ne!(due(id), (FinishDue::No, false), "{id}: attempt {n} failed, it is due again");
+            }
+            ledger.claim(id, slot, 100 * LEASE_MS).unwrap();
+            ledger.failed(id, slot).unwrap();
+            assert_eq!(due(id), (FinishDue::No, false), "{id}: dead-lettered after {MAX_ATTEMPTS} attempts");
+        }
+        reg.insert(&NewRun { run_id: "awaited".into(), agent_type: "R".into(), ..Default::default() }, 0).unwrap();
+        reg.finish("awaited", &interrupted, 1).unwrap();
+        assert_eq!(due("awaited"), (FinishDue::No, false), "not detached");
+    }
+
     #[test]
     fn outstanding_and_milestones() {
         let db = db();

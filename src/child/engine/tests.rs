@@ -364,7 +364,9 @@ fn end_line(actions: &[ChildAction], to: SubscriberId) -> Option<Value> {
 #[test]
 fn a_turns_end_is_the_runs_outcome_unless_it_was_cancelled() {
     type Returned = Option<Result<(String, Option<Value>), String>>;
-    let cases: [(&str, Returned, Option<Option<String>>, ChildStatus, bool); 4] = [
+    /// (run id, what the turn returned, the cancel it saw, the run's status, an abort chunk)
+    type Case = (&'static str, Returned, Option<Option<String>>, ChildStatus, bool);
+    let cases: [Case; 4] = [
         ("done", Some(Ok(("sum".into(), None))), None, ChildStatus::Completed, false),
         ("failed", Some(Err("boom".into())), None, ChildStatus::Error, false),
         ("dropped", None, Some(Some("stop".into())), ChildStatus::Aborted, true),

@@ -296,6 +296,10 @@ impl ParentEngine {
         let Some(driver) = self.drivers.get(run_id) else { return Ok(actions) };
         let decision = decide(driver, &record, result, &self.options, now);
         actions.extend(self.carry_decision(sql, &record, decision, now)?);
+        if recovering {
+            let draining = self.drivers.get(run_id).and_then(|d| d.draining.as_ref()).map(|o| o.status);
+            actions.push(self.row_recovered(sql, run_id, draining, now)?);
+        }
         Ok(actions)
     }
 

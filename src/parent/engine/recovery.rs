@@ -174,21 +174,20 @@ impl ParentEngine {
             }
         };
         let deadline = self.pass.as_ref().map_or(now, |p| p.deadline);
-        let mut actions = vec![ParentAction::Observe(
-            EventType::RecoveryRow,
-            json!({ "runId": run_id, "agentType": record.agent_type, "status": record.status }),
-        )];
+        let mut actions = Vec::new();
         if now >= deadline {
             actions.push(ParentAction::Observe(EventType::RecoveryDeadline, json!({ "runId": run_id })));
+            // The child was never asked: it is left running, and watched for a late result.
             let terminal = Terminal::Interrupted {
                 error: "recovery ran out of time before this run could be inspected".into(),
                 reason: Some(InterruptedReason::RecoveryDeadline),
-                child_still_running: None,
+                child_still_running: Some(true),
             };
             actions.extend(self.conclude(sql, &record, terminal, now)?);
             if let Some(pass) = self.pass.as_mut() {
                 pass.finalized += 1;
             }
+            actions.push(self.row_recovered(sql, run_id, None, now)?);
             return Ok(actions);
         }
         let to = self.address(sql, &record)?;
@@ -203,6 +202,32 @@ impl ParentEngine {
         }
         actions.push(ParentAction::InspectChild { run_id: run_id.to_owned(), gen, to });
         Ok(actions)
+    }
+
+    /// `agent_tool:recovery:row` for a row the pass is done with: the status it ends the pass
+    /// in (a run being drained, the outcome it is being recorded with), its interruption's
+    /// reason, and the time since the pass began.
+    pub(super) fn row_recovered(
+        &self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        draining: Option<OutcomeStatus>,
+        now: i64,
+    ) -> Result<ParentAction, StoreError> {
+        let record = Registry::new(sql).get(run_id)?;
+        let began = self.pass.as_ref().map_or(now, |p| p.deadline - RECOVERY_DEADLINE_MS);
+        let status = match (&record, draining) {
+            (_, Some(outcome)) => outcome.as_str().to_owned(),
+            (Some(record), None) => record.status.as_str().to_owned(),
+            (None, None) => "cleared".to_owned(),
+        };
+        let reason = record.as_ref().and_then(|r| r.interrupted_reason).map(|r| r.as_str());
+        let agent_type = record.as_ref().map(|r| r.agent_type.clone());
+        Ok(ParentAction::Observe(
+            EventType::RecoveryRow,
+            json!({ "runId": run_id, "agentType": agent_type, "status": status, "reason": reason,
+                    "elapsedMs": now - began }),
+        ))
     }
 
     /// Counts and reports one inspected run of a recovery pass, then lets the pass move on.
@@ -262,8 +287,11 @@ impl ParentEngine {
     }
 
     /// Gives up on a detached run: `interrupted` first (delivered through the `give_up` slot,
-    /// and handed to any caller joined to it), then the child is torn down, then inspected:
-    /// a child that had completed anyway still gets its real result recorded.
+    /// and handed to any caller joined to it), then the child is inspected: one that had
+    /// completed anyway gets its real result recorded. Past its absolute budget the child is
+    /// torn down (`childStillRunning: false`); a silent one (`no-progress`) is a soft give-up,
+    /// as the seed has it: the child is left running and watched, and a late result is recorded
+    /// and delivered once.
     fn give_up(
         &mut self,
         sql: &(impl Sql + ?Sized),
@@ -271,21 +299,25 @@ impl ParentEngine {
         reason: InterruptedReason,
         now: i64,
     ) -> Result<Vec<ParentAction>, StoreError> {
+        let tear_down = reason == InterruptedReason::BudgetExceeded;
         let error = match reason {
             InterruptedReason::BudgetExceeded => "the detached run used up its budget",
             _ => "the detached run made no progress within its budget",
         };
         let terminal =
-            Terminal::Interrupted { error: error.into(), reason: Some(reason), child_still_running: Some(false) };
+            Terminal::Interrupted { error: error.into(), reason: Some(reason), child_still_running: Some(!tear_down) };
         let to = self.address(sql, run)?;
         let mut actions = self.conclude(sql, run, terminal, now)?;
-        actions.push(ParentAction::CancelChild {
-            run_id: run.run_id.clone(),
-            to: to.clone(),
-            reason: Some(format!("given up: {}", reason.as_str())),
-        });
+        if tear_down {
+            actions.push(ParentAction::CancelChild {
+                run_id: run.run_id.clone(),
+                to: to.clone(),
+                reason: Some(format!("given up: {}", reason.as_str())),
+            });
+        }
         let gen = self.gen();
-        self.watching.insert(run.run_id.clone(), Watching { gen, watch: Watch::GaveUp, due: now + INSPECT_TIMEOUT_MS });
+        let watch = if tear_down { Watch::GaveUp } else { Watch::LateResult };
+        self.watching.insert(run.run_id.clone(), Watching { gen, watch, due: now + INSPECT_TIMEOUT_MS });
         actions.push(ParentAction::InspectChild { run_id: run.run_id.clone(), gen, to });
         Ok(actions)
     }

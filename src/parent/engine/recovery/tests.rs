@@ -1,6 +1,6 @@
 use super::*;
 use crate::parent::engine::testing::*;
-use crate::protocol::tail::{RunOutcome, TailLine};
+use crate::protocol::tail::{ChunkKind, RunOutcome, TailLine};
 use crate::types::DetachedOptions;
 
 fn started(db: &impl Sql, engine: &mut ParentEngine, id: &str, detached: Option<DetachedOptions>) -> u64 {
@@ -50,27 +50,45 @@ fn a_failed_statement_is_reported_and_the_decision_taken_again() {
 
 #[test]
 fn a_recovery_pass_inspects_each_undriven_run_and_seals_those_past_its_deadline() {
-    let (db, mut engine) = engine(AgentToolOptions::default());
-    for id in ["a", "b", "c", "d"] {
-        started(&db, &mut engine, id, None);
-    }
     // A restart: the runs are live and nobody drives them.
-    let mut engine = ParentEngine::new("Parent", AgentToolOptions::default(), 2);
+    let (db, mut engine) = restarted_with_live_runs(["a", "b", "c", "d"]);
     let mut actions = engine.wake(&db, 100);
-    assert_eq!(observed(&actions)[..2], [EventType::RecoveryBegin, EventType::RecoveryRow]);
+    assert_eq!(observed(&actions), [EventType::RecoveryBegin]);
     assert!(engine.wake(&db, 101).is_empty(), "once");
     let mut inspected = Vec::new();
+    let mut rows = Vec::new();
     // No child answers: each inspection times out on the engine's own deadline, one after
-    // another, until the pass's deadline seals the rest without asking.
-    while !observed(&actions).contains(&EventType::RecoveryComplete) {
+    // another, until the pass's deadline seals the rest without asking. Each row is reported
+    // once the pass is done with it, with the status it ends in, its reason and the time since
+    // the pass began.
+    loop {
         inspected.extend(actions.iter().filter_map(|a| match a {
             ParentAction::InspectChild { run_id, .. } => Some(run_id.clone()),
             _ => None,
         }));
+        rows.extend(actions.iter().filter_map(|a| match a {
+            ParentAction::Observe(EventType::RecoveryRow, payload) => {
+                Some((payload["runId"].clone(), payload["status"].clone(), payload["reason"].clone()))
+            }
+            _ => None,
+        }));
+        if observed(&actions).contains(&EventType::RecoveryComplete) {
+            break;
+        }
         let due = engine.poll_timeout().expect("an inspection under way");
         actions = engine.handle_timeout(&db, due);
     }
     assert_eq!(inspected, ["a", "b", "c"], "one at a time, until the deadline");
+    let row = |id: &str, reason: &str| (json!(id), json!("interrupted"), json!(reason));
+    assert_eq!(
+        rows,
+        [
+            row("a", "inspect-timeout"),
+            row("b", "inspect-timeout"),
+            row("c", "inspect-timeout"),
+            row("d", "recovery-deadline")
+        ]
+    );
     let reasons: Vec<_> = ["a", "b", "c", "d"]
         .iter()
         .map(|id| Registry::new(&db).get(id).unwrap().unwrap().interrupted_reason.map(|r| r.as_str()))
@@ -93,15 +111,7 @@ fn the_backbone_gives_up_on_an_exhausted_budget_and_records_a_late_completion() 
     assert!(actions.iter().any(|a| matches!(a, ParentAction::CancelChild { .. })), "torn down");
     assert!(actions.iter().any(|a| matches!(a, ParentAction::Deliver { slot: Slot::GiveUp, .. })));
     // The child had completed anyway: its real result is recorded (soft means soft).
-    let gen = gen_of(&actions, "inspect", "r").unwrap();
-    let done = Ok(Some(crate::protocol::child_api::InspectionReply {
-        status: "completed".into(),
-        summary: Some("late".into()),
-        output: None,
-        error: None,
-        attempt: Some(1),
-    }));
-    let actions = engine.handle(&db, ParentEvent::Inspected { run_id: "r".into(), gen, result: done }, 2_001);
+    let actions = late_completion(&mut engine, &db, &actions, 2_001);
     assert!(observed(&actions).contains(&EventType::LateResult));
     let tail = gen_of(&actions, "tail", "r").unwrap();
     engine.handle(&db, ParentEvent::TailEnded { run_id: "r".into(), gen: tail }, 2_002);
@@ -160,4 +170,83 @@ fn a_finish_hook_that_never_returned_is_called_again_after_a_restart() {
     engine.handle(&db, ParentEvent::FinishHookDone { run_id: "lost".into() }, 201);
     let mut engine = ParentEngine::new("Parent", AgentToolOptions::default(), 4);
     assert!(finish_hooks(&engine.wake(&db, 300)).is_empty(), "every hook returned");
+}
+
+/// A parent restarted with these runs live and undriven.
+fn restarted_with_live_runs<const N: usize>(ids: [&str; N]) -> (rusqlite::Connection, ParentEngine) {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    for id in ids {
+        started(&db, &mut engine, id, None);
+    }
+    (db, ParentEngine::new("Parent", AgentToolOptions::default(), 2))
+}
+
+/// The child of run `r` answers the inspection in `actions`: it completed, with "late".
+fn late_completion(engine: &mut ParentEngine, db: &impl Sql, actions: &[ParentAction], now: i64) -> Vec<ParentAction> {
+    let gen = gen_of(actions, "inspect", "r").expect("an inspection of the child");
+    let done = Ok(Some(crate::protocol::child_api::InspectionReply {
+        status: "completed".into(),
+        summary: Some("late".into()),
+        output: None,
+        error: None,
+        attempt: Some(1),
+    }));
+    engine.handle(db, ParentEvent::Inspected { run_id: "r".into(), gen, result: done }, now)
+}
+
+/// A detached run that went silent past its no-progress budget is given up softly, as the
+/// seed has it: `interrupted`/`no-progress` with the child left running (not torn down), and
+/// a late completion is still recorded (and so delivered) once.
+#[test]
+fn a_silent_detached_run_is_given_up_softly_and_its_late_result_recorded() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let silent = DetachedOptions {
+        on_finish: Some(json!("h")),
+        no_progress_budget_ms: Some(300),
+        max_budget_ms: Some(60_000),
+        ..Default::default()
+    };
+    let tail = started(&db, &mut engine, "r", Some(silent));
+    // One progress signal, then silence.
+    let progress = TailLine::Chunk {
+        i: Some(0),
+        k: ChunkKind::Progress,
+        b: "{\"type\":\"data-agent-progress\",\"data\":{\"fraction\":0.1}}".into(),
+        r: None,
+    };
+    engine.handle(&db, ParentEvent::TailBatch { run_id: "r".into(), gen: tail, lines: vec![progress] }, 20);
+    let actions = engine.alarm(&db, 1_000);
+    let row = Registry::new(&db).get("r").unwrap().unwrap();
+    assert_eq!(
+        (row.status, row.interrupted_reason, row.child_still_running),
+        (RunStatus::Interrupted, Some(InterruptedReason::NoProgress), Some(true))
+    );
+    assert!(!actions.iter().any(|a| matches!(a, ParentAction::CancelChild { .. })), "the child is left running");
+    assert!(actions.iter().any(|a| matches!(a, ParentAction::Deliver { slot: Slot::GiveUp, .. })));
+    let actions = late_completion(&mut engine, &db, &actions, 1_001);
+    assert!(observed(&actions).contains(&EventType::LateResult), "{actions:?}");
+}
+
+/// A row the recovery pass could not reach in time is sealed with its child left running
+/// (`childStillRunning: true`), and the backbone watches it: a late result repairs it.
+#[test]
+fn a_row_past_the_recovery_deadline_is_watched_for_its_late_result() {
+    // Four live rows whose children never answer, the last one `r`: the pass reaches its
+    // deadline before it.
+    let (db, mut engine) = restarted_with_live_runs(["a", "b", "c", "r"]);
+    let mut actions = engine.wake(&db, 100);
+    let mut now = 100;
+    while !observed(&actions).contains(&EventType::RecoveryComplete) {
+        now = engine.poll_timeout().expect("a deadline");
+        actions = engine.handle_timeout(&db, now);
+    }
+    let sealed = Registry::new(&db).get("r").unwrap().unwrap();
+    assert_eq!(
+        (sealed.interrupted_reason, sealed.child_still_running),
+        (Some(InterruptedReason::RecoveryDeadline), Some(true))
+    );
+    let later = now + 10_000;
+    let actions = engine.alarm(&db, later);
+    let actions = late_completion(&mut engine, &db, &actions, later + 1);
+    assert!(observed(&actions).contains(&EventType::LateResult), "{actions:?}");
 }
