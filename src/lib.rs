@@ -264,6 +264,7 @@ pub mod limits {
     pub use crate::parent::engine::{MAX_DISPLAY_BYTES, MAX_INPUT_BYTES, RETENTION_BATCH};
     pub use crate::parent::registry::{MAX_TOMBSTONES, REPLAY_PAGE_FRAMES, REPLAY_PAGE_RUNS};
     pub use crate::platform::route::MAX_BODY_BYTES;
+    pub use crate::protocol::rpc::MAX_FRAME_BYTES;
     pub use crate::protocol::tail::MAX_TAIL_LINE_BYTES;
 }
 

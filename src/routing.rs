@@ -85,7 +85,11 @@ pub(crate) struct RouteTarget {
 /// Where the Worker's entry sends a request: the agent class among `agents` (`(class,
 /// binding)` pairs) its path names, and the instance name. A refusal is an HTTP status and its
 /// message: 404 for another path or an agent the entry does not route, 400 for a name over 512
-/// bytes. The Worker's entry and the test kit route with it.
+/// bytes. The name is the path segment as written (not percent-decoded), so it never has a
+/// `/`: the objects of child runs, named `<Parent>/<name>/<run>` (see
+/// [`crate::parent::engine::child_address`]), are out of its reach even when their class is
+/// listed, and a client reaches them only through their parent's drill-in gate. The Worker's
+/// entry and the test kit route with it.
 pub(crate) fn route_target(path: &str, agents: &[(&'static str, &'static str)]) -> Result<RouteTarget, (u16, String)> {
     let Some(parsed) = parse_agent_path(path) else {
         return Err((404, format!("no route for {path}; agents live at /agents/<agent>/<name>")));
@@ -268,6 +272,31 @@ mod tests {
         assert_eq!(parse_agent_path("/agents/assistant"), None);
         assert_eq!(parse_agent_path("/other/assistant/alice"), None);
         assert_eq!(parse_agent_path("/agents/a/b/sub/c/%ZZ"), None, "bad escapes are refused");
+    }
+
+    /// The entry reaches the agents it lists, by name; never another agent, and never the
+    /// object of a child run, even of a listed class (its name has a `/`).
+    #[test]
+    fn the_entry_routes_listed_agents_and_never_a_child_runs_object() {
+        let agents = [("Assistant", "ASSISTANT"), ("Researcher", "RESEARCHER")];
+        let target = route_target("/agents/researcher/alice/get-messages", &agents).unwrap();
+        assert_eq!(target, RouteTarget { class: "Researcher", binding: "RESEARCHER", name: "alice".into() });
+        // A child run's object, asked for by its name encoded: another (top-level) object.
+        use crate::parent::registry::{NewRun, Registry};
+        let db = crate::store::sqlite::memory();
+        let registry = Registry::new(&db);
+        registry.migrate().unwrap();
+        let run = NewRun { run_id: "agent-tool:c1".into(), agent_type: "Researcher".into(), ..Default::default() };
+        registry.insert(&run, 0).unwrap();
+        let run = registry.get("agent-tool:c1").unwrap().unwrap();
+        let child = crate::parent::engine::child_address("Assistant", "alice", &run).name;
+        for encoded in [crate::routing::percent_encode(&child), child.replace('/', "%2F"), child.clone()] {
+            let reached = route_target(&format!("/agents/researcher/{encoded}"), &agents);
+            assert!(reached.as_ref().map_or(true, |t| t.name != child && !t.name.contains('/')), "{reached:?}");
+        }
+        assert_eq!(route_target("/agents/planner/alice", &agents).unwrap_err().0, 404);
+        assert_eq!(route_target("/elsewhere", &agents).unwrap_err().0, 404);
+        assert_eq!(route_target(&format!("/agents/assistant/{}", "n".repeat(513)), &agents).unwrap_err().0, 400);
     }
 
     #[test]

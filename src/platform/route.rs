@@ -14,7 +14,11 @@ pub const MAX_BODY_BYTES: usize = 1 << 20;
 /// Routes a request to the agent class `A` (the common case of one agent clients reach):
 /// `/agents/<a-kebab>/<name>` goes to the instance named `<name>`. Anything else is a JSON
 /// error (404 for another path or agent, 413 for a body over [`MAX_BODY_BYTES`], 400 for a name
-/// over 512 bytes). Children are never routable: list only the agents clients may reach.
+/// over 512 bytes). List only the agents clients may reach by name. The objects of child runs
+/// are never routable, even when their class is listed: listing `Researcher` makes top-level
+/// researchers (`/agents/researcher/<name>`) reachable, each its own object, while the
+/// researcher a parent dispatched is reached only through the parent's drill-in gate
+/// (`/agents/<parent>/<name>/sub/researcher/<run>`).
 ///
 /// ```no_run
 /// # use agent_tools::prelude::*;
@@ -31,18 +35,19 @@ pub async fn route<A: AgentClass>(req: Request, env: &Env) -> worker::Result<Res
     Routes::new().agent::<A>().serve(req, env).await
 }
 
-/// The agents a Worker entry routes to, when there are several.
+/// The agents a Worker entry routes to, when there are several top-level agents (children
+/// need no route: see [`route`]).
 ///
 /// ```no_run
 /// # use agent_tools::prelude::*;
 /// # #[derive(Default)] pub struct Assistant;
 /// # impl Agent for Assistant {}
 /// # agent_tools::durable_object!(Assistant);
-/// # #[derive(Default)] pub struct Researcher;
-/// # impl Agent for Researcher {}
-/// # agent_tools::durable_object!(Researcher);
+/// # #[derive(Default)] pub struct Support;
+/// # impl Agent for Support {}
+/// # agent_tools::durable_object!(Support);
 /// # async fn entry(req: worker::Request, env: worker::Env) -> worker::Result<worker::Response> {
-/// agent_tools::Routes::new().agent::<Assistant>().agent::<Researcher>().serve(req, &env).await
+/// agent_tools::Routes::new().agent::<Assistant>().agent::<Support>().serve(req, &env).await
 /// # }
 /// # fn main() {}
 /// ```
@@ -96,27 +101,38 @@ impl Routes {
 }
 
 /// Reads the request's body to its end, chunk by chunk: at most [`MAX_BODY_BYTES`] are kept
-/// (past that, the rest is read and dropped and the answer is a 413). A body-less request
-/// (GET, a WebSocket upgrade) passes through untouched.
+/// (past that, the rest is read and dropped and the answer is a 413). A body whose
+/// `Content-Length` is over the limit is refused at once, unread. A body-less request (GET, a
+/// WebSocket upgrade) passes through untouched.
 async fn read_body(req: Request) -> worker::Result<Result<(Request, Option<Vec<u8>>), Response>> {
     if req.inner().body().is_none() {
         return Ok(Ok((req, None)));
     }
+    let too_big = || json_error(413, format!("request bodies are limited to {MAX_BODY_BYTES} bytes"));
+    // A body that says it is too big is refused unread: its stream is cancelled, so the
+    // runtime stops taking it in.
+    let declared = req.headers().get("content-length").ok().flatten().and_then(|n| n.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        if let Some(body) = req.inner().body() {
+            let _cancelled = body.cancel();
+        }
+        return Ok(Err(too_big()?));
+    }
     let mut req = req;
     let mut kept = Vec::new();
-    let mut too_big = false;
+    let mut over = false;
     if let Ok(mut body) = req.stream() {
         while let Some(Ok(chunk)) = body.next().await {
             if kept.len() + chunk.len() > MAX_BODY_BYTES {
-                too_big = true;
+                over = true;
                 kept = Vec::new();
-            } else if !too_big {
+            } else if !over {
                 kept.extend_from_slice(&chunk);
             }
         }
     }
-    if too_big {
-        return Ok(Err(json_error(413, format!("request bodies are limited to {MAX_BODY_BYTES} bytes"))?));
+    if over {
+        return Ok(Err(too_big()?));
     }
     let headers = req.headers().clone();
     for framing in ["content-length", "transfer-encoding"] {

@@ -90,7 +90,13 @@ pub enum FrameError {
     },
     /// An `rpc` frame without a string `id`.
     RpcWithoutId,
+    /// Larger than [`MAX_FRAME_BYTES`]: refused unread (its size in bytes).
+    TooLarge(usize),
 }
+
+/// The largest client frame an agent reads (4 MiB). A larger one is refused before it is
+/// parsed, so its size never multiplies into a parsed value's.
+pub const MAX_FRAME_BYTES: usize = 4 << 20;
 
 impl std::fmt::Display for FrameError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -100,6 +106,9 @@ impl std::fmt::Display for FrameError {
             Self::Untyped => write!(f, "frame must be a JSON object with a string \"type\""),
             Self::BadRpc { problem, .. } => write!(f, "malformed rpc frame: {problem}"),
             Self::RpcWithoutId => write!(f, "malformed rpc frame: \"id\" must be a string"),
+            Self::TooLarge(bytes) => {
+                write!(f, "a frame of {bytes} bytes is over the limit of {MAX_FRAME_BYTES} bytes; it was not read")
+            }
         }
     }
 }
@@ -111,6 +120,9 @@ pub fn protocol_error_frame(error: &FrameError) -> String {
 
 /// Parses one text frame from a client.
 pub fn parse_client_frame(text: &str) -> Result<ClientFrame, FrameError> {
+    if text.len() > MAX_FRAME_BYTES {
+        return Err(FrameError::TooLarge(text.len()));
+    }
     let value: Value = serde_json::from_str(text).map_err(|e| FrameError::NotJson(e.to_string()))?;
     let Value::Object(mut frame) = value else { return Err(FrameError::Untyped) };
     let kind = match frame.get("type") {
@@ -167,6 +179,20 @@ mod tests {
             parse_client_frame(r#"{"type":"rpc","id":"1","method":"x","args":{}}"#),
             Err(FrameError::BadRpc { id: "1".into(), problem: "\"args\" must be an array".into() })
         );
+    }
+
+    /// A frame over the limit is refused by its size, before it is parsed: a well-formed call
+    /// one byte over is not answered as a call.
+    #[test]
+    fn an_oversized_frame_is_refused_unread() {
+        let call =
+            |padding: usize| format!(r#"{{"type":"rpc","id":"1","method":"runs","args":["{}"]}}"#, "x".repeat(padding));
+        let overhead = call(0).len();
+        assert!(matches!(parse_client_frame(&call(MAX_FRAME_BYTES - overhead)), Ok(ClientFrame::Rpc(_))));
+        let over = call(MAX_FRAME_BYTES - overhead + 1);
+        assert_eq!(parse_client_frame(&over), Err(FrameError::TooLarge(MAX_FRAME_BYTES + 1)));
+        let message = protocol_error_frame(&FrameError::TooLarge(MAX_FRAME_BYTES + 1));
+        assert!(message.contains("over the limit of 4194304 bytes"), "{message}");
     }
 
     #[test]

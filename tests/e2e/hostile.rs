@@ -216,3 +216,44 @@ async fn many_clients_see_every_frame_exactly_once() {
     );
     no_panic(&worker);
 }
+
+/// Oversized input is refused by its size, before it is read: a frame over
+/// `limits::MAX_FRAME_BYTES` gets its error frame and is never answered as the call it holds;
+/// a body whose `Content-Length` is over `MAX_BODY_BYTES` gets its 413 while the client is still
+/// sending it (here, never finishing).
+#[tokio::test(flavor = "multi_thread")]
+async fn oversized_frames_and_bodies_are_refused_unread() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let worker = Worker::start().await;
+    let name = unique("oversized");
+    let mut client = worker.client(&name).await;
+    let limit = agent_tools::limits::MAX_FRAME_BYTES;
+    let big = json!({"type": "rpc", "id": "big", "method": "runs", "args": ["x".repeat(limit)]}).to_string();
+    client.send_text(&big).await;
+    let error = client.wait_for(WAIT, |f| f["type"] == "cf_agent_error").await;
+    let message = error["error"].as_str().unwrap();
+    assert!(message.contains(&format!("a frame of {} bytes is over the limit", big.len())), "{message}");
+    let fine = client.call("runs", json!([])).await.unwrap();
+    assert_eq!(fine, json!([]), "the socket still works");
+    assert!(!client.frames.iter().any(|f| f["type"] == "rpc" && f["id"] == "big"), "the big call was never read");
+
+    let url = worker.http(&format!("/agents/assistant/{name}"));
+    let authority = url.trim_start_matches("http://").split('/').next().unwrap().to_owned();
+    let mut socket = tokio::net::TcpStream::connect(&authority).await.unwrap();
+    let head = format!(
+        "POST /agents/assistant/{name}/import HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        50 << 20
+    );
+    socket.write_all(head.as_bytes()).await.unwrap();
+    socket.write_all(&vec![b'x'; 64 << 10]).await.unwrap();
+    // The rest of the 50 MiB never comes: only a refusal by the declared length can answer.
+    let mut answer = vec![0; 4096];
+    let read = tokio::time::timeout(WAIT, socket.read(&mut answer))
+        .await
+        .expect("the 413 comes before the body ends")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..read]).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    no_panic(&worker);
+}
