@@ -112,6 +112,23 @@ fn a_child_restart_mid_run_heals_by_running_it_again() {
     // The client's state shows one attempt's text, the summary.
     let state = client.run("r1").expect("the run");
     assert_eq!(state["summary"], run["summary"]);
+    // The milestone the first attempt reached is not reached again by the re-run: once in the
+    // registry, once in the stock reducer's state, live and in a replay, and one `on_progress`.
+    let names = |milestones: &Value| -> Vec<String> {
+        milestones.as_array().into_iter().flatten().filter_map(|m| m["name"].as_str().map(str::to_owned)).collect()
+    };
+    assert_eq!(names(&run["milestones"]), ["sources-gathered"], "{run:#}");
+    assert_eq!(names(&state["milestones"]), ["sources-gathered"], "{state:#}");
+    let late = world.connect("/agents/assistant/dave");
+    world.settle();
+    assert_eq!(names(&late.run("r1").expect("replayed")["milestones"]), ["sources-gathered"]);
+    let hooks = client.call("hooks", vec![]).expect("hooks");
+    let reached = hooks
+        .as_array()
+        .expect("rows")
+        .iter()
+        .filter(|h| h["hook"] == "milestone" && h["status"] == "sources-gathered");
+    assert_eq!(reached.count(), 1, "{hooks:#}");
 }
 
 /// Seeded schedules of the demo's chat and a detached run, with faults.

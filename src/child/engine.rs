@@ -99,6 +99,9 @@ struct LiveRun {
     progress: Coalescer,
     /// Chunks emitted since the last flush, in order: stored and sent together.
     pending: Vec<Pending>,
+    /// Milestones earlier attempts of the run reached: this attempt does not report them again
+    /// (a milestone is reached once per run and name, however many attempts it takes).
+    earlier_milestones: Vec<String>,
 }
 
 /// A chunk emitted but not yet stored nor sent.
@@ -110,6 +113,12 @@ struct Pending {
     kept: Option<String>,
     /// A kind the child's own chat clients get (when its chat stream is open at the flush).
     chat: bool,
+}
+
+/// The names of the milestones a run has reached so far (before the attempt about to begin).
+fn earlier_milestones(sql: &(impl Sql + ?Sized), run_id: &str) -> Result<Vec<String>, StoreError> {
+    let inspection = ChildRuns::new(sql).inspect(run_id)?;
+    Ok(inspection.map(|i| i.milestones.into_iter().map(|m| m.name).collect()).unwrap_or_default())
 }
 
 /// Chunks a run buffers before it flushes without waiting for its turn to yield.
@@ -174,7 +183,7 @@ impl ChildEngine {
         if created {
             // A drill-in chat turn may have used this id before the run existed.
             StreamLog::new(sql).delete(&run.run_id)?;
-            self.go_live(&run, 0);
+            self.go_live(&run, 0, Vec::new());
             actions.push(ChildAction::BeginTurn { run_id: run.run_id.clone(), input: run.input.clone(), attempt: 1 });
             return Ok((StartReply { created, status: "running".into() }, actions));
         }
@@ -207,7 +216,7 @@ impl ChildEngine {
             // Accepted, or begun again, but nothing of the attempt was streamed before the
             // instance restarted: beginning it now is no rerun.
             runs.mark_running(&run.run_id)?;
-            self.go_live(&run, next_index);
+            self.go_live(&run, next_index, earlier_milestones(sql, &run.run_id)?);
             actions.push(ChildAction::BeginTurn {
                 run_id: run.run_id.clone(),
                 input: run.input.clone(),
@@ -247,7 +256,7 @@ impl ChildEngine {
         let attempt = run.attempt + 1;
         log.append(&run.run_id, marker_index, ChunkKind::Superseded, &chunk::superseded(attempt, reason))?;
         ChildRuns::new(sql).begin_attempt(&run.run_id, marker_index + 1)?;
-        self.go_live(run, marker_index + 1);
+        self.go_live(run, marker_index + 1, earlier_milestones(sql, &run.run_id)?);
         Ok(vec![
             ChildAction::SupersedeMessages { run_id: run.run_id.clone() },
             ChildAction::Observe(
@@ -258,13 +267,14 @@ impl ChildEngine {
         ])
     }
 
-    fn go_live(&mut self, run: &ChildRun, next_index: i64) {
+    fn go_live(&mut self, run: &ChildRun, next_index: i64, earlier_milestones: Vec<String>) {
         let live = LiveRun {
             subscribers: Vec::new(),
             next_index,
             terminal_only: run.terminal_only,
             progress: Coalescer::default(),
             pending: Vec::new(),
+            earlier_milestones,
         };
         self.live.insert(run.run_id.clone(), live);
     }

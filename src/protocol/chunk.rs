@@ -96,9 +96,11 @@ impl Progress {
     }
 }
 
-/// The transient progress chunk: `{"type":"data-agent-progress","id","transient":true,"data":{..}}`.
-pub fn progress(id: &str, p: &Progress) -> String {
+/// The transient progress chunk: `{"type":"data-agent-progress","id","transient":true,"data":{at,..}}`,
+/// `at` the child's time (epoch ms) when it was sent.
+pub fn progress(id: &str, at: i64, p: &Progress) -> String {
     let mut data = Map::new();
+    data.insert("at".into(), json!(at));
     p.wire_fields(&mut data);
     json!({ "type": PROGRESS_PART, "id": id, "transient": true, "data": data }).to_string()
 }
@@ -121,8 +123,8 @@ mod tests {
     fn progress_and_milestone_shapes() {
         let p = Progress { fraction: Some(0.5), phase: Some("reading".into()), ..Default::default() };
         assert_eq!(
-            progress("p1", &p),
-            r#"{"data":{"fraction":0.5,"phase":"reading"},"id":"p1","transient":true,"type":"data-agent-progress"}"#
+            progress("p1", 41, &p),
+            r#"{"data":{"at":41,"fraction":0.5,"phase":"reading"},"id":"p1","transient":true,"type":"data-agent-progress"}"#
         );
         let m = milestone("sources", 0, 42, &Progress::default());
         let v: Value = serde_json::from_str(&m).unwrap();

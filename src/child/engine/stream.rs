@@ -84,7 +84,8 @@ impl ChildEngine {
     }
 
     /// A progress report of the run's turn: a milestone is stored at once with the next
-    /// sequence; plain progress is coalesced (see [`Coalescer`]) and its latest snapshot kept on
+    /// sequence (one an earlier attempt of the run reached is dropped, with
+    /// `agent_tool:progress:ignored`: a re-run does not repeat it); plain progress is coalesced (see [`Coalescer`]) and its latest snapshot kept on
     /// the row.
     pub fn report_progress(
         &mut self,
@@ -101,6 +102,12 @@ impl ChildEngine {
                 serde_json::json!({ "runId": run_id, "why": "report_progress outside a live run" }),
             )]);
         };
+        if let Some(name) = report.progress.milestone.as_ref().filter(|name| run.earlier_milestones.contains(name)) {
+            return Ok(vec![ChildAction::Observe(
+                EventType::ProgressIgnored,
+                serde_json::json!({ "runId": run_id, "why": format!("milestone {name:?} was reached by an earlier attempt") }),
+            )]);
+        }
         let decision = run.progress.offer(report.clone(), now);
         if let Some(name) = report.progress.milestone.clone() {
             let sequence = ChildRuns::new(sql).add_milestone(run_id, &name, report.progress.data.as_ref(), now)?;
@@ -171,8 +178,9 @@ impl ChildEngine {
         let snapshot = serde_json::to_value(report.kept()).unwrap_or(Value::Null);
         ChildRuns::new(sql).record_progress(run_id, &snapshot, now)?;
         let id = new_id();
-        let live = chunk::progress(&id, &report.progress);
-        let kept = (!report.persist && report.progress.data.is_some()).then(|| chunk::progress(&id, &report.kept()));
+        let live = chunk::progress(&id, now, &report.progress);
+        let kept =
+            (!report.persist && report.progress.data.is_some()).then(|| chunk::progress(&id, now, &report.kept()));
         Ok(self.emit(sql, run_id, ChunkKind::Progress, live, kept, chat_streaming)?.1)
     }
 }

@@ -477,3 +477,50 @@ fn the_log_reads_after_its_cursor_and_statuses_round_trip() {
         assert_eq!(runs.get(&id).unwrap().unwrap().status, status);
     }
 }
+
+/// A milestone is reached once per run and name: a re-run after a restart does not report again
+/// what an earlier attempt reached (`agent_tool:progress:ignored` says why), while a milestone
+/// new to the run, or reached again within one attempt, is reported. Plain progress carries the
+/// child's time.
+#[test]
+fn a_rerun_does_not_repeat_a_milestone_an_earlier_attempt_reached() {
+    let db = db();
+    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    engine.start(&db, &start("r"), 1).unwrap();
+    let milestone = |name: &str| Report { progress: Progress::milestone(name), persist: false };
+    engine.report_progress(&db, "r", milestone("sources-gathered"), false, &id, 2).unwrap();
+    emit_now(&mut engine, &db, "{\"partial\":1}".into());
+    // A restart: attempt 2 runs the same work again.
+    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    assert_eq!(begins(&engine.inspect(&db, "r", false, 5).unwrap().1), [2]);
+    let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, false, 5).unwrap();
+    assert!(tail.subscriber.is_some());
+    let mut out = Vec::new();
+    for (name, at) in [("sources-gathered", 6), ("draft-written", 7), ("draft-written", 8)] {
+        let actions = engine.report_progress(&db, "r", milestone(name), false, &id, at).unwrap();
+        if name == "sources-gathered" {
+            let ignored = actions.iter().any(|a| {
+                matches!(a, ChildAction::Observe(EventType::ProgressIgnored, p) if p["why"].as_str().unwrap().contains("earlier attempt"))
+            });
+            assert!(ignored, "{actions:?}");
+        }
+        out.extend(actions);
+        out.extend(engine.flush(&db, "r", false).unwrap());
+    }
+    engine.report_progress(&db, "r", progress(0.5), false, &id, 1_000).unwrap();
+    out.extend(engine.flush(&db, "r", false).unwrap());
+    assert_eq!(sent(&out), ["milestone:draft-written", "milestone:draft-written", "progress:0.5"]);
+    let names: Vec<String> =
+        ChildRuns::new(&db).inspect("r").unwrap().unwrap().milestones.into_iter().map(|m| m.name).collect();
+    assert_eq!(names, ["sources-gathered", "draft-written", "draft-written"]);
+    let last = out.iter().rev().find_map(|a| match a {
+        ChildAction::Send { line, .. } => Some(String::from_utf8_lossy(line).into_owned()),
+        _ => None,
+    });
+    let line: Value = serde_json::from_str(last.unwrap().trim()).unwrap();
+    let progress: Value = serde_json::from_str(line["b"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        (progress["type"].as_str(), progress["data"]["at"].as_i64()),
+        (Some("data-agent-progress"), Some(1_000))
+    );
+}

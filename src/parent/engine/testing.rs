@@ -105,3 +105,18 @@ pub fn gen_of(actions: &[ParentAction], kind: &str, run: &str) -> Option<u64> {
         _ => None,
     })
 }
+
+/// Dispatches run `id` at time 10 and lets its child accept it; the generation of the tail the
+/// engine then opens.
+pub fn started(
+    db: &(impl Sql + ?Sized),
+    engine: &mut ParentEngine,
+    id: &str,
+    detached: Option<crate::types::DetachedOptions>,
+) -> u64 {
+    let dispatch = Dispatch { new: new_run(id, &json!(1)), detached, abandoned: None };
+    let (_, actions) = engine.dispatch(db, dispatch, json!(1), 10);
+    let start = gen_of(&actions, "start", id).unwrap();
+    let actions = engine.handle(db, ParentEvent::StartReplied { run_id: id.into(), gen: start, result: Ok(()) }, 11);
+    gen_of(&actions, "tail", id).unwrap()
+}

@@ -257,3 +257,26 @@ fn stale_generations_produce_no_action() {
     // The current tail still counts.
     assert_eq!(effect(&engine.handle(&db, batch(new_tail, 1), 21)), "chunk");
 }
+
+/// `on_progress` gets the child's snapshot with the child's time (`at`), not the time the
+/// parent forwarded it; a body without one (an older child) gets the parent's.
+#[test]
+fn a_progress_snapshot_keeps_the_childs_time() {
+    use crate::protocol::tail::{ChunkKind, TailLine};
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let tail = started(&db, &mut engine, "r", None);
+    let progress = |body: &str| TailLine::Chunk { i: None, k: ChunkKind::Progress, b: body.into(), r: None };
+    let lines = vec![
+        progress(r#"{"type":"data-agent-progress","id":"p1","data":{"at":42,"fraction":0.25}}"#),
+        progress(r#"{"type":"data-agent-progress","id":"p2","data":{"fraction":0.5}}"#),
+    ];
+    let actions = engine.handle(&db, ParentEvent::TailBatch { run_id: "r".into(), gen: tail, lines }, 900);
+    let snapshots: Vec<(Option<f64>, i64)> = actions
+        .iter()
+        .filter_map(|a| match a {
+            ParentAction::Hook(HookCall::Progress(_, s)) => Some((s.fraction, s.at)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(snapshots, [(Some(0.25), 42), (Some(0.5), 900)]);
+}

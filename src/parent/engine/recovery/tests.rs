@@ -3,14 +3,6 @@ use crate::parent::engine::testing::*;
 use crate::protocol::tail::{ChunkKind, RunOutcome, TailLine};
 use crate::types::DetachedOptions;
 
-fn started(db: &impl Sql, engine: &mut ParentEngine, id: &str, detached: Option<DetachedOptions>) -> u64 {
-    let dispatch = Dispatch { new: new_run(id, &json!(1)), detached, abandoned: None };
-    let (_, actions) = engine.dispatch(db, dispatch, json!(1), 10);
-    let start = gen_of(&actions, "start", id).unwrap();
-    let actions = engine.handle(db, ParentEvent::StartReplied { run_id: id.into(), gen: start, result: Ok(()) }, 11);
-    gen_of(&actions, "tail", id).unwrap()
-}
-
 fn end(gen: u64, id: &str) -> ParentEvent {
     let outcome =
         RunOutcome { status: OutcomeStatus::Completed, summary: Some("done".into()), output: None, error: None };
