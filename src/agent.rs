@@ -130,8 +130,7 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
     }
 
     /// Best-effort: a child's progress or milestone passed through this agent. Not durable. The
-    /// snapshot's `at` is the child's time for a milestone and the time this agent forwarded
-    /// it for plain progress.
+    /// snapshot's `at` is the child's time when it reported it.
     async fn on_progress(&self, host: &AgentHost<Self>, run: &RunInfo, progress: &ProgressSnapshot) {
         let _ = (host, run, progress);
     }
@@ -149,6 +148,28 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
     ) -> Result<(), String> {
         let _ = (host, handler, run, result);
         Ok(())
+    }
+
+    /// As a child, with [`crate::RecoveryPolicy::Rerun`]: whether a run whose turn a restart cut
+    /// short gets another attempt (the TypeScript SDK's `chatRecovery` `shouldKeepRecovering`).
+    /// Asked only while [`AgentToolOptions::max_recovery_attempts`] allows one; `false` seals
+    /// the run `interrupted` with its partial answer kept. The default keeps recovering.
+    ///
+    /// ```
+    /// # use agent_tools::prelude::*;
+    /// # #[derive(Default)] pub struct Importer;
+    /// # agent_tools::durable_object!(Importer, unchecked);
+    /// impl Agent for Importer {
+    ///     // A turn that streamed a lot before its object went down is not repeated.
+    ///     fn should_keep_recovering(&self, run: &agent_tools::RecoveryAttempt) -> bool {
+    ///         run.chunks < 5_000
+    ///     }
+    /// }
+    /// # fn main() {}
+    /// ```
+    fn should_keep_recovering(&self, run: &crate::RecoveryAttempt) -> bool {
+        let _ = run;
+        true
     }
 
     /// The chat message a `notify` run injects when it finishes (empty: none). The default is

@@ -250,8 +250,8 @@ pub use tools::{AgentTool, Tool, ToolContext, Tools};
 pub use types::{
     Admission, AgentClass, AgentToolChunk, AgentToolFailure, AgentToolOptions, ClearFilter, DetachedHandle,
     DetachedOptions, EventDelivery, InterruptedReason, Milestone, MilestoneMode, OnMilestones, Progress,
-    ProgressSnapshot, RecoveryPolicy, Retention, RunInfo, RunInspection, RunOptions, RunResult, RunStatus,
-    ScheduledTask, DEFAULT_NOTIFY_SOURCE,
+    ProgressSnapshot, RecoveryAttempt, RecoveryPolicy, Retention, RunInfo, RunInspection, RunOptions, RunResult,
+    RunStatus, ScheduledTask, DEFAULT_NOTIFY_SOURCE,
 };
 
 /// The fixed limits (see the README's "Security and limits"); the adjustable ones are

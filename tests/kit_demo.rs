@@ -159,3 +159,45 @@ fn seeded_schedules_of_the_demo_keep_the_contract() {
     });
     assert!(injected > 20, "the faults struck ({injected})");
 }
+
+/// The demo's RPC methods check every argument, and a run's input against the child's tool
+/// schema (the model's own check), before anything starts: each bad call gets an error that
+/// says what was wrong, and no run, no row and no child object comes of it.
+#[test]
+fn rpc_arguments_are_checked_before_anything_starts() {
+    let world = demo(4, 5);
+    let client = world.connect("/agents/assistant/erin");
+    let researcher = |extra: Value| {
+        let mut arg = json!({ "agent": "Researcher", "input": { "query": "QUIC" } });
+        arg.as_object_mut().expect("an object").extend(extra.as_object().expect("an object").clone());
+        arg
+    };
+    let cases = [
+        ("research", json!({ "topics": ["ab"] }), "/query"),
+        ("research", json!({ "topics": ["QUIC"], "words": -3 }), "words"),
+        ("research", json!({ "topics": ["QUIC"], "wrods": 3 }), "unknown field `wrods`"),
+        ("research", json!({ "topics": "QUIC" }), "expected a sequence"),
+        ("research", json!({ "topics": ["QUIC"], "agent": "Planner" }), "unknown variant `Planner`"),
+        ("dispatch", json!({ "agent": "Researcher" }), "missing field `input`"),
+        ("dispatch", json!({ "agent": "Researcher", "input": "QUIC" }), "Invalid input for tool research"),
+        ("dispatch", researcher(json!({ "detached": "bogus" })), "detached: true or"),
+        ("dispatch", researcher(json!({ "detached": { "onFinish": "nope" } })), "unknown variant `nope`"),
+        ("dispatch", researcher(json!({ "detached": { "notify": 1 } })), "detached.notify"),
+        ("dispatch", researcher(json!({ "eventDelivery": 7 })), "eventDelivery"),
+        ("dispatch", researcher(json!({ "eventDelivery": "sometimes" })), "unknown variant `sometimes`"),
+        ("dispatch", researcher(json!({ "displayOrder": -1 })), "displayOrder"),
+        ("cancel", json!({ "runId": [] }), "cancel expects {runId, reason?}"),
+        ("clear", json!({ "status": ["sleeping"] }), "unknown variant `sleeping`"),
+    ];
+    for (method, arg, says) in cases {
+        let error = client.call(method, vec![arg.clone()]).expect_err(&format!("{method}({arg}) is refused"));
+        assert!(error.contains(says), "{method}({arg}): {error:?} should say {says:?}");
+    }
+    assert!(runs(&client).is_empty(), "no run was started");
+    assert!(world.objects_of::<Researcher>().is_empty() && world.objects_of::<Summarizer>().is_empty());
+    // The same calls, well formed, run.
+    let done = client.call("dispatch", vec![researcher(json!({ "eventDelivery": "terminal" }))]).expect("a run");
+    assert_eq!(done["status"], "completed", "{done:#}");
+    let done = client.call("research", vec![json!({ "topics": ["QUIC"], "words": 3 })]).expect("runs");
+    assert_eq!(done[0]["status"], "completed", "{done:#}");
+}

@@ -17,6 +17,7 @@
 //!   way no attempt's output is ever joined to another's.
 
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use serde_json::Value;
 
@@ -28,11 +29,12 @@ use crate::protocol::child_api::{StartReply, StartRequest};
 use crate::protocol::chunk;
 use crate::protocol::tail::{ChunkKind, OutcomeStatus, RunOutcome, TailLine};
 use crate::store::{Sql, StoreError};
-use crate::types::RecoveryPolicy;
+use crate::types::{RecoveryAttempt, RecoveryPolicy};
 
-/// The most attempts a run gets across restarts before `Rerun` gives up and seals it: a turn
-/// that keeps taking its Durable Object down with it must not loop forever.
-pub const MAX_ATTEMPTS: i64 = 3;
+/// The most attempts a run gets across restarts before `Rerun` gives up and seals it, unless
+/// [`crate::AgentToolOptions::max_recovery_attempts`] says otherwise: a turn that keeps taking its
+/// Durable Object down with it must not loop forever.
+pub const MAX_ATTEMPTS: i64 = crate::types::DEFAULT_MAX_RECOVERY_ATTEMPTS as i64;
 
 /// A tail reader, as the platform knows it.
 pub type SubscriberId = u64;
@@ -151,8 +153,26 @@ pub struct TailStart {
 #[derive(Debug)]
 pub struct ChildEngine {
     policy: RecoveryPolicy,
+    max_attempts: i64,
+    keep_recovering: KeepRecovering,
     live: HashMap<String, LiveRun>,
     next_subscriber: SubscriberId,
+}
+
+/// The agent's [`crate::Agent::should_keep_recovering`], asked before a re-run.
+#[derive(Clone)]
+pub struct KeepRecovering(pub Rc<dyn Fn(&RecoveryAttempt) -> bool>);
+
+impl std::fmt::Debug for KeepRecovering {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeepRecovering(..)")
+    }
+}
+
+impl Default for KeepRecovering {
+    fn default() -> Self {
+        Self(Rc::new(|_| true))
+    }
 }
 
 const LOST_TURN: &str = "the child's turn stopped when its Durable Object restarted; its partial output is kept, \
@@ -161,7 +181,20 @@ const LOST_TURN: &str = "the child's turn stopped when its Durable Object restar
 impl ChildEngine {
     /// A fresh engine (a new instance: nothing is live).
     pub fn new(policy: RecoveryPolicy) -> Self {
-        Self { policy, live: HashMap::new(), next_subscriber: 0 }
+        Self {
+            policy,
+            max_attempts: MAX_ATTEMPTS,
+            keep_recovering: KeepRecovering::default(),
+            live: HashMap::new(),
+            next_subscriber: 0,
+        }
+    }
+
+    /// With `Rerun`: at most `max_attempts` attempts a run, each re-run asked of `keep` first.
+    pub fn with_recovery(mut self, max_attempts: u32, keep: KeepRecovering) -> Self {
+        self.max_attempts = i64::from(max_attempts.max(1));
+        self.keep_recovering = keep;
+        self
     }
 
     /// Whether the run's turn runs here.
@@ -222,15 +255,27 @@ impl ChildEngine {
                 input: run.input.clone(),
                 attempt: run.attempt,
             });
-        } else if self.policy == RecoveryPolicy::Rerun && run.attempt < MAX_ATTEMPTS {
+        } else if self.policy == RecoveryPolicy::Rerun
+            && run.attempt < self.max_attempts
+            && (self.keep_recovering.0)(&RecoveryAttempt {
+                run_id: run.run_id.clone(),
+                attempt: u32::try_from(run.attempt).unwrap_or(u32::MAX),
+                chunks: u64::try_from(next_index).unwrap_or(0),
+            })
+        {
             actions.extend(self.new_attempt(sql, &run, "restart")?);
         } else {
-            let error = if self.policy == RecoveryPolicy::Rerun {
-                format!(
-                    "the child's turn was cut short by a restart {MAX_ATTEMPTS} times; it is not run again by itself"
-                )
-            } else {
-                LOST_TURN.to_owned()
+            let error = match self.policy {
+                RecoveryPolicy::Rerun if run.attempt >= self.max_attempts => format!(
+                    "the child's turn was cut short by a restart {} times; it is not run again by itself",
+                    run.attempt
+                ),
+                RecoveryPolicy::Rerun => format!(
+                    "the child's turn was cut short by a restart after {} attempt(s), and should_keep_recovering \
+                     declined another; its partial output is kept",
+                    run.attempt
+                ),
+                RecoveryPolicy::Seal => LOST_TURN.to_owned(),
             };
             let outcome =
                 RunOutcome { status: OutcomeStatus::Interrupted, summary: None, output: None, error: Some(error) };

@@ -112,12 +112,7 @@ impl Agent for Assistant {
     }
 
     fn tools(&self) -> Tools<Self> {
-        Tools::new().agent(
-            AgentTool::of::<Researcher>("research", "Research one topic in depth and report the findings.")
-                .input::<ResearchInput>()
-                .display_name("Researcher")
-                .icon("🔎"),
-        )
+        Tools::new().agent(research_tool())
     }
 
     /// `MAX_CONCURRENT_AGENT_TOOLS` (default 64; `0` for unlimited), `AGENT_TOOL_ADMISSION`
@@ -223,37 +218,24 @@ impl Agent for Assistant {
             "research" => research(host, arg).await,
             "dispatch" => dispatch(host, arg).await,
             "cancel" => {
-                let run_id = arg.get("runId").and_then(Value::as_str).ok_or("cancel expects {runId, reason?}")?;
-                let reason = arg.get("reason").and_then(Value::as_str).map(str::to_owned);
-                host.cancel_agent_tool(run_id, reason).await?;
-                Ok(run_json(host, run_id))
+                let RunArg { run_id, reason, .. } = rpc_arg("cancel", "{runId, reason?}", arg)?;
+                host.cancel_agent_tool(&run_id, reason).await?;
+                Ok(run_json(host, &run_id))
             }
             "clear" => {
-                let status = match arg.get("status") {
-                    None | Some(Value::Null) => None,
-                    Some(Value::Array(s)) => Some(
-                        s.iter()
-                            .map(|v| {
-                                serde_json::from_value::<RunStatus>(v.clone())
-                                    .map_err(|_| format!("unknown status {v}"))
-                            })
-                            .collect::<Result<Vec<_>, _>>()?,
-                    ),
-                    Some(other) => return Err(format!("clear: status must be an array, got {other}")),
-                };
-                let filter = ClearFilter { status, older_than: arg.get("olderThan").and_then(Value::as_i64) };
-                let cleared = host.clear_agent_tool_runs(&filter).await?;
+                let ClearArgs { status, older_than } =
+                    rpc_arg("clear", "{status?: [statuses], olderThan?: epoch ms}", arg)?;
+                let cleared = host.clear_agent_tool_runs(&ClearFilter { status, older_than }).await?;
                 Ok(json!({ "cleared": cleared }))
             }
             "runs" => Ok(host.agent_tool_runs().iter().map(|r| run_json(host, &r.run_id)).collect()),
             "inspect" => {
-                let run_id = arg.get("runId").and_then(Value::as_str).ok_or("inspect expects {runId}")?;
-                serde_json::to_value(host.inspect_agent_tool_run(run_id)).map_err(|e| e.to_string())
+                let RunArg { run_id, .. } = rpc_arg("inspect", "{runId}", arg)?;
+                serde_json::to_value(host.inspect_agent_tool_run(&run_id)).map_err(|e| e.to_string())
             }
             "chunks" => {
-                let run_id = arg.get("runId").and_then(Value::as_str).ok_or("chunks expects {runId, after?}")?;
-                let after = arg.get("after").and_then(Value::as_i64);
-                serde_json::to_value(host.get_agent_tool_chunks(run_id, after)).map_err(|e| e.to_string())
+                let RunArg { run_id, after, .. } = rpc_arg("chunks", "{runId, after?}", arg)?;
+                serde_json::to_value(host.get_agent_tool_chunks(&run_id, after)).map_err(|e| e.to_string())
             }
             "schedule" => {
                 let task: ScheduledResearch =
@@ -308,42 +290,118 @@ fn run_json(host: &AgentHost<Assistant>, run_id: &str) -> Value {
 }
 
 /// Which child class a dispatch names: the demo's two, by their class names.
+#[derive(serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
 enum Child {
+    #[default]
     Researcher,
     Summarizer,
 }
 
-fn child(name: &str) -> Result<Child, String> {
-    match name {
-        "Researcher" => Ok(Child::Researcher),
-        "Summarizer" => Ok(Child::Summarizer),
-        other => Err(format!("unknown agent type {other:?}; Assistant dispatches [\"Researcher\", \"Summarizer\"]")),
+impl Child {
+    /// Checks a run's input against the schema of the tool the model dispatches this child with
+    /// (the same check as a model's tool call); `Summarizer` has no tool, so any JSON input does.
+    fn check_input(self, input: &Value) -> Result<(), String> {
+        match self {
+            Child::Researcher => research_tool().check_input(input),
+            Child::Summarizer => Ok(()),
+        }
     }
 }
 
-async fn run_awaited(host: &AgentHost<Assistant>, child: &Child, options: RunOptions) -> RunResult {
+/// The `research` tool the model sees; RPC inputs for `Researcher` are checked against it too.
+fn research_tool() -> AgentTool {
+    AgentTool::of::<Researcher>("research", "Research one topic in depth and report the findings.")
+        .input::<ResearchInput>()
+        .display_name("Researcher")
+        .icon("🔎")
+}
+
+async fn run_awaited(host: &AgentHost<Assistant>, child: Child, options: RunOptions) -> RunResult {
     match child {
         Child::Researcher => host.run_agent_tool::<Researcher>(options).await,
         Child::Summarizer => host.run_agent_tool::<Summarizer>(options).await,
     }
 }
 
+/// Reads an RPC method's argument as `T`, strictly (no unknown fields, no wrong types): the
+/// error names the method and what was wrong.
+fn rpc_arg<T: serde::de::DeserializeOwned>(method: &str, shape: &str, arg: Value) -> Result<T, String> {
+    // No argument at all reads as `{}`: what is required is then named as missing.
+    let arg = if arg.is_null() { json!({}) } else { arg };
+    serde_json::from_value(arg).map_err(|e| format!("{method} expects {shape}: {e}"))
+}
+
+/// The argument of `cancel`, `inspect` and `chunks`: a run id (and what each takes besides).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RunArg {
+    run_id: String,
+    reason: Option<String>,
+    after: Option<i64>,
+}
+
+/// `clear({status?, olderThan?})`'s argument.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ClearArgs {
+    status: Option<Vec<RunStatus>>,
+    older_than: Option<i64>,
+}
+
+/// `research({topics, ...})`'s argument.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ResearchArgs {
+    topics: Vec<String>,
+    #[serde(default)]
+    run_ids: Vec<String>,
+    parent_tool_call_id: Option<String>,
+    words: Option<u32>,
+    delay_ms: Option<u32>,
+    #[serde(default)]
+    agent: Child,
+    cancel_after_ms: Option<u64>,
+}
+
+const RESEARCH_SHAPE: &str =
+    "[topics] or {topics, runIds?, parentToolCallId?, words?, delayMs?, agent?, cancelAfterMs?}";
+
 /// `research(topics)` or `research({topics, runIds?, parentToolCallId?, words?, delayMs?, agent?,
 /// cancelAfterMs?})`: one run per topic (of `Researcher`, or the `agent` given), all at once;
 /// resolves with their results in order. `cancelAfterMs` cancels them all through their
-/// `signal` after that long (`0`: before they are dispatched).
+/// `signal` after that long (`0`: before they are dispatched). Every argument is checked, and
+/// every topic's input against the `research` tool's schema, before anything starts.
 async fn research(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, String> {
-    let (topics, options) = match arg {
-        Value::Array(topics) => (topics, Value::Null),
-        Value::Object(ref o) => (o.get("topics").and_then(Value::as_array).cloned().unwrap_or_default(), arg.clone()),
-        _ => return Err("research expects an array of topics or {topics: [...]}".into()),
+    let args: ResearchArgs = match arg {
+        Value::Array(_) => ResearchArgs {
+            topics: rpc_arg("research", RESEARCH_SHAPE, arg)?,
+            run_ids: Vec::new(),
+            parent_tool_call_id: None,
+            words: None,
+            delay_ms: None,
+            agent: Child::Researcher,
+            cancel_after_ms: None,
+        },
+        arg => rpc_arg("research", RESEARCH_SHAPE, arg)?,
     };
-    if topics.is_empty() || topics.len() > 16 {
+    if args.topics.is_empty() || args.topics.len() > 16 {
         return Err("research takes 1 to 16 topics".into());
     }
-    let run_ids = options.get("runIds").and_then(Value::as_array).cloned().unwrap_or_default();
-    let agent = child(options.get("agent").and_then(Value::as_str).unwrap_or("Researcher"))?;
-    let signal = options.get("cancelAfterMs").and_then(Value::as_u64).map(|ms| {
+    let inputs = args
+        .topics
+        .iter()
+        .map(|topic| {
+            let mut input = json!({ "query": topic });
+            if let Some(words) = args.words {
+                input["words"] = words.into();
+            }
+            if let Some(delay) = args.delay_ms {
+                input["delayMs"] = delay.into();
+            }
+            args.agent.check_input(&input).map(|()| input)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let signal = args.cancel_after_ms.map(|ms| {
         let signal = CancelToken::new();
         let deadline = signal.clone();
         if ms == 0 {
@@ -356,55 +414,92 @@ async fn research(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, Stri
         });
         signal
     });
-    let runs = topics.iter().enumerate().map(|(i, topic)| {
-        let mut input = json!({ "query": topic });
-        for key in ["words", "delayMs"] {
-            if let Some(v) = options.get(key) {
-                input[key] = v.clone();
-            }
-        }
+    let runs = inputs.into_iter().enumerate().map(|(i, input)| {
         let opts = RunOptions {
             input,
-            run_id: run_ids.get(i).and_then(Value::as_str).map(str::to_owned),
-            parent_tool_call_id: options.get("parentToolCallId").and_then(Value::as_str).map(str::to_owned),
+            run_id: args.run_ids.get(i).cloned(),
+            parent_tool_call_id: args.parent_tool_call_id.clone(),
             display_order: Some(i as i64),
             signal: signal.clone(),
             ..Default::default()
         };
-        run_awaited(host, &agent, opts)
+        run_awaited(host, args.agent, opts)
     });
     let results = join_all(runs).await;
     serde_json::to_value(results).map_err(|e| e.to_string())
 }
 
+/// `dispatch({...})`'s argument.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct DispatchArgs {
+    agent: Child,
+    input: Value,
+    run_id: Option<String>,
+    parent_tool_call_id: Option<String>,
+    display_order: Option<u32>,
+    input_preview: Option<String>,
+    display: Option<Value>,
+    #[serde(default)]
+    event_delivery: EventDelivery,
+    /// `false`, `true` or a [`DetachedArgs`] object.
+    detached: Option<Value>,
+}
+
+/// `detached: {onFinish?: "record"|"failing", notify?: true|{source}, maxBudgetMs?,
+/// noProgressBudgetMs?, onMilestones?: [names] | {names, mode}}`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct DetachedArgs {
+    on_finish: Option<DemoHandler>,
+    /// `false`, `true` or `{source}`.
+    notify: Option<Value>,
+    max_budget_ms: Option<u64>,
+    no_progress_budget_ms: Option<u64>,
+    /// `[names]` or `{names, mode}`.
+    on_milestones: Option<Value>,
+}
+
+/// `notify`'s `{source}`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NotifySource {
+    source: String,
+}
+
+const DETACHED_SHAPE: &str = "detached: true or {onFinish?: \"record\"|\"failing\", notify?: true|{source}, \
+     maxBudgetMs?, noProgressBudgetMs?, onMilestones?: [names]|{names, mode}}";
+
+const DISPATCH_SHAPE: &str = "{agent: \"Researcher\"|\"Summarizer\", input, runId?, parentToolCallId?, displayOrder?, \
+     inputPreview?, display?, eventDelivery?: \"full\"|\"terminal\", detached?: true|{onFinish?, notify?, maxBudgetMs?, \
+     noProgressBudgetMs?, onMilestones?}}";
+
 /// `dispatch({agent, input, runId?, parentToolCallId?, displayOrder?, eventDelivery?, display?,
 /// detached?})`: one run of any child class, with every option; detached runs return a handle
-/// at once.
+/// at once. Every argument is checked, and the input against the child's tool schema, before
+/// anything starts.
 async fn dispatch(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, String> {
-    let agent = child(arg.get("agent").and_then(Value::as_str).ok_or("dispatch expects {agent, input, ...}")?)?;
-    let text = |k: &str| arg.get(k).and_then(Value::as_str).map(str::to_owned);
-    let event_delivery = match arg.get("eventDelivery").and_then(Value::as_str) {
-        None | Some("full") => EventDelivery::Full,
-        Some("terminal") => EventDelivery::Terminal,
-        Some(other) => return Err(format!("eventDelivery must be \"full\" or \"terminal\", got {other:?}")),
-    };
+    let args: DispatchArgs = rpc_arg("dispatch", DISPATCH_SHAPE, arg)?;
+    args.agent.check_input(&args.input)?;
     let options = RunOptions {
-        input: arg.get("input").cloned().unwrap_or(Value::Null),
-        run_id: text("runId"),
-        parent_tool_call_id: text("parentToolCallId"),
-        display_order: arg.get("displayOrder").and_then(Value::as_i64),
-        input_preview: text("inputPreview"),
-        display: arg.get("display").cloned(),
-        event_delivery,
+        input: args.input,
+        run_id: args.run_id,
+        parent_tool_call_id: args.parent_tool_call_id,
+        display_order: args.display_order.map(i64::from),
+        input_preview: args.input_preview,
+        display: args.display,
+        event_delivery: args.event_delivery,
         signal: None,
     };
-    match arg.get("detached") {
-        None | Some(Value::Null) | Some(Value::Bool(false)) => {
-            serde_json::to_value(run_awaited(host, &agent, options).await).map_err(|e| e.to_string())
-        }
+    let detached = match args.detached {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+        Some(Value::Bool(true)) => Some(DetachedOptions::default()),
+        Some(d) => Some(detached_options(rpc_arg("dispatch", DETACHED_SHAPE, d)?)?),
+    };
+    match detached {
+        None => serde_json::to_value(run_awaited(host, args.agent, options).await).map_err(|e| e.to_string()),
         Some(detached) => {
-            let detached = detached_options(detached)?;
-            let handle = match agent {
+            let handle = match args.agent {
                 Child::Researcher => host.run_agent_tool_detached::<Researcher>(options, detached).await,
                 Child::Summarizer => host.run_agent_tool_detached::<Summarizer>(options, detached).await,
             };
@@ -413,42 +508,30 @@ async fn dispatch(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, Stri
     }
 }
 
-/// `detached: true | {onFinish?: "record"|"failing", notify?: true|{source}, maxBudgetMs?,
-/// noProgressBudgetMs?, onMilestones?: [names] | {names, mode}}`.
-fn detached_options(arg: &Value) -> Result<DetachedOptions, String> {
-    if arg == &Value::Bool(true) {
-        return Ok(DetachedOptions::default());
-    }
-    let on_finish = match arg.get("onFinish") {
-        None | Some(Value::Null) => None,
-        Some(name) => {
-            let handler: DemoHandler =
-                serde_json::from_value(name.clone()).map_err(|_| format!("unknown onFinish handler {name}"))?;
-            Some(serde_json::to_value(handler).map_err(|e| e.to_string())?)
-        }
-    };
-    let (notify, notify_source) = match arg.get("notify") {
+fn detached_options(d: DetachedArgs) -> Result<DetachedOptions, String> {
+    let (notify, notify_source) = match d.notify {
         None | Some(Value::Null) | Some(Value::Bool(false)) => (false, None),
         Some(Value::Bool(true)) => (true, None),
-        Some(other) => {
-            let source = other.get("source").and_then(Value::as_str).ok_or("notify: true or {source}")?;
-            (true, Some(source.to_owned()))
+        Some(source) => {
+            let NotifySource { source } = rpc_arg("dispatch", "detached.notify: true or {source}", source)?;
+            (true, Some(source))
         }
     };
-    let on_milestones = match arg.get("onMilestones") {
+    let on_milestones = match d.on_milestones {
         None | Some(Value::Null) => None,
-        Some(Value::Array(names)) => Some(OnMilestones {
-            names: names.iter().filter_map(Value::as_str).map(str::to_owned).collect(),
+        Some(names @ Value::Array(_)) => Some(OnMilestones {
+            names: rpc_arg("dispatch", "detached.onMilestones: [names] or {names, mode}", names)?,
             mode: MilestoneMode::Narrate,
         }),
-        Some(other) => Some(serde_json::from_value(other.clone()).map_err(|e| format!("onMilestones: {e}"))?),
+        Some(with) => Some(rpc_arg("dispatch", "detached.onMilestones: [names] or {names, mode}", with)?),
     };
+    let on_finish = d.on_finish.map(serde_json::to_value).transpose().map_err(|e| e.to_string())?;
     Ok(DetachedOptions {
         on_finish,
         notify,
         notify_source,
-        max_budget_ms: arg.get("maxBudgetMs").and_then(Value::as_u64),
-        no_progress_budget_ms: arg.get("noProgressBudgetMs").and_then(Value::as_u64),
+        max_budget_ms: d.max_budget_ms,
+        no_progress_budget_ms: d.no_progress_budget_ms,
         on_milestones,
     })
 }

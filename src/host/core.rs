@@ -246,13 +246,17 @@ impl Host {
     ) -> Self {
         let chat = Chat::new(io.clone()).with_reserved_ids(|sql, id| !matches!(ChildRuns::new(sql).get(id), Ok(None)));
         let incarnation = incarnation(io.as_ref());
+        let keep = {
+            let hooks = hooks.clone();
+            crate::child::engine::KeepRecovering(Rc::new(move |run| hooks.should_keep_recovering(run)))
+        };
         Self(Rc::new(Core {
             class,
             hooks,
             io,
             chat,
             parent: RefCell::new(ParentEngine::new(class, options.clone(), incarnation)),
-            child: RefCell::new(ChildEngine::new(options.recovery)),
+            child: RefCell::new(ChildEngine::new(options.recovery).with_recovery(options.max_recovery_attempts, keep)),
             config_error,
             parent_tables: Cell::new(parent_tables),
             waiters: RefCell::new(HashMap::new()),

@@ -59,6 +59,7 @@ pub(crate) trait Hooks {
         result: &'a RunResult,
     ) -> LocalFuture<'a, Result<(), String>>;
     fn format_detached_completion(&self, run: &RunInfo, result: &RunResult) -> String;
+    fn should_keep_recovering(&self, run: &crate::RecoveryAttempt) -> bool;
     fn format_detached_milestone(&self, run: &RunInfo, milestone: &Milestone) -> String;
     fn on_before_sub_agent<'a>(
         self: Rc<Self>,
@@ -159,6 +160,10 @@ impl<A: Agent> Hooks for Parts<A> {
 
     fn format_detached_completion(&self, run: &RunInfo, result: &RunResult) -> String {
         self.agent.format_detached_completion(run, result)
+    }
+
+    fn should_keep_recovering(&self, run: &crate::RecoveryAttempt) -> bool {
+        self.agent.should_keep_recovering(run)
     }
 
     fn format_detached_milestone(&self, run: &RunInfo, milestone: &Milestone) -> String {

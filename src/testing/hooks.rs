@@ -111,6 +111,10 @@ impl Hooks for Watched {
         self.inner.format_detached_completion(run, result)
     }
 
+    fn should_keep_recovering(&self, run: &crate::RecoveryAttempt) -> bool {
+        self.inner.should_keep_recovering(run)
+    }
+
     fn format_detached_milestone(&self, run: &RunInfo, milestone: &Milestone) -> String {
         self.inner.format_detached_milestone(run, milestone)
     }

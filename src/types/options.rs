@@ -32,6 +32,23 @@ pub enum RecoveryPolicy {
     Seal,
 }
 
+/// [`AgentToolOptions::max_recovery_attempts`] unless an agent sets it.
+pub const DEFAULT_MAX_RECOVERY_ATTEMPTS: u32 = 3;
+
+/// A child run whose turn a restart cut short, as [`crate::Agent::should_keep_recovering`] sees
+/// it before the run gets another attempt (the TypeScript SDK's `chatRecovery`
+/// `shouldKeepRecovering` context).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveryAttempt {
+    /// The run.
+    pub run_id: String,
+    /// The attempt that was cut short (from 1): the next one would be `attempt + 1`.
+    pub attempt: u32,
+    /// Chunks the run has streamed so far, every attempt together: the work a re-run would
+    /// repeat, and a runaway's measure.
+    pub chunks: u64,
+}
+
 /// What a dispatch over [`AgentToolOptions::max_concurrent`] does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Admission {
@@ -70,6 +87,11 @@ pub struct AgentToolOptions {
     pub detached_no_progress_budget_ms: u64,
     /// How this agent, as a child, heals a turn a restart cut short.
     pub recovery: RecoveryPolicy,
+    /// With [`RecoveryPolicy::Rerun`], the most attempts a run gets across restarts (the
+    /// TypeScript SDK's `chatRecovery` `maxRecoveryWork`): past it the run is sealed
+    /// `interrupted`, so a turn that keeps taking its object down cannot loop forever. Default 3;
+    /// [`crate::Agent::should_keep_recovering`] may stop sooner.
+    pub max_recovery_attempts: u32,
     /// How long finished runs are kept (for replay, drill-in and inspection) before they are
     /// cleared as `AgentHost::clear_agent_tool_runs` clears them.
     pub retention: Retention,
@@ -111,6 +133,7 @@ impl Default for AgentToolOptions {
             detached_max_budget_ms: DEFAULT_MAX_BUDGET_MS,
             detached_no_progress_budget_ms: DEFAULT_NO_PROGRESS_BUDGET_MS,
             recovery: RecoveryPolicy::Rerun,
+            max_recovery_attempts: DEFAULT_MAX_RECOVERY_ATTEMPTS,
             retention: Retention::default(),
         }
     }

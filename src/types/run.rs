@@ -64,8 +64,10 @@ impl RunStatus {
     }
 }
 
-/// Whether a run's ordinary chunks reach clients.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Whether a run's ordinary chunks reach clients. In JSON, `"full"` or `"terminal"` (the
+/// TypeScript SDK's `eventDelivery`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum EventDelivery {
     /// Every chunk is forwarded and replayed.
     #[default]

@@ -172,7 +172,7 @@ async fn malformed_frames_get_errors_and_the_socket_stays_usable() {
     assert_eq!(client.call("nope", json!([])).await, Err("Method nope does not exist".into()));
     let err = client.call("research", json!([{"topics": []}])).await.unwrap_err();
     assert!(err.contains("1 to 16 topics"), "{err}");
-    let err = client.call("research", json!([{"topics": ["a"], "runIds": [""]}])).await.unwrap();
+    let err = client.call("research", json!([{"topics": ["abc"], "runIds": [""]}])).await.unwrap();
     assert_eq!(err[0]["status"], "error");
     assert!(err[0]["error"].as_str().unwrap().contains("run id must not be empty"));
 

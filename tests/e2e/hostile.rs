@@ -74,8 +74,10 @@ async fn hostile_frames_and_paths_change_nothing_and_panic_nothing() {
     let worker = Worker::start_with(None, &[("OFFLINE_WORDS", "5"), ("OFFLINE_DELAY_MS", "5")]).await;
     let name = unique("hostile");
     let mut client = worker.client(&name).await;
-    let legit =
-        client.call("dispatch", json!([{"agent": "Researcher", "runId": "legit", "input": "QUIC"}])).await.unwrap();
+    let legit = client
+        .call("dispatch", json!([{"agent": "Researcher", "runId": "legit", "input": {"query": "QUIC"}}]))
+        .await
+        .unwrap();
     assert_eq!(legit["status"], "completed");
     let before = client.call("runs", json!([])).await.unwrap();
 
@@ -168,8 +170,10 @@ async fn hostile_frames_and_paths_change_nothing_and_panic_nothing() {
 
     // Nothing changed, nothing broke.
     assert_eq!(client.call("runs", json!([])).await.unwrap(), before, "the registry is untouched");
-    let after =
-        client.call("dispatch", json!([{"agent": "Researcher", "runId": "after", "input": "QUIC"}])).await.unwrap();
+    let after = client
+        .call("dispatch", json!([{"agent": "Researcher", "runId": "after", "input": {"query": "QUIC"}}]))
+        .await
+        .unwrap();
     assert_eq!(after["status"], "completed", "the agent still works");
     let messages: Value = http
         .get(worker.http(&format!("/agents/assistant/{name}/get-messages")))
@@ -217,13 +221,11 @@ async fn many_clients_see_every_frame_exactly_once() {
     no_panic(&worker);
 }
 
-/// Oversized input is refused by its size, before it is read: a frame over
-/// `limits::MAX_FRAME_BYTES` gets its error frame and is never answered as the call it holds;
-/// a body whose `Content-Length` is over `MAX_BODY_BYTES` gets its 413 while the client is still
-/// sending it (here, never finishing).
+/// An oversized frame is refused by its size, before it is parsed: a frame over
+/// `limits::MAX_FRAME_BYTES` gets its error frame and is never answered as the call it holds,
+/// and the socket goes on working.
 #[tokio::test(flavor = "multi_thread")]
-async fn oversized_frames_and_bodies_are_refused_unread() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+async fn an_oversized_frame_is_refused_unread() {
     let worker = Worker::start().await;
     let name = unique("oversized");
     let mut client = worker.client(&name).await;
@@ -236,24 +238,5 @@ async fn oversized_frames_and_bodies_are_refused_unread() {
     let fine = client.call("runs", json!([])).await.unwrap();
     assert_eq!(fine, json!([]), "the socket still works");
     assert!(!client.frames.iter().any(|f| f["type"] == "rpc" && f["id"] == "big"), "the big call was never read");
-
-    let url = worker.http(&format!("/agents/assistant/{name}"));
-    let authority = url.trim_start_matches("http://").split('/').next().unwrap().to_owned();
-    let mut socket = tokio::net::TcpStream::connect(&authority).await.unwrap();
-    let head = format!(
-        "POST /agents/assistant/{name}/import HTTP/1.1\r\nHost: {authority}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n",
-        50 << 20
-    );
-    socket.write_all(head.as_bytes()).await.unwrap();
-    socket.write_all(&vec![b'x'; 64 << 10]).await.unwrap();
-    // The rest of the 50 MiB never comes: only a refusal by the declared length can answer.
-    let mut answer = vec![0; 4096];
-    let read = tokio::time::timeout(WAIT, socket.read(&mut answer))
-        .await
-        .expect("the 413 comes before the body ends")
-        .unwrap();
-    let answer = String::from_utf8_lossy(&answer[..read]).into_owned();
-    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     no_panic(&worker);
 }

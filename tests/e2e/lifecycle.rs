@@ -49,7 +49,7 @@ async fn run_ids_are_never_reused_across_agent_types() {
     assert!(error.contains("already belongs to a Researcher run") && error.contains("Summarizer"), "{error}");
     // The demo maps class names to child types; an unknown name never reaches the engine.
     let unknown = client.call("dispatch", dispatch_args("Nope", "other-id", "QUIC", 4, 0)).await.unwrap_err();
-    assert!(unknown.contains("unknown agent type \"Nope\""), "{unknown}");
+    assert!(unknown.contains("unknown variant `Nope`, expected `Researcher` or `Summarizer`"), "{unknown}");
     let runs = client.call("runs", json!([])).await.unwrap();
     assert_eq!(runs.as_array().unwrap().len(), 1, "refusals write nothing");
     assert_eq!(runs[0]["agentType"], "Researcher");
@@ -370,7 +370,7 @@ async fn hooks_fire_once_per_awaited_run() {
     let (ra, rb) = tokio::join!(a.call("dispatch", args.clone()), b.call("dispatch", args.clone()));
     assert_eq!(ra.unwrap(), rb.unwrap());
     a.call("dispatch", args).await.unwrap();
-    a.call("research", json!([{"topics": ["x1", "x2"], "words": 3, "delayMs": 0}])).await.unwrap();
+    a.call("research", json!([{"topics": ["xx1", "xx2"], "words": 3, "delayMs": 0}])).await.unwrap();
     let hooks = hooks(&mut a).await;
     let runs = a.call("runs", json!([])).await.unwrap();
     assert_eq!(runs.as_array().unwrap().len(), 3);

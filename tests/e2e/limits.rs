@@ -124,11 +124,11 @@ async fn each_limit_gives_its_error_and_the_next_request_still_works() {
     assert_eq!(refused["status"], "error");
     assert!(refused["error"].as_str().unwrap().contains("at most 262144"), "{refused}");
     let wide = json!({"display": {"name": "y".repeat(5000)}});
-    let refused = client.call("dispatch", dispatch("wide", json!({"query": "ok"}), wide)).await.unwrap();
+    let refused = client.call("dispatch", dispatch("wide", json!({"query": "okay"}), wide)).await.unwrap();
     assert!(refused["error"].as_str().unwrap().contains("display"), "{refused}");
     // A given inputPreview is cut to 500 characters.
     let long_preview = json!({"inputPreview": "p".repeat(2000)});
-    client.call("dispatch", dispatch("preview", json!({"query": "ok"}), long_preview)).await.unwrap();
+    client.call("dispatch", dispatch("preview", json!({"query": "okay"}), long_preview)).await.unwrap();
     let started = client.wait_for(WAIT, |f| f["event"]["runId"] == "preview" && f["event"]["kind"] == "started").await;
     assert_eq!(started["event"]["inputPreview"].as_str().unwrap().chars().count(), 500);
 

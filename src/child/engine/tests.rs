@@ -524,3 +524,60 @@ fn a_rerun_does_not_repeat_a_milestone_an_earlier_attempt_reached() {
         (Some("data-agent-progress"), Some(1_000))
     );
 }
+
+/// `max_recovery_attempts` bounds the re-runs, and the agent's `should_keep_recovering` is asked
+/// before each one (with the attempt cut short and the work streamed so far); its `false` seals
+/// the run, saying why.
+#[test]
+fn a_rerun_is_bounded_by_the_options_and_asked_of_the_agent() {
+    use std::cell::RefCell;
+    let restart = |engine: ChildEngine, db: &rusqlite::Connection, at: i64| {
+        let mut engine = engine;
+        let actions = engine.inspect(db, "r", false, at).unwrap().1;
+        (engine, begins(&actions))
+    };
+    // Five attempts allowed, the agent always willing.
+    let db = db();
+    let fresh = || ChildEngine::new(RecoveryPolicy::Rerun).with_recovery(5, KeepRecovering::default());
+    let mut engine = fresh();
+    engine.start(&db, &start("r"), 1).unwrap();
+    emit_now(&mut engine, &db, "{\"partial\":1}".into());
+    for attempt in 2..=5 {
+        let (mut next, begun) = restart(fresh(), &db, attempt);
+        assert_eq!(begun, [attempt], "attempt {attempt} of 5");
+        emit_now(&mut next, &db, "{\"partial\":1}".into());
+    }
+    let (_, begun) = restart(fresh(), &db, 9);
+    assert!(begun.is_empty());
+    let run = ChildRuns::new(&db).get("r").unwrap().unwrap();
+    assert_eq!(run.status, ChildStatus::Interrupted);
+    assert!(run.error_message.unwrap().contains("5 times"));
+
+    // The agent stops after its second attempt.
+    let db = self::db();
+    let asked = Rc::new(RefCell::new(Vec::new()));
+    let keep = {
+        let asked = asked.clone();
+        KeepRecovering(Rc::new(move |run: &RecoveryAttempt| {
+            asked.borrow_mut().push(run.clone());
+            run.attempt < 2
+        }))
+    };
+    let fresh = || ChildEngine::new(RecoveryPolicy::Rerun).with_recovery(10, keep.clone());
+    let mut engine = fresh();
+    engine.start(&db, &start("r"), 1).unwrap();
+    emit_now(&mut engine, &db, "{\"partial\":1}".into());
+    let (mut engine, begun) = restart(fresh(), &db, 2);
+    assert_eq!(begun, [2]);
+    emit_now(&mut engine, &db, "{\"partial\":2}".into());
+    emit_now(&mut engine, &db, "{\"partial\":3}".into());
+    let (_, begun) = restart(fresh(), &db, 3);
+    assert!(begun.is_empty(), "declined");
+    let run = ChildRuns::new(&db).get("r").unwrap().unwrap();
+    assert_eq!(run.status, ChildStatus::Interrupted);
+    assert!(run.error_message.unwrap().contains("should_keep_recovering declined"));
+    let asked: Vec<(String, u32, u64)> =
+        asked.borrow().iter().map(|a| (a.run_id.clone(), a.attempt, a.chunks)).collect();
+    // Attempt 1 streamed one chunk; attempt 2 two more, behind its marker.
+    assert_eq!(asked, [("r".to_owned(), 1, 1), ("r".to_owned(), 2, 4)]);
+}
