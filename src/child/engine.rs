@@ -117,10 +117,11 @@ struct Pending {
     chat: bool,
 }
 
-/// The names of the milestones a run has reached so far (before the attempt about to begin).
+/// The names of the milestones a run has reached so far (before the attempt about to begin):
+/// those in its log, which every tail and replay carries. (A milestone the turn reported but
+/// whose chunk a restart kept from the log was never seen: the new attempt may report it.)
 fn earlier_milestones(sql: &(impl Sql + ?Sized), run_id: &str) -> Result<Vec<String>, StoreError> {
-    let inspection = ChildRuns::new(sql).inspect(run_id)?;
-    Ok(inspection.map(|i| i.milestones.into_iter().map(|m| m.name).collect()).unwrap_or_default())
+    ChildRuns::new(sql).logged_milestones(run_id)
 }
 
 /// Chunks a run buffers before it flushes without waiting for its turn to yield.

@@ -294,6 +294,17 @@ impl<'a, S: Sql + ?Sized> ChildRuns<'a, S> {
         StreamLog::new(self.sql).page_after(run_id, after, limit)
     }
 
+    /// The names of the milestones in the run's log (those its tails and replays carry), in
+    /// order.
+    pub fn logged_milestones(&self, run_id: &str) -> Result<Vec<String>, StoreError> {
+        let rows = self.sql.exec(
+            "SELECT json_extract(body, '$.data.name') FROM chat_stream_chunks \
+             WHERE stream_id = ? AND kind = 'milestone' ORDER BY idx",
+            &[V::from(run_id)],
+        )?;
+        Ok(rows.iter().filter_map(|r| r.text(0)).collect())
+    }
+
     /// Records the outcome unless the run already ended. Returns whether it was written.
     pub fn finish(&self, run_id: &str, outcome: &RunOutcome, now: i64) -> Result<bool, StoreError> {
         let rows = self.sql.exec(

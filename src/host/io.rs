@@ -76,7 +76,7 @@ pub(crate) enum ChildReply {
     /// A run's tail: NDJSON lines as they come.
     Tail(ByteStream),
     /// An inspection (`None`: the child does not know the run).
-    Inspection(Option<InspectionReply>),
+    Inspection(Option<Box<InspectionReply>>),
     /// A cancel or a clear was done (its JSON answer).
     Done(Value),
     /// The child refused the call (a malformed request, an unknown run, its storage failed).

@@ -66,7 +66,7 @@ pub fn inspect_url(run_id: &str) -> String {
 
 /// What the parent reads of a child's inspection (`GET {BASE}/inspect`); `null` on the wire
 /// when the child does not know the run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InspectionReply {
     /// The child's status (`starting`, `running`, `completed`, `error`, `aborted`,
@@ -84,6 +84,11 @@ pub struct InspectionReply {
     /// The attempt under way or last made.
     #[serde(default)]
     pub attempt: Option<i64>,
+    /// The latest progress the run reported (`{fraction?, message?, phase?, at}`, `at` the
+    /// child's time), kept on the child's row: a parent that was away when it was reported
+    /// rebuilds the run's snapshot from it.
+    #[serde(default)]
+    pub progress: Option<Value>,
 }
 
 impl InspectionReply {

@@ -175,7 +175,10 @@ impl ChildEngine {
         new_id: &dyn Fn() -> String,
         now: i64,
     ) -> Result<Vec<ChildAction>, StoreError> {
-        let snapshot = serde_json::to_value(report.kept()).unwrap_or(Value::Null);
+        let mut snapshot = serde_json::to_value(report.kept()).unwrap_or(Value::Null);
+        if let Value::Object(fields) = &mut snapshot {
+            fields.insert("at".into(), Value::from(now));
+        }
         ChildRuns::new(sql).record_progress(run_id, &snapshot, now)?;
         let id = new_id();
         let live = chunk::progress(&id, now, &report.progress);

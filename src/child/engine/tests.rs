@@ -523,6 +523,12 @@ fn a_rerun_does_not_repeat_a_milestone_an_earlier_attempt_reached() {
         (progress["type"].as_str(), progress["data"]["at"].as_i64()),
         (Some("data-agent-progress"), Some(1_000))
     );
+    // The latest snapshot is kept on the row, with its time, and the parent's inspection
+    // reply carries it (a parent that was away rebuilds its snapshot from it).
+    let inspection = ChildRuns::new(&db).inspect("r").unwrap().unwrap();
+    let reply: crate::protocol::child_api::InspectionReply =
+        serde_json::from_value(serde_json::to_value(&inspection).unwrap()).unwrap();
+    assert_eq!(reply.progress, Some(json!({ "fraction": 0.5, "at": 1_000 })));
 }
 
 /// `max_recovery_attempts` bounds the re-runs, and the agent's `should_keep_recovering` is asked

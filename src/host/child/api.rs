@@ -46,6 +46,7 @@ impl Host {
                     Ok((inspection, actions)) => {
                         self.carry_out_child(actions);
                         let reply = inspection.and_then(|i| serde_json::from_value(serde_json::to_value(i).ok()?).ok());
+                        let reply = reply.map(Box::new);
                         ChildReply::Inspection(reply)
                     }
                     Err(e) => refused(500, e.to_string()),

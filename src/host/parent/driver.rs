@@ -280,7 +280,7 @@ impl Host {
 /// to ask is `inspect-failed`. The engine times the inspection out itself.
 fn inspection(reply: Result<ChildReply, String>) -> Result<Option<InspectionReply>, InterruptedReason> {
     match reply {
-        Ok(ChildReply::Inspection(reply)) => Ok(reply),
+        Ok(ChildReply::Inspection(reply)) => Ok(reply.map(|reply| *reply)),
         _ => Err(InterruptedReason::InspectFailed),
     }
 }

@@ -159,6 +159,39 @@ impl ParentEngine {
         Ok(actions)
     }
 
+    /// The child's latest progress, from its inspection, when it is newer than what this parent
+    /// forwarded (reported while the parent was away: progress is live-only, so a re-tail does
+    /// not bring it back): kept as the run's snapshot and sent to clients like a forwarded
+    /// report, without calling `on_progress` again.
+    fn adopt_progress(
+        &self,
+        sql: &(impl Sql + ?Sized),
+        record: &RunRecord,
+        reply: &InspectionReply,
+        now: i64,
+    ) -> Result<Vec<ParentAction>, StoreError> {
+        let Some(snapshot) = reply.progress.as_ref().filter(|p| p.is_object()) else { return Ok(Vec::new()) };
+        let at = snapshot.get("at").and_then(Value::as_i64);
+        let known = record.last_signal_at.unwrap_or(i64::MIN);
+        if !record.status.is_live() || at.is_none_or(|at| at <= known) {
+            return Ok(Vec::new());
+        }
+        let body = json!({ "type": crate::protocol::chunk::PROGRESS_PART, "id": format!("adopted:{}", at.unwrap_or(0)),
+                           "transient": true, "data": snapshot })
+        .to_string();
+        let forward = Forward { kind: ChunkKind::Progress, body: &body, replay: None };
+        let Some(seqs) = Registry::new(sql).append(&record.run_id, &[forward], None, now)? else {
+            return Ok(Vec::new());
+        };
+        let frames = self.drivers.get(&record.run_id).map(|d| d.frames.parent_tool_call_id.clone()).unwrap_or_default();
+        Ok(seqs
+            .into_iter()
+            .map(|seq| {
+                ParentAction::Broadcast(EventFrame::chunk(frames.clone(), seq, &record.run_id, body.clone()).to_json())
+            })
+            .collect())
+    }
+
     /// Progress and milestones of a forwarded batch: `on_progress`, and a detached run's
     /// milestone notices (posted once per `(run, name)`, see [`ParentEngine::post_notice`]).
     fn signals(&self, record: &RunRecord, forwards: &[Forwarded], now: i64) -> Vec<ParentAction> {
@@ -293,6 +326,9 @@ impl ParentEngine {
                 return Ok(actions);
             }
         };
+        if let Ok(Some(reply)) = &result {
+            actions.extend(self.adopt_progress(sql, &record, reply, now)?);
+        }
         let Some(driver) = self.drivers.get(run_id) else { return Ok(actions) };
         let decision = decide(driver, &record, result, &self.options, now);
         actions.extend(self.carry_decision(sql, &record, decision, now)?);

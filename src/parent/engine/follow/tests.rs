@@ -3,7 +3,7 @@ use crate::parent::engine::testing::*;
 use crate::types::DetachedOptions;
 
 fn reply(status: &str) -> InspectionReply {
-    InspectionReply { status: status.into(), summary: Some("s".into()), output: None, error: None, attempt: Some(1) }
+    InspectionReply { status: status.into(), summary: Some("s".into()), attempt: Some(1), ..Default::default() }
 }
 
 /// What a batch of actions amounts to, for the tables below.
@@ -279,4 +279,42 @@ fn a_progress_snapshot_keeps_the_childs_time() {
         })
         .collect();
     assert_eq!(snapshots, [(Some(0.25), 42), (Some(0.5), 900)]);
+}
+
+/// Progress a child reported while its parent was away is not in the child's log (progress is
+/// live-only), but its inspection carries the latest snapshot: a parent that restarts adopts
+/// it as the run's snapshot (once, with the child's time) and sends it to clients, without
+/// calling `on_progress` again.
+#[test]
+fn a_restarted_parent_rebuilds_the_snapshot_from_the_childs_inspection() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    started(&db, &mut engine, "r", None);
+    let mut engine = ParentEngine::new("Parent", AgentToolOptions::default(), 2);
+    let inspect = |engine: &mut ParentEngine, actions: Vec<ParentAction>, at: i64, now: i64| {
+        let gen = gen_of(&actions, "inspect", "r").expect("an inspection");
+        let reply = InspectionReply {
+            status: "running".into(),
+            attempt: Some(1),
+            progress: Some(json!({ "fraction": 0.7, "phase": "writing", "at": at })),
+            ..Default::default()
+        };
+        engine.handle(&db, ParentEvent::Inspected { run_id: "r".into(), gen, result: Ok(Some(reply)) }, now)
+    };
+    let actions = engine.wake(&db, 600);
+    let actions = inspect(&mut engine, actions, 500, 601);
+    assert!(!actions.iter().any(|a| matches!(a, ParentAction::Hook(HookCall::Progress(..)))), "no hook again");
+    let sent = actions
+        .iter()
+        .filter(|a| matches!(a, ParentAction::Broadcast(frame) if frame.contains("data-agent-progress")))
+        .count();
+    assert_eq!(sent, 1, "clients get the snapshot: {actions:?}");
+    let progress = Registry::new(&db).inspection("r").unwrap().unwrap().progress.expect("a snapshot");
+    assert_eq!((progress.fraction, progress.phase.as_deref(), progress.at), (Some(0.7), Some("writing"), 500));
+    // The same snapshot seen again (another restart) is not adopted twice.
+    let mut engine = ParentEngine::new("Parent", AgentToolOptions::default(), 3);
+    let actions = engine.wake(&db, 700);
+    let actions = inspect(&mut engine, actions, 500, 701);
+    assert!(!actions
+        .iter()
+        .any(|a| matches!(a, ParentAction::Broadcast(frame) if frame.contains("data-agent-progress"))));
 }

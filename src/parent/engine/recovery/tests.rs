@@ -179,9 +179,8 @@ fn late_completion(engine: &mut ParentEngine, db: &impl Sql, actions: &[ParentAc
     let done = Ok(Some(crate::protocol::child_api::InspectionReply {
         status: "completed".into(),
         summary: Some("late".into()),
-        output: None,
-        error: None,
         attempt: Some(1),
+        ..Default::default()
     }));
     engine.handle(db, ParentEvent::Inspected { run_id: "r".into(), gen, result: done }, now)
 }
