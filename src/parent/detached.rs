@@ -448,9 +448,17 @@ mod tests {
         out.sort();
         assert_eq!(out, vec!["done", "live"]);
         assert_eq!(ledger.live_count().unwrap(), 1);
+        detached(&db, "live-2", &DetachedOptions::default(), 0);
+        assert_eq!(ledger.live_count().unwrap(), 2, "each live detached run counts");
+        assert!(!ledger.milestone_claimed("live", "m").unwrap());
         assert!(ledger.claim_milestone("live", "m", 1).unwrap());
+        assert!(ledger.milestone_claimed("live", "m").unwrap());
         assert!(!ledger.claim_milestone("live", "m", 2).unwrap(), "at most once per (run, name)");
         assert!(ledger.claim_milestone("live", "n", 2).unwrap());
+        // A deleted run's notices are forgotten: the same id dispatched again is a new run.
+        ledger.forget(&["live".to_owned()]).unwrap();
+        assert!(!ledger.milestone_claimed("live", "m").unwrap());
+        assert!(ledger.claim_milestone("live", "m", 3).unwrap());
     }
 
     #[test]

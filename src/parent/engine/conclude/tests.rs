@@ -161,3 +161,44 @@ fn a_cleared_run_dispatched_again_posts_its_own_notices() {
     let posted = engine.post_notice(&db, second, "second".into(), 40);
     assert!(posted.contains(&ParentAction::Transcript), "posted, not taken for the old one's");
 }
+
+/// The alarms a conclusion arms: a detached run's outcome and a soft interruption (the child
+/// left running) each bring the backbone back one cadence later; an awaited run's plain end
+/// arms nothing. Concluding a run that already ended for good writes nothing and hands its
+/// callers the result it has.
+#[test]
+fn a_conclusion_arms_the_backbone_only_for_what_it_must_watch() {
+    let alarms = |actions: &[ParentAction]| -> Vec<i64> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                ParentAction::ArmAlarm { at } => Some(*at),
+                _ => None,
+            })
+            .collect()
+    };
+    let cadence = AgentToolOptions::default().backbone_cadence_ms[0] as i64;
+    // An awaited run's plain end.
+    let (db, mut parent) = engine(AgentToolOptions::default());
+    assert!(alarms(&ended(&db, &mut parent, None)).is_empty());
+    // A detached run's end.
+    let (db, mut parent) = engine(AgentToolOptions::default());
+    assert_eq!(alarms(&ended(&db, &mut parent, handler())), [12 + cadence]);
+    // A soft interruption of an awaited run, then a second conclusion of it.
+    let (db, mut parent) = engine(AgentToolOptions::default());
+    started(&db, &mut parent, "r", None);
+    let soft = Terminal::Interrupted {
+        error: "silent".into(),
+        reason: Some(crate::InterruptedReason::NoProgress),
+        child_still_running: Some(true),
+    };
+    let actions = parent.conclude_run(&db, "r", soft, 100).unwrap();
+    assert_eq!(alarms(&actions), [100 + cadence]);
+    // Its late completion replaces the soft interruption (and arms nothing more); after that
+    // hard end, another conclusion writes nothing and answers with the completion.
+    let late = parent.conclude_run(&db, "r", Terminal::Completed { summary: "x".into(), output: None }, 200).unwrap();
+    assert!(alarms(&late).is_empty(), "{late:?}");
+    let again = parent.conclude_run(&db, "r", Terminal::Error { message: "no".into() }, 300).unwrap();
+    assert_eq!(resolved(&again), [("r".to_owned(), RunStatus::Completed)], "the result it has: {again:?}");
+    assert!(!again.iter().any(|a| matches!(a, ParentAction::Broadcast(_))), "nothing written: {again:?}");
+}
