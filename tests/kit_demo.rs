@@ -205,6 +205,14 @@ fn rpc_arguments_are_checked_before_anything_starts() {
     // The same calls, well formed, run.
     let done = client.call("dispatch", vec![researcher(json!({ "eventDelivery": "terminal" }))]).expect("a run");
     assert_eq!(done["status"], "completed", "{done:#}");
+    // Its chunks never reached the parent, but `chunks` reads them from the child.
+    let chunks = client.call("chunks", vec![json!({ "runId": done["runId"] })]).expect("chunks");
+    let text: String = (chunks.as_array().expect("chunks").iter())
+        .filter_map(|c| serde_json::from_str::<Value>(c["body"].as_str()?).ok())
+        .filter(|c| c["type"] == "text-delta")
+        .filter_map(|c| c["delta"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(text, done["summary"].as_str().expect("a summary"), "{chunks:#}");
     let done = client.call("research", vec![json!({ "topics": ["QUIC"], "words": 3 })]).expect("runs");
     assert_eq!(done[0]["status"], "completed", "{done:#}");
 }

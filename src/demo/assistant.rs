@@ -220,7 +220,7 @@ impl Agent for Assistant {
             "cancel" => {
                 let RunArg { run_id, reason, .. } = rpc_arg("cancel", "{runId, reason?}", arg)?;
                 host.cancel_agent_tool(&run_id, reason).await?;
-                Ok(run_json(host, &run_id))
+                Ok(run_json(host, &run_id).await)
             }
             "clear" => {
                 let ClearArgs { status, older_than } =
@@ -228,14 +228,20 @@ impl Agent for Assistant {
                 let cleared = host.clear_agent_tool_runs(&ClearFilter { status, older_than }).await?;
                 Ok(json!({ "cleared": cleared }))
             }
-            "runs" => Ok(host.agent_tool_runs().iter().map(|r| run_json(host, &r.run_id)).collect()),
+            "runs" => {
+                let mut rows = Vec::new();
+                for run in host.agent_tool_runs() {
+                    rows.push(run_json(host, &run.run_id).await);
+                }
+                Ok(Value::Array(rows))
+            }
             "inspect" => {
                 let RunArg { run_id, .. } = rpc_arg("inspect", "{runId}", arg)?;
                 serde_json::to_value(host.inspect_agent_tool_run(&run_id)).map_err(|e| e.to_string())
             }
             "chunks" => {
                 let RunArg { run_id, after, .. } = rpc_arg("chunks", "{runId, after?}", arg)?;
-                serde_json::to_value(host.get_agent_tool_chunks(&run_id, after)).map_err(|e| e.to_string())
+                serde_json::to_value(host.get_agent_tool_chunks(&run_id, after).await).map_err(|e| e.to_string())
             }
             "schedule" => {
                 let task: ScheduledResearch =
@@ -273,7 +279,7 @@ struct ScheduledResearch {
 
 /// A run as the demo's `runs` and `cancel` return it: what the registry knows, its result
 /// flattened beside, its latest progress and milestones, and how many chunks it stored.
-fn run_json(host: &AgentHost<Assistant>, run_id: &str) -> Value {
+async fn run_json(host: &AgentHost<Assistant>, run_id: &str) -> Value {
     let Some(inspection) = host.inspect_agent_tool_run(run_id) else { return Value::Null };
     let mut out = serde_json::to_value(&inspection.info).unwrap_or_default();
     if let (Value::Object(o), Some(result)) = (&mut out, &inspection.result) {
@@ -285,7 +291,7 @@ fn run_json(host: &AgentHost<Assistant>, run_id: &str) -> Value {
     }
     out["progress"] = serde_json::to_value(&inspection.progress).unwrap_or_default();
     out["milestones"] = serde_json::to_value(&inspection.milestones).unwrap_or_default();
-    out["chunks"] = host.get_agent_tool_chunks(run_id, None).len().into();
+    out["chunks"] = host.get_agent_tool_chunks(run_id, None).await.len().into();
     out
 }
 

@@ -89,6 +89,9 @@ pub struct InspectionReply {
     /// rebuilds the run's snapshot from it.
     #[serde(default)]
     pub progress: Option<Value>,
+    /// How many chunks the run's log holds (its indexes run from 0).
+    #[serde(default)]
+    pub chunk_count: Option<i64>,
 }
 
 impl InspectionReply {

@@ -406,6 +406,16 @@ async fn terminal_event_delivery_forwards_only_lifecycle_progress_and_milestones
     assert!(bodies.iter().all(|t| t == "data-agent-progress" || t == "data-agent-milestone"), "{bodies:?}");
     assert!(bodies.contains(&"data-agent-milestone".to_owned()));
     assert_eq!(events.last().unwrap()["event"]["kind"], "finished");
+    // The parent never held the run's text, but its chunks are still there: read from the
+    // child, which keeps its whole stream.
+    let stored = client.call("chunks", json!([{"runId": "quiet"}])).await.unwrap();
+    let stored: Vec<Value> =
+        stored.as_array().unwrap().iter().map(|c| serde_json::from_str(c["body"].as_str().unwrap()).unwrap()).collect();
+    let text: String =
+        stored.iter().filter(|c| c["type"] == "text-delta").map(|c| c["delta"].as_str().unwrap()).collect();
+    assert_eq!(text, offline::research_answer("terse", 10), "the child's chunks: {stored:?}");
+    let later = client.call("chunks", json!([{"runId": "quiet", "after": 3}])).await.unwrap();
+    assert_eq!(later.as_array().unwrap()[0]["sequence"], 4, "after a log index");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -4,17 +4,20 @@
 
 use futures::channel::oneshot;
 use futures::future::{select, Either};
+use futures::StreamExt;
 use serde_json::Value;
 
 use crate::agent::Agent;
 use crate::host::core::{missing_binding, AgentHost, Host};
+use crate::host::{ChildCall, ChildReply};
 use crate::parent::agent_tool::ChildRef;
 use crate::parent::engine::{current_result, Admitted, Called, Cleared, Dispatch};
 use crate::parent::registry::{NewRun, RunRecord};
+use crate::protocol::tail::{LineSplitter, TailLine};
 use crate::types::AgentClass;
 use crate::types::{
-    validate_run_id, AgentToolChunk, ClearFilter, DetachedHandle, DetachedOptions, RunInfo, RunInspection, RunOptions,
-    RunResult,
+    validate_run_id, AgentToolChunk, ClearFilter, DetachedHandle, DetachedOptions, EventDelivery, RunInfo,
+    RunInspection, RunOptions, RunResult,
 };
 
 impl<A: Agent> AgentHost<A> {
@@ -122,10 +125,14 @@ impl<A: Agent> AgentHost<A> {
         self.host.inspect_agent_tool_run(run_id)
     }
 
-    /// The run's stored chunks (its `UIMessageChunk`s and milestones) with the frame sequences
-    /// they were sent with, after `after_sequence` (all with `None`). Empty for an unknown run.
-    pub fn get_agent_tool_chunks(&self, run_id: &str, after_sequence: Option<i64>) -> Vec<AgentToolChunk> {
-        self.host.get_agent_tool_chunks(run_id, after_sequence)
+    /// The run's stored chunks (its `UIMessageChunk`s and milestones), after `after_sequence`
+    /// (all with `None`). Empty for an unknown run. For a run dispatched with
+    /// `EventDelivery::Full` they are the frames this agent keeps, with the sequences they were
+    /// sent with; for `EventDelivery::Terminal` (whose chunks never reached this agent) they are
+    /// read from the child, which keeps its whole stream, and `sequence` is the chunk's index in
+    /// the child's log (a live run's chunks so far).
+    pub async fn get_agent_tool_chunks(&self, run_id: &str, after_sequence: Option<i64>) -> Vec<AgentToolChunk> {
+        self.host.get_agent_tool_chunks(run_id, after_sequence).await
     }
 }
 
@@ -253,12 +260,61 @@ impl Host {
         })
     }
 
-    pub(crate) fn get_agent_tool_chunks(&self, run_id: &str, after_sequence: Option<i64>) -> Vec<AgentToolChunk> {
+    pub(crate) async fn get_agent_tool_chunks(&self, run_id: &str, after: Option<i64>) -> Vec<AgentToolChunk> {
+        let record = match self.registry().get(run_id) {
+            Ok(Some(record)) => record,
+            Ok(None) => return Vec::new(),
+            Err(e) => {
+                self.storage_failed("get_agent_tool_chunks", &e);
+                return Vec::new();
+            }
+        };
+        if record.event_delivery == EventDelivery::Terminal {
+            return self.child_chunks(&record, after.unwrap_or(-1)).await.unwrap_or_else(|e| {
+                self.log_error(&format!("reading the chunks of {run_id} from its child failed: {e}"));
+                Vec::new()
+            });
+        }
         self.registry()
-            .frames(run_id, after_sequence.unwrap_or(-1))
+            .frames(run_id, after.unwrap_or(-1))
             .unwrap_or_default()
             .into_iter()
             .map(|(sequence, body)| AgentToolChunk { sequence, body })
             .collect()
+    }
+
+    /// A run's chunks after log index `after`, read from its child: the log's size first (a
+    /// live run's tail would wait for more), then its tail up to there.
+    async fn child_chunks(&self, record: &RunRecord, after: i64) -> Result<Vec<AgentToolChunk>, String> {
+        let to = crate::parent::engine::child_address(self.0.class, &self.name().unwrap_or_default(), record);
+        let run_id = record.run_id.clone();
+        let count = match self.0.io.call_child(&to, ChildCall::Inspect { run_id: run_id.clone() }).await? {
+            ChildReply::Inspection(Some(reply)) => reply.chunk_count.unwrap_or(0),
+            ChildReply::Inspection(None) => return Ok(Vec::new()),
+            _ => return Err("the child did not answer the inspection".into()),
+        };
+        let mut out = Vec::new();
+        if count - 1 <= after {
+            return Ok(out);
+        }
+        let ChildReply::Tail(mut body) = self.0.io.call_child(&to, ChildCall::Tail { run_id, after }).await? else {
+            return Err("the child did not answer the tail".into());
+        };
+        let mut lines = LineSplitter::default();
+        while let Some(bytes) = body.next().await {
+            for line in lines.push(&bytes?).map_err(|e| e.to_string())? {
+                match line? {
+                    TailLine::Chunk { i: Some(i), b, r, .. } => {
+                        out.push(AgentToolChunk { sequence: i, body: r.unwrap_or(b) });
+                        if i >= count - 1 {
+                            return Ok(out);
+                        }
+                    }
+                    TailLine::Chunk { .. } => {}
+                    TailLine::End { .. } => return Ok(out),
+                }
+            }
+        }
+        Ok(out)
     }
 }
