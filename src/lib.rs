@@ -243,7 +243,10 @@ pub mod model {
 
 pub use agent::{Agent, Refusal, SubAgent};
 pub use cancel::{CancelToken, Cancelled};
-pub use host::{json_error, json_response, sleep, AgentHost, Env, HttpRequest, HttpResponse, Turn, TurnOutput};
+pub use host::{
+    json_error, json_response, sleep, AgentHost, ChatChunk, ChatOutcome, ChatStream, Env, HttpRequest, HttpResponse,
+    SubAgentStub, Turn, TurnOutput,
+};
 pub use platform::route::{route, Routes, MAX_BODY_BYTES};
 pub use routing::RequestUrl;
 pub use tools::{AgentTool, Tool, ToolContext, Tools};

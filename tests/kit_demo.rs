@@ -216,3 +216,70 @@ fn rpc_arguments_are_checked_before_anything_starts() {
     let done = client.call("research", vec![json!({ "topics": ["QUIC"], "words": 3 })]).expect("runs");
     assert_eq!(done[0]["status"], "completed", "{done:#}");
 }
+
+/// The lower-level call beside agent tools: `host.sub_agent::<C>(name).chat(..)` streams one
+/// chat turn of a named sub-agent to the caller, with no registry row and no frames to the
+/// parent's clients; each name is one conversation; the caller can resume a turn from a log
+/// index, and dropping the stream cancels the turn.
+#[test]
+fn a_sub_agent_chat_streams_to_the_caller_alone() {
+    use agent_tools::ChatChunk;
+    let world = demo(6, 20);
+    let client = world.connect("/agents/assistant/fay");
+    let host = world.host::<Assistant>("fay");
+    let read = |host: agent_tools::AgentHost<Assistant>, message: &'static str| async move {
+        let mut turn = host.sub_agent::<Researcher>("notes").chat(message).await.expect("a turn");
+        let mut chunks: Vec<ChatChunk> = Vec::new();
+        while let Some(chunk) = turn.next().await {
+            chunks.push(chunk.expect("a chunk"));
+        }
+        (turn.turn_id().to_owned(), chunks, turn.outcome().cloned().expect("an outcome"))
+    };
+    let text = |chunks: &[ChatChunk]| -> String {
+        chunks.iter().filter(|c| c.chunk["type"] == "text-delta").filter_map(|c| c.chunk["delta"].as_str()).collect()
+    };
+    let (turn, chunks, outcome) = world.block_on(read(host.clone(), "Research QUIC"));
+    assert_eq!(outcome.status, RunStatus::Completed, "{outcome:?}");
+    assert_eq!(Some(text(&chunks)), outcome.summary, "the caller got the whole answer");
+    let logged: Vec<ChatChunk> = chunks.iter().filter(|c| c.index.is_some()).cloned().collect();
+    assert!(logged.windows(2).all(|w| w[1].index == w[0].index.map(|i| i + 1)), "in log order");
+    assert!(runs(&client).is_empty(), "no registry row");
+    world.settle();
+    assert!(!client.frames().iter().any(|f| f["type"] == "agent-tool-event"), "nothing reached the parent's clients");
+    // The same name again: one conversation, in the child's own transcript.
+    let (_, _, second) = world.block_on(read(host.clone(), "Research DNS"));
+    assert_eq!(second.status, RunStatus::Completed);
+    let child = world.host::<Researcher>("sub-agent:Assistant/fay/notes");
+    let roles: Vec<Value> = child.messages().iter().map(|m| m["role"].clone()).collect();
+    assert_eq!(roles, [json!("user"), json!("assistant"), json!("user"), json!("assistant")]);
+    // Replay is the caller's: the turn's chunks after a log index, from the child.
+    let from = logged[2].index.expect("a logged chunk");
+    let resumed = world.block_on({
+        let host = host.clone();
+        async move {
+            let mut stream = host.sub_agent::<Researcher>("notes").resume(&turn, from).await.expect("resumed");
+            let mut out = Vec::new();
+            while let Some(chunk) = stream.next().await {
+                out.push(chunk.expect("a chunk"));
+            }
+            out
+        }
+    });
+    assert_eq!(resumed, logged[3..].to_vec(), "what the log keeps after it");
+    // A turn dropped after its first chunk is cancelled in the child.
+    let dropped = world.block_on({
+        let host = host.clone();
+        async move {
+            let mut turn = host.sub_agent::<Researcher>("notes").chat("Research TLS").await.expect("a turn");
+            turn.next().await;
+            turn.turn_id().to_owned()
+        }
+    });
+    world.settle();
+    let ended = world.block_on(async move {
+        let mut stream = host.sub_agent::<Researcher>("notes").resume(&dropped, -1).await.expect("resumed");
+        while stream.next().await.is_some() {}
+        stream.outcome().cloned()
+    });
+    assert_eq!(ended.map(|o| o.status), Some(RunStatus::Aborted));
+}

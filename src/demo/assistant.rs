@@ -243,6 +243,7 @@ impl Agent for Assistant {
                 let RunArg { run_id, after, .. } = rpc_arg("chunks", "{runId, after?}", arg)?;
                 serde_json::to_value(host.get_agent_tool_chunks(&run_id, after).await).map_err(|e| e.to_string())
             }
+            "ask" => ask(host, rpc_arg("ask", "{name, message?, turnId?, after?, stopAfter?}", arg)?).await,
             "schedule" => {
                 let task: ScheduledResearch =
                     serde_json::from_value(arg).map_err(|e| format!("schedule expects {{inMs, topic, runId}}: {e}"))?;
@@ -352,6 +353,45 @@ struct RunArg {
 struct ClearArgs {
     status: Option<Vec<RunStatus>>,
     older_than: Option<i64>,
+}
+
+/// `ask({name, message, stopAfter?})` or `ask({name, turnId, after?})`'s argument.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct AskArgs {
+    name: String,
+    message: Option<String>,
+    turn_id: Option<String>,
+    after: Option<i64>,
+    stop_after: Option<usize>,
+}
+
+/// `ask`: a direct chat with the `Researcher` sub-agent named `name` (no agent tool, no run
+/// row): `message` starts a turn and reads it (dropping it, which cancels it, after `stopAfter`
+/// chunks); `turnId` reads a turn again after log index `after`. Answers `{turnId, text,
+/// chunks, status, summary}` (`status` is `null` when the reading stopped first).
+async fn ask(host: &AgentHost<Assistant>, args: AskArgs) -> Result<Value, String> {
+    let sub = host.sub_agent::<Researcher>(&args.name);
+    let mut turn = match (args.message, args.turn_id) {
+        (Some(message), None) => sub.chat(message).await?,
+        (None, Some(turn)) => sub.resume(&turn, args.after.unwrap_or(-1)).await?,
+        _ => return Err("ask expects {name, message} or {name, turnId, after?}".into()),
+    };
+    let (mut text, mut chunks) = (String::new(), 0);
+    while let Some(chunk) = turn.next().await {
+        let chunk = chunk?;
+        chunks += 1;
+        if chunk.chunk["type"] == "text-delta" {
+            text.push_str(chunk.chunk["delta"].as_str().unwrap_or_default());
+        }
+        if args.stop_after.is_some_and(|n| chunks >= n) {
+            break;
+        }
+    }
+    let (status, summary) = turn.outcome().map(|o| (o.status, o.summary.clone())).unzip();
+    Ok(
+        json!({ "turnId": turn.turn_id(), "text": text, "chunks": chunks, "status": status, "summary": summary.flatten() }),
+    )
 }
 
 /// `research({topics, ...})`'s argument.

@@ -29,7 +29,7 @@ async fn transcript(worker: &Worker, name: &str) -> Vec<Value> {
     reqwest::get(url).await.unwrap().json::<Vec<Value>>().await.unwrap()
 }
 
-async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+pub(crate) async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + WAIT;
     loop {
         if let Some(v) = check().await {

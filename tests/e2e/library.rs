@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::detached::eventually;
 use crate::harness::{unique, Worker, WAIT};
 use agent_tools::model::OfflineModel;
 
@@ -136,4 +137,38 @@ async fn runs_can_be_inspected_and_their_chunks_read() {
     let after = client.call("chunks", json!([{"runId": "ins-1", "after": live[2].0}])).await.unwrap();
     assert_eq!(after.as_array().unwrap().len(), live.len() - 3);
     assert_eq!(client.call("chunks", json!([{"runId": "nope"}])).await.unwrap(), json!([]));
+}
+
+/// A direct sub-agent chat (`host.sub_agent::<Researcher>(name).chat(..)`, the demo's `ask`)
+/// on real workerd: the answer streams to the caller with no run row and no frames to the
+/// parent's clients; the same name is one conversation; a turn dropped mid-stream is cancelled
+/// in the child, which a later read of the turn shows.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sub_agent_chat_streams_to_its_caller_and_a_dropped_turn_is_cancelled() {
+    let worker = Worker::start_with(None, &[("OFFLINE_WORDS", "8"), ("OFFLINE_DELAY_MS", "30")]).await;
+    let name = unique("ask");
+    let mut client = worker.client(&name).await;
+    let answer = client.call("ask", json!([{"name": "notes", "message": "Research QUIC"}])).await.unwrap();
+    assert_eq!(answer["status"], "completed", "{answer}");
+    assert!(!answer["text"].as_str().unwrap().is_empty() && answer["text"] == answer["summary"], "{answer}");
+    assert_eq!(client.call("runs", json!([])).await.unwrap(), json!([]), "no run row");
+    client.drain(Duration::from_millis(200)).await;
+    assert!(!client.frames.iter().any(|f| f["type"] == "agent-tool-event"), "nothing reached the parent's clients");
+    let stopped =
+        client.call("ask", json!([{"name": "notes", "message": "Research TLS", "stopAfter": 2}])).await.unwrap();
+    assert_eq!(stopped["status"], Value::Null, "the caller stopped reading: {stopped}");
+    let turn = stopped["turnId"].as_str().unwrap();
+    let again = eventually("the dropped turn cancelled in the child", async || {
+        let read = client.call("ask", json!([{"name": "notes", "turnId": turn}])).await.ok()?;
+        (read["status"] == "aborted").then_some(read)
+    })
+    .await;
+    assert!(again["text"].as_str().unwrap().split_whitespace().count() < 8, "cut short: {again}");
+    let transcript: Vec<Value> = reqwest::get(worker.http(&format!("/agents/assistant/{name}/get-messages")))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(transcript.is_empty(), "the parent's own chat is untouched");
 }

@@ -3,3 +3,4 @@
 
 pub(crate) mod dispatch;
 pub(crate) mod driver;
+pub(crate) mod sub_agent;

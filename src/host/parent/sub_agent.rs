@@ -1,0 +1,239 @@
+//! A direct, lower-level call to a child (the TypeScript SDK's `subAgent(Child, name).chat()`):
+//! one chat turn of a named sub-agent, streamed to the caller, who owns forwarding,
+//! cancellation and replay. No registry row, no frames to clients, no hooks, no recovery by the
+//! parent: the child is the same real sub-agent (its own object, storage, transcript and
+//! stream log), reached without the agent-tool machinery.
+
+use std::collections::VecDeque;
+use std::marker::PhantomData;
+
+use futures::StreamExt;
+use serde_json::Value;
+
+use crate::agent::Agent;
+use crate::host::core::{AgentHost, Host};
+use crate::host::io::ByteStream;
+use crate::host::{ChildCall, ChildReply};
+use crate::parent::engine::ChildAddress;
+use crate::protocol::child_api::{CancelRequest, StartRequest};
+use crate::protocol::tail::{LineSplitter, OutcomeStatus, TailLine};
+use crate::types::{AgentClass, RunStatus};
+
+/// A named sub-agent of class `C` that this agent talks to directly ([`AgentHost::sub_agent`]).
+/// Each name is one child object with its own transcript: successive chats with the same name
+/// are one conversation.
+pub struct SubAgentStub<C> {
+    host: Host,
+    to: ChildAddress,
+    name: String,
+    class: PhantomData<fn() -> C>,
+}
+
+/// One chunk of a sub-agent's chat turn: a `UIMessageChunk` and its index in the child's stream
+/// log (resume after it with [`SubAgentStub::resume`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatChunk {
+    /// Its index in the child's log, from 0; `None` for a transient chunk the log does not keep
+    /// (progress), which a resume does not bring back.
+    pub index: Option<i64>,
+    /// The chunk (`{"type": "text-delta", ...}`, ...).
+    pub chunk: Value,
+}
+
+/// How a sub-agent's chat turn ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatOutcome {
+    /// `Completed`, `Error`, `Aborted` (cancelled) or `Interrupted` (a restart cut it short and
+    /// the child seals lost turns).
+    pub status: RunStatus,
+    /// The answer's text (completed).
+    pub summary: Option<String>,
+    /// Structured output, when the child has one.
+    pub output: Option<Value>,
+    /// The error or the cancel's reason.
+    pub error: Option<String>,
+}
+
+/// A sub-agent's chat turn as it streams ([`SubAgentStub::chat`]). Read it with
+/// [`ChatStream::next`] until `None`, then [`ChatStream::outcome`] says how it ended. Dropping
+/// it before the end cancels the turn (as [`ChatStream::cancel`] does).
+pub struct ChatStream {
+    host: Host,
+    to: ChildAddress,
+    turn: String,
+    body: Option<ByteStream>,
+    lines: LineSplitter,
+    ready: VecDeque<ChatChunk>,
+    outcome: Option<ChatOutcome>,
+}
+
+impl<A: Agent> AgentHost<A> {
+    /// The sub-agent of class `C` named `name`, for direct chats ([`SubAgentStub::chat`]): the
+    /// lower-level call beside agent tools. An agent tool gives a registry row, replay to
+    /// clients, hooks, drill-in and recovery; a sub-agent chat gives the caller the child's
+    /// chunks and nothing else (the caller forwards, cancels and replays them itself). The child
+    /// object is `sub-agent:<Parent>/<parent-name>/<name>`, apart from agent-tool runs' objects.
+    ///
+    /// ```
+    /// # use agent_tools::prelude::*;
+    /// # #[derive(Default)] pub struct Researcher;
+    /// # impl Agent for Researcher {}
+    /// # agent_tools::durable_object!(Researcher);
+    /// /// Asks the `notes` researcher and returns its answer, forwarding each piece of text.
+    /// async fn ask<A: Agent>(host: &AgentHost<A>, question: &str) -> Result<String, String> {
+    ///     let mut turn = host.sub_agent::<Researcher>("notes").chat(question).await?;
+    ///     while let Some(chunk) = turn.next().await {
+    ///         if let Some(delta) = chunk?.chunk["delta"].as_str() {
+    ///             host.broadcast(&serde_json::json!({ "type": "note", "delta": delta }).to_string());
+    ///         }
+    ///     }
+    ///     // Dropping `turn` before its end would have cancelled it in the child.
+    ///     Ok(turn.outcome().and_then(|o| o.summary.clone()).unwrap_or_default())
+    /// }
+    /// # fn main() {}
+    /// ```
+    pub fn sub_agent<C: AgentClass>(&self, name: &str) -> SubAgentStub<C> {
+        let parent = self.host.name().unwrap_or_default();
+        let object = format!("sub-agent:{}/{parent}/{name}", self.host.0.class);
+        SubAgentStub {
+            host: self.host.clone(),
+            to: ChildAddress { binding: C::BINDING.to_owned(), name: object },
+            name: name.to_owned(),
+            class: PhantomData,
+        }
+    }
+}
+
+impl<C: AgentClass> SubAgentStub<C> {
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Starts one chat turn with `input` (a string is the user's message; anything else goes
+    /// through the child's `format_agent_tool_input`) and streams it. An error means the turn
+    /// did not start (the child could not be reached, or refused).
+    pub async fn chat(&self, input: impl Into<Value>) -> Result<ChatStream, String> {
+        let turn = format!("chat:{}", self.host.0.io.random_id());
+        let start = StartRequest {
+            run_id: turn.clone(),
+            input: input.into(),
+            parent_class: self.host.0.class.to_owned(),
+            parent_name: self.host.name().unwrap_or_default(),
+            child_name: self.to.name.clone(),
+            terminal_only: false,
+            tail_after: Some(-1),
+        };
+        self.stream(turn, ChildCall::Start(start)).await
+    }
+
+    /// The chunks of chat turn `turn` (its [`ChatStream::turn_id`]) after log index `after`,
+    /// then the rest as it streams: the caller's replay after a reconnect or a restart.
+    pub async fn resume(&self, turn: &str, after: i64) -> Result<ChatStream, String> {
+        self.stream(turn.to_owned(), ChildCall::Tail { run_id: turn.to_owned(), after }).await
+    }
+
+    async fn stream(&self, turn: String, call: ChildCall) -> Result<ChatStream, String> {
+        match self.host.0.io.call_child(&self.to, call).await? {
+            ChildReply::Tail(body) => Ok(ChatStream {
+                host: self.host.clone(),
+                to: self.to.clone(),
+                turn,
+                body: Some(body),
+                lines: LineSplitter::default(),
+                ready: VecDeque::new(),
+                outcome: None,
+            }),
+            ChildReply::Refused { status, body } => Err(format!("{} refused the chat ({status}): {body}", C::CLASS)),
+            _ => Err(format!("{} answered out of turn", C::CLASS)),
+        }
+    }
+}
+
+impl ChatStream {
+    /// The turn's id in the child (for [`SubAgentStub::resume`]).
+    pub fn turn_id(&self) -> &str {
+        &self.turn
+    }
+
+    /// The next chunk, `None` once the turn ended (or the stream broke: then
+    /// [`Self::outcome`] is `None`). A chunk that cannot be read is an `Err`; reading may go on.
+    pub async fn next(&mut self) -> Option<Result<ChatChunk, String>> {
+        loop {
+            if let Some(chunk) = self.ready.pop_front() {
+                return Some(Ok(chunk));
+            }
+            let bytes = match self.body.as_mut()?.next().await {
+                Some(Ok(bytes)) => bytes,
+                Some(Err(e)) => {
+                    self.body = None;
+                    return Some(Err(e));
+                }
+                None => {
+                    self.body = None;
+                    return None;
+                }
+            };
+            let lines = match self.lines.push(&bytes) {
+                Ok(lines) => lines,
+                Err(too_long) => {
+                    self.body = None;
+                    return Some(Err(too_long.to_string()));
+                }
+            };
+            for line in lines {
+                match line {
+                    Ok(TailLine::Chunk { i, b, .. }) => match serde_json::from_str(&b) {
+                        Ok(chunk) => self.ready.push_back(ChatChunk { index: i, chunk }),
+                        Err(e) => return Some(Err(format!("a chunk that is not JSON: {e}"))),
+                    },
+                    Ok(TailLine::End { outcome }) => {
+                        self.outcome = Some(ChatOutcome {
+                            status: match outcome.status {
+                                OutcomeStatus::Completed => RunStatus::Completed,
+                                OutcomeStatus::Error => RunStatus::Error,
+                                OutcomeStatus::Aborted => RunStatus::Aborted,
+                                OutcomeStatus::Interrupted => RunStatus::Interrupted,
+                            },
+                            summary: outcome.summary,
+                            output: outcome.output,
+                            error: outcome.error,
+                        });
+                        self.body = None;
+                    }
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+        }
+    }
+
+    /// How the turn ended, once [`Self::next`] returned `None` after its end.
+    pub fn outcome(&self) -> Option<&ChatOutcome> {
+        self.outcome.as_ref()
+    }
+
+    /// Cancels the turn (the child stops it and records it `aborted`), and stops reading.
+    pub async fn cancel(mut self, reason: Option<String>) {
+        self.body = None;
+        let call = self.cancel_call(reason);
+        let _ = self.host.0.io.call_child(&self.to, call).await;
+        self.outcome = Some(ChatOutcome { status: RunStatus::Aborted, summary: None, output: None, error: None });
+    }
+
+    fn cancel_call(&self, reason: Option<String>) -> ChildCall {
+        ChildCall::Cancel(CancelRequest { run_id: self.turn.clone(), reason })
+    }
+}
+
+impl Drop for ChatStream {
+    /// A turn dropped before its end is cancelled: nobody reads it any more.
+    fn drop(&mut self) {
+        if self.outcome.is_none() {
+            let call = self.cancel_call(Some("the caller dropped the chat stream".into()));
+            let reply = self.host.0.io.call_child(&self.to, call);
+            self.host.spawn(async move {
+                let _ = reply.await;
+            });
+        }
+    }
+}
