@@ -204,6 +204,76 @@ mod public_api_tests {
         assert!(rows >= 140 && named >= 130, "the table has its rows ({rows}) and names their tests ({named})");
     }
 
+    /// `docs/from-typescript.md` covers the whole API an agent author uses: every method of the
+    /// `Agent` trait (as `Agent::name`) and every public method of `AgentHost` (as
+    /// `host.name`), and every such name it mentions exists.
+    #[test]
+    fn the_typescript_guide_covers_the_agent_trait_and_the_host() {
+        let guide = include_str!("../docs/from-typescript.md");
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let read = |path: &str| std::fs::read_to_string(src.join(path)).expect("a source file");
+        let fns = |text: &str| -> Vec<String> {
+            text.lines()
+                .filter_map(|l| {
+                    let l = l.trim_start();
+                    let rest = l.strip_prefix("pub async fn ").or_else(|| l.strip_prefix("pub fn "))?;
+                    Some(rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect())
+                })
+                .collect()
+        };
+        let agent = read("agent.rs");
+        let trait_body = &agent[agent.find("pub trait Agent").expect("the trait")..];
+        let trait_body = &trait_body[..trait_body.find("\n}").expect("its end")];
+        let methods: Vec<String> = trait_body
+            .lines()
+            .filter_map(|l| {
+                let l = l.trim_start();
+                let rest = l.strip_prefix("async fn ").or_else(|| l.strip_prefix("fn "))?;
+                Some(rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect())
+            })
+            .collect();
+        assert!(methods.len() >= 20, "the trait's methods: {methods:?}");
+        for method in &methods {
+            assert!(guide.contains(&format!("Agent::{method}")), "docs/from-typescript.md lacks Agent::{method}");
+        }
+        let mut host = Vec::new();
+        for file in ["host/core.rs", "host/parent/dispatch.rs", "host/parent/sub_agent.rs"] {
+            let text = read(file);
+            for block in text.split("impl<A: Agent> AgentHost<A> {").skip(1) {
+                let block = &block[..block.find("\n}").unwrap_or(block.len())];
+                host.extend(fns(block));
+            }
+        }
+        assert!(host.len() >= 25, "the host's methods: {host:?}");
+        for method in &host {
+            let named = guide.contains(&format!("host.{method}(")) || guide.contains(&format!("host.{method}::"));
+            assert!(named, "docs/from-typescript.md lacks host.{method}");
+        }
+        // And what it names exists.
+        let mut sources = String::new();
+        let mut dirs = vec![src.clone()];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(dir).expect("src") {
+                let path = entry.expect("entry").path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    sources.push_str(&std::fs::read_to_string(path).expect("readable"));
+                }
+            }
+        }
+        for prefix in ["Agent::", "host."] {
+            for (at, _) in guide.match_indices(prefix) {
+                let name: String =
+                    guide[at + prefix.len()..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                assert!(
+                    sources.contains(&format!("fn {name}")),
+                    "docs/from-typescript.md names {prefix}{name}, which does not exist"
+                );
+            }
+        }
+    }
+
     /// The demo is built as another Worker would be: it names only public items.
     #[test]
     fn the_demo_uses_the_public_api_only() {
