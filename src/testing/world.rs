@@ -342,9 +342,16 @@ impl World {
 
     /// The host of agent class `A`'s object `name` (started if it is not running), to call
     /// its methods from the test: `world.block_on(async move { host.run_agent_tool::<C>(…).await })`.
+    /// An object no request reached yet learns its name here, as a Worker's learns it from its
+    /// first request (its children are named after it).
     pub fn host<A: Agent>(&self, name: &str) -> AgentHost<A> {
         let object = ObjectRef::of::<A>(name);
-        let (_, typed, _) = self.0.live(&object);
+        let (host, typed, _) = self.0.live(&object);
+        if host.name().is_none() {
+            if let Err(e) = crate::store::meta::set(host.sql(), "name", name) {
+                panic!("{object}: its name could not be kept: {e}");
+            }
+        }
         typed
             .downcast::<AgentHost<A>>()
             .map(|host| (*host).clone())

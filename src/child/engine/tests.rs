@@ -587,3 +587,23 @@ fn a_rerun_is_bounded_by_the_options_and_asked_of_the_agent() {
     // Attempt 1 streamed one chunk; attempt 2 two more, behind its marker.
     assert_eq!(asked, [("r".to_owned(), 1, 1), ("r".to_owned(), 2, 4)]);
 }
+
+/// A report for a run whose turn is not live here (never started, or ended) is refused with
+/// `agent_tool:progress:ignored`, and nothing is stored or sent.
+#[test]
+fn a_report_for_a_run_that_is_not_live_is_ignored() {
+    let db = db();
+    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    engine.start(&db, &start("r"), 1).unwrap();
+    engine.turn_finished(&db, "r", Some(Ok(("done".into(), None))), None, false, &id, 2).unwrap();
+    for run_id in ["r", "never"] {
+        let milestone = Report { progress: Progress::milestone("late"), persist: false };
+        let actions = engine.report_progress(&db, run_id, milestone, false, &id, 3).unwrap();
+        assert!(
+            matches!(actions.as_slice(), [ChildAction::Observe(EventType::ProgressIgnored, p)] if p["runId"] == run_id),
+            "{run_id}: {actions:?}"
+        );
+    }
+    assert!(ChildRuns::new(&db).inspect("r").unwrap().unwrap().milestones.is_empty(), "nothing stored");
+    assert!(ChildRuns::new(&db).chunks_after("r", -1, 100).unwrap().iter().all(|c| !c.body.contains("late")));
+}

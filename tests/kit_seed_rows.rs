@@ -1,0 +1,518 @@
+//! Rows of `docs/parity.md` (the TypeScript SDK's "Agent Tools" page, behaviour by behaviour)
+//! asserted under the test kit: each test's doc comment names its row and the behaviour it
+//! checks. The agents are small ones of this file's own (two parents and two children), hosted
+//! natively by `agent_tools::testing` over real SQLite on a virtual clock (see
+//! `docs/testing.md`), each class on a scripted model.
+
+use std::cell::{Cell, RefCell};
+
+use agent_tools::model::ModelMessage;
+use agent_tools::prelude::*;
+use agent_tools::testing::{Client, ObjectRef, ScriptedModel, Step, World};
+use agent_tools::{DetachedHandle, EventDelivery, Milestone, MilestoneMode, OnMilestones, RunInfo};
+use serde_json::{json, Value};
+
+// ----- the agents ---------------------------------------------------------------------------
+
+/// The `checkpoint` tool's input.
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct Note {
+    note: String,
+}
+
+/// An ordinary tool that reports a milestone named `checkpoint`: the same code serves a
+/// parent's own chat turn (no run to report to) and a child's run.
+struct Checkpoint;
+
+impl<A: Agent> Tool<A> for Checkpoint {
+    type Input = Note;
+    type Output = String;
+    fn name(&self) -> &str {
+        "checkpoint"
+    }
+    fn description(&self) -> &str {
+        "Marks a checkpoint of the work."
+    }
+    async fn execute(&self, ctx: &ToolContext<'_, A>, input: Note) -> Result<String, String> {
+        ctx.report_progress(Progress::milestone("checkpoint").data(json!({ "note": input.note })));
+        Ok(format!("noted: {}", input.note))
+    }
+}
+
+/// A parent: its model may dispatch writers (`write`) and call `checkpoint`; its detached
+/// handler keeps every outcome it is handed. Its notices have the default wording.
+#[derive(Default)]
+pub struct Desk {
+    /// `(handler tag, run id, result)` of each `on_detached_finish` call.
+    delivered: RefCell<Vec<(Value, String, RunResult)>>,
+}
+
+impl Agent for Desk {
+    fn tools(&self) -> Tools<Self> {
+        Tools::new().agent(AgentTool::of::<Writer>("write", "Write about a topic.")).tool(Checkpoint)
+    }
+
+    async fn on_detached_finish(
+        &self,
+        _host: &AgentHost<Self>,
+        handler: &Value,
+        run: &RunInfo,
+        result: &RunResult,
+    ) -> Result<(), String> {
+        self.delivered.borrow_mut().push((handler.clone(), run.run_id.clone(), result.clone()));
+        Ok(())
+    }
+}
+
+/// A parent whose notices are all worded `""` (suppressed); it counts how often it was asked.
+#[derive(Default)]
+pub struct QuietDesk {
+    completions: Cell<usize>,
+    milestones: Cell<usize>,
+}
+
+impl Agent for QuietDesk {
+    fn format_detached_completion(&self, _run: &RunInfo, _result: &RunResult) -> String {
+        self.completions.set(self.completions.get() + 1);
+        String::new()
+    }
+
+    fn format_detached_milestone(&self, _run: &RunInfo, _milestone: &Milestone) -> String {
+        self.milestones.set(self.milestones.get() + 1);
+        String::new()
+    }
+}
+
+/// A child that reports the milestone `outlined` as its run begins, then answers as a chat
+/// turn (with the `checkpoint` tool). Its first message is the default one.
+#[derive(Default)]
+pub struct Writer;
+
+impl Agent for Writer {
+    fn tools(&self) -> Tools<Self> {
+        Tools::new().tool(Checkpoint)
+    }
+
+    async fn run(&self, turn: &Turn<Self>) -> Result<TurnOutput, String> {
+        turn.report_progress(Progress::milestone("outlined"));
+        turn.chat().await
+    }
+}
+
+/// A child that builds its run's first message itself, as the seed's `Summarizer` does.
+#[derive(Default)]
+pub struct Summarizer;
+
+impl Agent for Summarizer {
+    fn format_agent_tool_input(&self, input: &Value, run_id: &str) -> Value {
+        let text = input["text"].as_str().unwrap_or_default();
+        json!({
+            "id": format!("agent-tool-{run_id}-input"),
+            "role": "user",
+            "parts": [{ "type": "text", "text": format!("Summarize:\n\n{text}") }],
+        })
+    }
+}
+
+agent_tools::durable_object!(Desk, unchecked);
+agent_tools::durable_object!(QuietDesk, unchecked);
+agent_tools::durable_object!(Writer, unchecked);
+agent_tools::durable_object!(Summarizer, unchecked);
+
+// ----- helpers ------------------------------------------------------------------------------
+
+/// The Worker of these tests: both parents routed (`/agents/desk/…`, `/agents/quiet-desk/…`),
+/// both children hosted. Each test gives the classes it uses their models.
+fn worker() -> World {
+    World::new().route::<Desk>().route::<QuietDesk>().agent::<Writer>().agent::<Summarizer>()
+}
+
+/// Runs a `C` child from parent `P`'s object `parent`, awaited, and returns its result.
+fn run<P: Agent, C: Agent>(world: &World, parent: &str, options: RunOptions) -> RunResult {
+    let host = world.host::<P>(parent);
+    world.block_on(async move { host.run_agent_tool::<C>(options).await })
+}
+
+/// Dispatches a detached `Writer` run from parent `P`'s object `parent`.
+fn detach<P: Agent>(world: &World, parent: &str, options: RunOptions, detached: DetachedOptions) -> DetachedHandle {
+    let host = world.host::<P>(parent);
+    let handle = world.block_on(async move { host.run_agent_tool_detached::<Writer>(options, detached).await });
+    assert_eq!(handle.status, RunStatus::Running, "dispatched: {handle:?}");
+    handle
+}
+
+/// A parent's registry row of `run_id`.
+fn row<P: Agent>(world: &World, parent: &str, run_id: &str) -> RunInfo {
+    let runs = world.host::<P>(parent).agent_tool_runs();
+    runs.into_iter().find(|r| r.run_id == run_id).unwrap_or_else(|| panic!("no run {run_id}"))
+}
+
+/// The transcript of the `C` child that ran `run_id`.
+fn child_transcript<C: Agent>(world: &World, run_id: &str) -> Vec<Value> {
+    let objects = world.objects_of::<C>();
+    let child = objects.iter().find(|o| o.name.ends_with(&format!("/{run_id}"))).expect("the run's child");
+    world.host::<C>(&child.name).messages()
+}
+
+/// The user messages a model was shown in its `n`th request.
+fn user_messages(model: &ScriptedModel, n: usize) -> Vec<String> {
+    let requests = model.requests();
+    let request = requests.get(n).unwrap_or_else(|| panic!("no request {n}"));
+    (request.messages.iter())
+        .filter_map(|m| match m {
+            ModelMessage::User(text) => Some(text.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A message's text parts, joined.
+fn text_of(message: &Value) -> String {
+    let parts = message["parts"].as_array().into_iter().flatten();
+    parts.filter(|p| p["type"] == "text").filter_map(|p| p["text"].as_str()).collect()
+}
+
+/// The bodies (parsed `UIMessageChunk`s) of the `chunk` events a client received for a run.
+fn chunk_bodies(client: &Client, run_id: &str) -> Vec<Value> {
+    (client.events().iter())
+        .filter(|f| f["event"]["runId"] == run_id && f["event"]["kind"] == "chunk")
+        .map(|f| serde_json::from_str(f["event"]["body"].as_str().expect("a chunk body")).expect("JSON"))
+        .collect()
+}
+
+/// The structured events of `type` an object logged (their payloads).
+fn logged_events(world: &World, object: &ObjectRef, kind: &str) -> Vec<Value> {
+    (world.logs().iter())
+        .filter(|line| &line.object == object)
+        .filter_map(|line| serde_json::from_str::<Value>(&line.text).ok())
+        .filter(|event| event["type"] == kind)
+        .map(|event| event["payload"].clone())
+        .collect()
+}
+
+// ----- the rows -----------------------------------------------------------------------------
+
+/// Row 4: agents have server-side tools only. A client's `cf_agent_tool_result` or
+/// `cf_agent_tool_approval` frame, on the parent's socket and on a drill-in socket to a child,
+/// is answered with an error frame saying so, and starts nothing.
+#[test]
+fn client_side_tool_frames_are_answered_with_an_error() {
+    let desk = ScriptedModel::new();
+    let world =
+        worker().model::<Desk>(desk.clone()).model::<Writer>(ScriptedModel::new().step(Step::new().text("Done.")));
+    let parent = world.connect("/agents/desk/ann");
+    run::<Desk, Writer>(&world, "ann", RunOptions::new(json!("a note")).run_id("w1"));
+    let child = world.connect("/agents/desk/ann/sub/writer/w1");
+    world.settle();
+    for client in [&parent, &child] {
+        client.send(&json!({ "type": "cf_agent_tool_result", "toolCallId": "call-1", "output": { "ok": true } }));
+        client.send(&json!({ "type": "cf_agent_tool_approval", "toolCallId": "call-1", "approved": true }));
+    }
+    world.settle();
+    for (client, name) in [(&parent, "the parent"), (&child, "the drill-in")] {
+        let frames = client.frames();
+        let errors: Vec<&str> =
+            frames.iter().filter(|f| f["type"] == "cf_agent_error").filter_map(|f| f["error"].as_str()).collect();
+        assert_eq!(
+            errors,
+            [
+                "cf_agent_tool_result is not supported: this agent has no client-side tools",
+                "cf_agent_tool_approval is not supported: this agent has no client-side tools",
+            ],
+            "{name}'s socket"
+        );
+    }
+    assert!(desk.requests().is_empty(), "no chat turn started");
+    assert!(world.host::<Desk>("ann").messages().is_empty());
+    assert_eq!(child_transcript::<Writer>(&world, "w1").len(), 2, "the child's transcript is the run's");
+}
+
+/// Row 14: a child that overrides `format_agent_tool_input` starts its run with the message it
+/// builds (the seed's example: id `agent-tool-<run>-input`, text `Summarize:\n\n<text>`), and
+/// its model is shown that text. Without an override the input becomes the text of a message
+/// with that id: a string as is, anything else as pretty JSON.
+#[test]
+fn a_run_starts_with_the_message_its_child_formats_from_the_input() {
+    let (summarizer, writer) = (ScriptedModel::new(), ScriptedModel::new());
+    let world = worker().model::<Summarizer>(summarizer.clone()).model::<Writer>(writer.clone());
+    let input = json!({ "text": "QUIC runs over UDP." });
+    run::<Desk, Summarizer>(&world, "bo", RunOptions::new(input).run_id("s1"));
+    let first = &child_transcript::<Summarizer>(&world, "s1")[0];
+    let expected = json!({
+        "id": "agent-tool-s1-input",
+        "role": "user",
+        "parts": [{ "type": "text", "text": "Summarize:\n\nQUIC runs over UDP." }],
+    });
+    assert_eq!(first, &expected);
+    assert_eq!(user_messages(&summarizer, 0), ["Summarize:\n\nQUIC runs over UDP."]);
+
+    // The default: a string input as is, an object as pretty JSON.
+    let object = json!({ "topic": "QUIC", "words": 3 });
+    let pretty = serde_json::to_string_pretty(&object).expect("JSON");
+    assert!(pretty.contains('\n'));
+    for (n, (run_id, input, text)) in
+        [("w1", json!("Write about QUIC"), "Write about QUIC"), ("w2", object, pretty.as_str())].into_iter().enumerate()
+    {
+        run::<Desk, Writer>(&world, "bo", RunOptions::new(input).run_id(run_id));
+        let first = &child_transcript::<Writer>(&world, run_id)[0];
+        assert_eq!(
+            (first["id"].as_str(), first["role"].as_str()),
+            (Some(&*format!("agent-tool-{run_id}-input")), Some("user"))
+        );
+        assert_eq!(text_of(first), text, "{first:#}");
+        assert_eq!(user_messages(&writer, n), [text]);
+    }
+}
+
+/// Row 60: a detached run does not inherit the caller's signal, since it must outlive the turn
+/// that started it: a `RunOptions::signal` cancelled mid-run, or one already cancelled at the
+/// dispatch, leaves the run to complete.
+#[test]
+fn a_detached_run_ignores_the_callers_signal() {
+    let answer = "one two three four five";
+    let writer = ScriptedModel::new().otherwise(move |_| Step::new().words(answer, 100));
+    let world = worker().model::<Writer>(writer);
+    let (later, already) = (CancelToken::new(), CancelToken::new());
+    already.cancel(Some("the turn already ended".into()));
+    for (run_id, token) in [("d1", &later), ("d2", &already)] {
+        let options = RunOptions::new(json!("count to five")).run_id(run_id).signal(token.clone());
+        detach::<Desk>(&world, "cy", options, DetachedOptions::default());
+    }
+    world.advance(250);
+    assert_eq!(row::<Desk>(&world, "cy", "d1").status, RunStatus::Running);
+    later.cancel(Some("the turn that started it ended".into()));
+    world.settle();
+    let host = world.host::<Desk>("cy");
+    for run_id in ["d1", "d2"] {
+        let inspection = host.inspect_agent_tool_run(run_id).expect("a run");
+        let result = inspection.result.expect("a result");
+        assert_eq!((result.status, result.summary.as_deref()), (RunStatus::Completed, Some(answer)), "{run_id}");
+        assert_eq!(world.finish_hooks(&ObjectRef::of::<Desk>("cy"), run_id), 1);
+    }
+}
+
+/// Row 68: a `notify` run whose `format_detached_completion` returns `""` posts no message and
+/// starts no model turn, and its delivery is settled: ten minutes on (past the backbone's
+/// ticks and a delivery's lease), it was not offered again.
+#[test]
+fn an_empty_completion_notice_posts_nothing_and_settles_the_delivery() {
+    let quiet = ScriptedModel::new();
+    let writer = ScriptedModel::new().step(Step::new().text("A draft."));
+    let world = worker().model::<QuietDesk>(quiet.clone()).model::<Writer>(writer);
+    let options = RunOptions::new(json!("a draft")).run_id("n1");
+    detach::<QuietDesk>(&world, "di", options, DetachedOptions { notify: true, ..Default::default() });
+    assert!(world.run_until(|| row::<QuietDesk>(&world, "di", "n1").status == RunStatus::Completed));
+    world.advance(10 * 60_000);
+    let host = world.host::<QuietDesk>("di");
+    assert_eq!(host.agent().completions.get(), 1, "worded once, not offered again");
+    assert!(host.messages().is_empty(), "no message: {:#?}", host.messages());
+    assert!(quiet.requests().is_empty(), "no model turn");
+    let ticks = logged_events(&world, &ObjectRef::of::<QuietDesk>("di"), "agent_tool:alarm");
+    let last = ticks.last().expect("the backbone ticked");
+    assert_eq!(last["outstanding"], 0, "nothing owed: {ticks:#?}");
+}
+
+/// Row 69: an explicit `on_finish` takes precedence over `notify`: the handler gets the run's
+/// outcome once, and no message is posted (so no model turn runs), though the parent's
+/// completion wording is the default one.
+#[test]
+fn on_finish_takes_precedence_over_notify() {
+    let desk = ScriptedModel::new();
+    let writer = ScriptedModel::new().step(Step::new().text("A draft."));
+    let world = worker().model::<Desk>(desk.clone()).model::<Writer>(writer);
+    let detached = DetachedOptions { on_finish: Some(json!("drafts")), notify: true, ..Default::default() };
+    detach::<Desk>(&world, "ed", RunOptions::new(json!("a draft")).run_id("f1"), detached);
+    world.settle();
+    let host = world.host::<Desk>("ed");
+    let delivered = host.agent().delivered.borrow().clone();
+    assert_eq!(delivered.len(), 1, "{delivered:#?}");
+    let (handler, run_id, result) = &delivered[0];
+    assert_eq!((handler, run_id.as_str()), (&json!("drafts"), "f1"));
+    assert_eq!((result.status, result.summary.as_deref()), (RunStatus::Completed, Some("A draft.")));
+    assert_eq!(world.detached_handlers(&ObjectRef::of::<Desk>("ed"), "f1"), 1);
+    assert!(host.messages().is_empty(), "no message: {:#?}", host.messages());
+    assert!(desk.requests().is_empty(), "no model turn");
+}
+
+/// Row 74: `report_progress` from a tool outside an agent-tool run (here the parent's own chat
+/// turn) does nothing but log a warning: no run, no frame, no progress chunk, and the tool
+/// still runs. The same tool reports in a child's run.
+#[test]
+fn reporting_progress_outside_a_run_only_warns() {
+    let desk = ScriptedModel::new()
+        .step(Step::new().tool_call("checkpoint", json!({ "note": "standalone" })))
+        .step(Step::new().text("Noted."));
+    let writer = ScriptedModel::new()
+        .step(Step::new().tool_call("checkpoint", json!({ "note": "in a run" })))
+        .step(Step::new().text("Done."));
+    let world = worker().model::<Desk>(desk.clone()).model::<Writer>(writer);
+    let client = world.connect("/agents/desk/flo");
+    let reply = client.chat("Mark a checkpoint");
+    assert_eq!((reply.error.as_deref(), reply.text.as_str()), (None, "Noted."));
+    assert_eq!(desk.last_tool_results(), [("checkpoint".to_owned(), json!("noted: standalone"))]);
+    let warning = "agent-tools: report_progress outside an agent-tool run is ignored";
+    let warned = |object: &ObjectRef| world.logs().iter().filter(|l| &l.object == object && l.text == warning).count();
+    assert_eq!(warned(&ObjectRef::of::<Desk>("flo")), 1);
+    assert!(client.events().is_empty(), "no agent-tool frame: {:#?}", client.events());
+    assert!(world.host::<Desk>("flo").agent_tool_runs().is_empty());
+    let sent = serde_json::to_string(&client.frames()).expect("JSON");
+    assert!(!sent.contains("data-agent-milestone"), "no milestone reached the client: {sent}");
+
+    // The same tool in a child's run reports its milestone, with no warning.
+    run::<Desk, Writer>(&world, "flo", RunOptions::new(json!("work")).run_id("w1"));
+    let inspection = world.host::<Desk>("flo").inspect_agent_tool_run("w1").expect("the run");
+    let milestones: Vec<(&str, Option<&Value>)> =
+        inspection.milestones.iter().map(|m| (m.name.as_str(), m.data.as_ref())).collect();
+    assert_eq!(milestones, [("outlined", None), ("checkpoint", Some(&json!({ "note": "in a run" })))]);
+    let child = world.objects_of::<Writer>().remove(0);
+    assert_eq!(warned(&child), 0);
+}
+
+/// Row 90: a milestone replays on drill-in: a client that drills in to a child after the
+/// milestone was reported, and resumes its stream, gets the `data-agent-milestone` chunk in the
+/// replay, before the live chunks.
+#[test]
+fn a_milestone_replays_on_drill_in() {
+    let writer = ScriptedModel::new().step(Step::new().words("one two three four five six", 1_000));
+    let world = worker().model::<Writer>(writer);
+    // A parent learns its name from its first request: only then are its runs' children the
+    // objects a drill-in path names (`World::host` alone does not tell it).
+    let _parent = world.connect("/agents/desk/gus");
+    detach::<Desk>(&world, "gus", RunOptions::new(json!("count")).run_id("m1"), DetachedOptions::default());
+    world.advance(2_500);
+    let reached = world.host::<Desk>("gus").inspect_agent_tool_run("m1").expect("the run");
+    assert_eq!((reached.info.status, reached.milestones.len()), (RunStatus::Running, 1), "reported, still running");
+    let child = world.connect("/agents/desk/gus/sub/writer/m1");
+    let resuming = child.frames().into_iter().find(|f| f["type"] == "cf_agent_stream_resuming").expect("a stream");
+    assert_eq!(resuming["id"], "m1");
+    child.send(&json!({ "type": "cf_agent_stream_resume_ack", "id": "m1" }));
+    world.settle();
+    let responses: Vec<Value> =
+        child.frames().into_iter().filter(|f| f["type"] == "cf_agent_use_chat_response").collect();
+    let replayed: Vec<Value> = (responses.iter())
+        .take_while(|f| f["replay"] == true)
+        .filter_map(|f| serde_json::from_str(f["body"].as_str()?).ok())
+        .collect();
+    let milestone = replayed.iter().find(|c| c["type"] == "data-agent-milestone").expect("the milestone replayed");
+    assert_eq!((&milestone["data"]["name"], &milestone["data"]["sequence"]), (&json!("outlined"), &json!(0)));
+    assert!(responses.iter().any(|f| f.get("replay").is_none()), "then live frames");
+    assert_eq!(row::<Desk>(&world, "gus", "m1").status, RunStatus::Completed);
+}
+
+/// Row 97: an `on_milestones` run with `MilestoneMode::React` posts a user-role message with id
+/// `detached-ms:<run>:<name>` when the milestone lands, and the parent's model takes a turn on
+/// it, once.
+#[test]
+fn a_react_milestone_posts_a_user_message_and_runs_a_model_turn_once() {
+    let desk = ScriptedModel::new().otherwise(|_| Step::new().text("Good to know."));
+    let writer = ScriptedModel::new().step(Step::new().words("one two three", 1_000));
+    let world = worker().model::<Desk>(desk.clone()).model::<Writer>(writer);
+    let on_milestones = OnMilestones { names: vec!["outlined".into()], mode: MilestoneMode::React };
+    let detached = DetachedOptions { on_milestones: Some(on_milestones), ..Default::default() };
+    detach::<Desk>(&world, "hal", RunOptions::new(json!("count")).run_id("r1"), detached);
+    world.settle();
+    let notice = "Background task \"Writer\" (run r1) reached milestone \"outlined\".";
+    let messages = world.host::<Desk>("hal").messages();
+    let summary: Vec<(&str, &str, String)> = (messages.iter())
+        .map(|m| (m["id"].as_str().unwrap_or_default(), m["role"].as_str().unwrap_or_default(), text_of(m)))
+        .collect();
+    assert_eq!(summary.len(), 2, "{messages:#?}");
+    assert_eq!((summary[0].0, summary[0].1, summary[0].2.as_str()), ("detached-ms:r1:outlined", "user", notice));
+    assert_eq!((summary[1].1, summary[1].2.as_str()), ("assistant", "Good to know."));
+    assert_eq!(desk.requests().len(), 1, "one model turn");
+    assert_eq!(user_messages(&desk, 0), [notice]);
+    assert_eq!(row::<Desk>(&world, "hal", "r1").status, RunStatus::Completed);
+}
+
+/// Row 99: an `on_milestones` run whose `format_detached_milestone` returns `""` posts nothing
+/// for the milestone, and the milestone counts as handled: the backbone, which offers a
+/// milestone not yet handled on each tick, does not offer it again while the run goes on.
+#[test]
+fn an_empty_milestone_notice_posts_nothing_and_is_not_offered_again() {
+    let quiet = ScriptedModel::new();
+    let writer = ScriptedModel::new().step(Step::new().words("one two three four", 20_000));
+    let world = worker().model::<QuietDesk>(quiet.clone()).model::<Writer>(writer);
+    let on_milestones = OnMilestones { names: vec!["outlined".into()], mode: MilestoneMode::Narrate };
+    let detached = DetachedOptions { on_milestones: Some(on_milestones), ..Default::default() };
+    detach::<QuietDesk>(&world, "ida", RunOptions::new(json!("count")).run_id("q1"), detached);
+    world.settle();
+    let host = world.host::<QuietDesk>("ida");
+    assert_eq!(row::<QuietDesk>(&world, "ida", "q1").status, RunStatus::Completed);
+    let ticks = logged_events(&world, &ObjectRef::of::<QuietDesk>("ida"), "agent_tool:alarm");
+    let while_live = ticks.iter().filter(|t| t["live"].as_u64() > Some(0)).count();
+    assert!(while_live >= 2, "the backbone ticked while the run went on: {ticks:#?}");
+    assert_eq!(host.agent().milestones.get(), 1, "offered once");
+    assert!(host.messages().is_empty(), "no message: {:#?}", host.messages());
+    assert!(quiet.requests().is_empty(), "no model turn");
+}
+
+/// Row 110: the ordinary chunks of a run with `EventDelivery::Terminal` are not replayed on
+/// reconnect: a client connecting after the run ended gets its lifecycle and its milestone,
+/// while the same answer delivered in full replays its text chunks too.
+#[test]
+fn a_terminal_runs_ordinary_chunks_are_not_replayed() {
+    let writer = ScriptedModel::new().otherwise(|_| Step::new().words("alpha beta gamma", 10));
+    let world = worker().model::<Writer>(writer);
+    for (run_id, delivery) in [("full", EventDelivery::Full), ("terminal", EventDelivery::Terminal)] {
+        let result =
+            run::<Desk, Writer>(&world, "jo", RunOptions::new(json!("abc")).run_id(run_id).event_delivery(delivery));
+        assert_eq!(result.summary.as_deref(), Some("alpha beta gamma"), "{run_id}");
+    }
+    let late = world.connect("/agents/desk/jo");
+    world.settle();
+    let kinds = |run_id: &str| -> Vec<String> {
+        chunk_bodies(&late, run_id).iter().map(|c| c["type"].as_str().unwrap_or_default().to_owned()).collect()
+    };
+    assert!(kinds("full").iter().any(|k| k == "text-delta"), "full delivery replays the text: {:?}", kinds("full"));
+    assert_eq!(kinds("terminal"), ["data-agent-milestone"]);
+    let events = late.events();
+    let replayed: Vec<&str> = (events.iter())
+        .filter(|f| f["event"]["runId"] == "terminal")
+        .filter_map(|f| f["event"]["kind"].as_str())
+        .collect();
+    assert_eq!(replayed, ["started", "chunk", "finished"]);
+    assert!(events.iter().all(|f| f["replay"] == true), "all of it a replay");
+    // The child kept its whole answer all the same.
+    assert_eq!(text_of(&child_transcript::<Writer>(&world, "terminal")[1]), "alpha beta gamma");
+}
+
+/// Rows 135 and 137: the re-attach budgets' defaults. A followed child may be silent for
+/// 120 000 ms (`agentToolReattachNoProgressTimeoutMs`), and a re-attach has no window
+/// (`agentToolReattachMaxWindowMs` is `Infinity`).
+#[test]
+fn reattach_budgets_default_to_two_silent_minutes_and_no_window() {
+    let options = AgentToolOptions::default();
+    assert_eq!(options.reattach_no_progress_timeout_ms, 120_000);
+    assert_eq!(options.reattach_max_window_ms, None);
+}
+
+/// Row 137: with the default (no window), a re-attach follows a child for as long as it
+/// streams. The parent crashes a minute into a chat's run whose child sends a word every 90 s
+/// (within the silence budget) for about half an hour: the restarted parent re-attaches and
+/// follows it, for more than 25 minutes, to its result.
+#[test]
+fn a_reattach_follows_a_streaming_child_past_any_fixed_time() {
+    let words: Vec<String> = (1..=20).map(|n| format!("w{n}")).collect();
+    let answer = words.join(" ");
+    let desk = ScriptedModel::new()
+        .step(Step::new().tool_call("write", json!({ "topic": "QUIC" })))
+        .otherwise(|_| Step::new().text("Done."));
+    let writer = ScriptedModel::new().step(Step::new().words(&answer, 90_000));
+    let world = worker().model::<Desk>(desk).model::<Writer>(writer);
+    let client = world.connect("/agents/desk/kai");
+    client.send_chat("Write about QUIC");
+    assert!(world.run_until(|| !world.objects_of::<Writer>().is_empty()));
+    world.advance(60_000);
+    let parent = ObjectRef::of::<Desk>("kai");
+    world.crash(&parent);
+    let crashed_at = world.now();
+    world.settle();
+    let run = &world.host::<Desk>("kai").agent_tool_runs()[0];
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    let reattached = logged_events(&world, &parent, "agent_tool:recovery:reattach");
+    assert!(reattached.iter().any(|r| r["runId"] == run.run_id.as_str()), "re-attached: {reattached:#?}");
+    let followed = run.completed_at.expect("ended") - crashed_at;
+    assert!(followed > 25 * 60_000, "followed for {followed} ms");
+    let result = world.host::<Desk>("kai").inspect_agent_tool_run(&run.run_id).and_then(|i| i.result);
+    assert_eq!(result.and_then(|r| r.summary), Some(answer));
+}
