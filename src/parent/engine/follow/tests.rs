@@ -318,3 +318,95 @@ fn a_restarted_parent_rebuilds_the_snapshot_from_the_childs_inspection() {
         .iter()
         .any(|a| matches!(a, ParentAction::Broadcast(frame) if frame.contains("data-agent-progress"))));
 }
+
+fn chunk(i: i64, kind: crate::protocol::tail::ChunkKind, body: &str) -> crate::protocol::tail::TailLine {
+    crate::protocol::tail::TailLine::Chunk { i: Some(i), k: kind, b: body.into(), r: None }
+}
+
+/// A tail the child refused (a line past the limit) ends the run `error` with the reason, and
+/// the child is told to stop.
+#[test]
+fn a_refused_tail_ends_the_run_and_stops_the_child() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let tail = started(&db, &mut engine, "r", None);
+    let error = "the child sent a tail line longer than 1048576 bytes".to_owned();
+    let actions =
+        engine.handle(&db, ParentEvent::TailRefused { run_id: "r".into(), gen: tail, error: error.clone() }, 20);
+    assert!(
+        actions.iter().any(|a| matches!(a, ParentAction::CancelChild { reason: Some(r), .. } if *r == error)),
+        "{actions:?}"
+    );
+    let row = Registry::new(&db).get("r").unwrap().unwrap();
+    assert_eq!((row.status, row.error_message.as_deref()), (RunStatus::Error, Some(error.as_str())));
+}
+
+/// A run's start, answered, makes it `running`; a soft-interrupted run dispatched again is live
+/// again once its child answers.
+#[test]
+fn a_started_run_is_running_and_an_interrupted_one_is_live_again() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    started(&db, &mut engine, "r", None);
+    assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Running);
+    let soft = Terminal::Interrupted { error: "silent".into(), reason: None, child_still_running: Some(true) };
+    engine.conclude_run(&db, "r", soft, 30).unwrap();
+    assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Interrupted);
+    started(&db, &mut engine, "r", None);
+    assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Running);
+}
+
+/// What a batch forwards: a `terminal` run's ordinary chunks stay with the child while its
+/// progress and milestones go out; `on_progress` sees the milestone as a milestone and the
+/// progress as progress; a detached run's wanted milestone (and only it) gets its notice.
+#[test]
+fn a_batch_forwards_by_delivery_and_signals_by_kind() {
+    use crate::protocol::tail::ChunkKind;
+    let progress = r#"{"type":"data-agent-progress","id":"p","data":{"fraction":0.5,"at":5}}"#;
+    let milestone =
+        |name: &str| format!(r#"{{"type":"data-agent-milestone","data":{{"name":"{name}","sequence":0,"at":6}}}}"#);
+    let text = r#"{"type":"text-delta","id":"t","delta":"hi"}"#;
+    // An awaited run with terminal delivery.
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let mut new = new_run("t", &json!(1));
+    new.event_delivery = EventDelivery::Terminal;
+    let (_, actions) = engine.dispatch(&db, Dispatch { new, detached: None, abandoned: None }, json!(1), 10);
+    let start = gen_of(&actions, "start", "t").unwrap();
+    let actions = engine.handle(&db, ParentEvent::StartReplied { run_id: "t".into(), gen: start, result: Ok(()) }, 11);
+    let tail = gen_of(&actions, "tail", "t").unwrap();
+    let lines = vec![
+        chunk(0, ChunkKind::Stored, text),
+        chunk(1, ChunkKind::Progress, progress),
+        chunk(2, ChunkKind::Milestone, &milestone("m")),
+    ];
+    let actions = engine.handle(&db, ParentEvent::TailBatch { run_id: "t".into(), gen: tail, lines }, 12);
+    let sent: Vec<&String> = actions
+        .iter()
+        .filter_map(|a| match a {
+            ParentAction::Broadcast(f) => Some(f),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert!(!sent.iter().any(|f| f.contains("text-delta")), "the text stays with the child");
+    let signals: Vec<(Option<f64>, Option<String>)> = actions
+        .iter()
+        .filter_map(|a| match a {
+            ParentAction::Hook(HookCall::Progress(_, s)) => Some((s.fraction, s.milestone.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(signals, [(Some(0.5), None), (None, Some("m".into()))]);
+    // A detached run that wants milestone `m`.
+    let (db, mut engine) = testing::engine(AgentToolOptions::default());
+    let wants = crate::types::DetachedOptions {
+        on_milestones: Some(crate::types::OnMilestones { names: vec!["m".into()], ..Default::default() }),
+        ..Default::default()
+    };
+    let tail = started(&db, &mut engine, "d", Some(wants));
+    let notices = |actions: &[ParentAction]| actions.iter().filter(|a| matches!(a, ParentAction::Notice(_))).count();
+    let lines = vec![chunk(0, ChunkKind::Milestone, &milestone("other"))];
+    let actions = engine.handle(&db, ParentEvent::TailBatch { run_id: "d".into(), gen: tail, lines }, 12);
+    assert_eq!(notices(&actions), 0, "not a wanted one");
+    let lines = vec![chunk(1, ChunkKind::Milestone, &milestone("m"))];
+    let actions = engine.handle(&db, ParentEvent::TailBatch { run_id: "d".into(), gen: tail, lines }, 13);
+    assert_eq!(notices(&actions), 1, "{actions:?}");
+}
