@@ -410,3 +410,37 @@ fn a_batch_forwards_by_delivery_and_signals_by_kind() {
     let actions = engine.handle(&db, ParentEvent::TailBatch { run_id: "d".into(), gen: tail, lines }, 13);
     assert_eq!(notices(&actions), 1, "{actions:?}");
 }
+
+/// A child that says its run completed is drained: its tail is read to the outcome's line. A
+/// drain that breaks off is read again after a short pause, up to three broken reads; then the
+/// outcome is recorded anyway, with `agent_tool:recovery:drain_incomplete`.
+#[test]
+fn a_drain_that_breaks_off_is_read_again_then_given_up() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let tail = started(&db, &mut engine, "r", None);
+    let actions = engine.handle(&db, ParentEvent::TailEnded { run_id: "r".into(), gen: tail }, 20);
+    let gen = gen_of(&actions, "inspect", "r").expect("an inspection");
+    let done = InspectionReply {
+        status: "completed".into(),
+        summary: Some("s".into()),
+        attempt: Some(1),
+        ..Default::default()
+    };
+    let mut actions =
+        engine.handle(&db, ParentEvent::Inspected { run_id: "r".into(), gen, result: Ok(Some(done)) }, 21);
+    let mut now = 21;
+    for broken in 1..=3 {
+        let drain = gen_of(&actions, "tail", "r").unwrap_or_else(|| panic!("read {broken}: {actions:?}"));
+        now += 1;
+        actions = engine.handle(&db, ParentEvent::TailEnded { run_id: "r".into(), gen: drain }, now);
+        if broken < 3 {
+            assert_eq!(engine.poll_timeout(), Some(now + RETAIL_PAUSE_MS), "read again after the pause");
+            assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Running);
+            now += RETAIL_PAUSE_MS;
+            actions = engine.handle_timeout(&db, now);
+        }
+    }
+    let incomplete = actions.iter().any(|a| matches!(a, ParentAction::Observe(EventType::DrainIncomplete, _)));
+    assert!(incomplete, "{actions:?}");
+    assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Completed);
+}
