@@ -304,15 +304,9 @@ impl ParentEngine {
                 None => Ok(Vec::new()),
             };
         }
-        let Some(driver) = self.current(run_id, gen) else {
-            // The row the recovery pass waits on was concluded meanwhile (a cancel): move on.
-            if let Some(pass) = self.pass.as_mut() {
-                if pass.current.as_ref().is_some_and(|(id, g)| id == run_id && *g == gen) {
-                    pass.current = None;
-                }
-            }
-            return Ok(Vec::new());
-        };
+        // An exchange the engine moved past. (A run the recovery pass waits on that was
+        // concluded meanwhile has already released the pass: `stop_driving`.)
+        let Some(driver) = self.current(run_id, gen) else { return Ok(Vec::new()) };
         let recovering = std::mem::take(&mut driver.recovering);
         let mut actions = Vec::new();
         if recovering {

@@ -444,3 +444,34 @@ fn a_drain_that_breaks_off_is_read_again_then_given_up() {
     assert!(incomplete, "{actions:?}");
     assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Completed);
 }
+
+/// The re-attach window starts when an awaited run's tail first breaks, and a run still
+/// streaming past it is torn down (`window-exceeded`); a detached run has no window (its budgets
+/// bound it). Each inspection is due within `INSPECT_TIMEOUT_MS`.
+#[test]
+fn the_reattach_window_starts_when_an_awaited_runs_tail_breaks() {
+    let options = AgentToolOptions { reattach_max_window_ms: Some(1_000), ..AgentToolOptions::default() };
+    for detached in [false, true] {
+        let (db, mut engine) = testing::engine(options.clone());
+        let tail = started(&db, &mut engine, "r", detached.then(crate::types::DetachedOptions::default));
+        let running = || Ok(Some(reply("running")));
+        // The tail breaks at 100: the child is asked where the run stands.
+        let actions = engine.handle(&db, ParentEvent::TailEnded { run_id: "r".into(), gen: tail }, 100);
+        let gen = gen_of(&actions, "inspect", "r").expect("an inspection");
+        assert_eq!(engine.poll_timeout(), Some(100 + INSPECT_TIMEOUT_MS));
+        engine.handle(&db, ParentEvent::Inspected { run_id: "r".into(), gen, result: running() }, 101);
+        let due = engine.poll_timeout().expect("a tail again after a pause");
+        let tail = gen_of(&engine.handle_timeout(&db, due), "tail", "r").expect("a tail again");
+        // It breaks again past the window; the child still runs.
+        let actions = engine.handle(&db, ParentEvent::TailEnded { run_id: "r".into(), gen: tail }, 2_000);
+        let gen = gen_of(&actions, "inspect", "r").expect("an inspection");
+        let actions = engine.handle(&db, ParentEvent::Inspected { run_id: "r".into(), gen, result: running() }, 2_001);
+        let row = Registry::new(&db).get("r").unwrap().unwrap();
+        if detached {
+            assert!(row.status.is_live(), "no window for a detached run: {row:?}");
+        } else {
+            assert_eq!(row.interrupted_reason, Some(InterruptedReason::WindowExceeded), "{actions:?}");
+            assert!(actions.iter().any(|a| matches!(a, ParentAction::CancelChild { .. })), "torn down");
+        }
+    }
+}
