@@ -146,16 +146,10 @@ mod public_api_tests {
         assert!(rust_blocks >= 2, "the README shows the library's code");
     }
 
-    /// The tests a README table names (`module::tests::name`, or `tests::name` under the module
-    /// named before it in the row) exist: a table of guards cannot point at a test that is gone.
-    #[test]
-    fn every_test_the_readme_names_exists() {
-        let readme = include_str!("../README.md");
-        let table = &readme[readme.find("### The contract's guards").expect("the guards table")..];
-        let table = &table[..table[4..].find("\n## ").map_or(table.len(), |end| end + 4)];
-        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    /// Every `.rs` file under `src/`, one after another.
+    fn all_sources() -> String {
         let mut sources = String::new();
-        let mut dirs = vec![src];
+        let mut dirs = vec![std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src")];
         while let Some(dir) = dirs.pop() {
             for entry in std::fs::read_dir(dir).expect("src") {
                 let path = entry.expect("entry").path();
@@ -166,6 +160,17 @@ mod public_api_tests {
                 }
             }
         }
+        sources
+    }
+
+    /// The tests a README table names (`module::tests::name`, or `tests::name` under the module
+    /// named before it in the row) exist: a table of guards cannot point at a test that is gone.
+    #[test]
+    fn every_test_the_readme_names_exists() {
+        let readme = include_str!("../README.md");
+        let table = &readme[readme.find("### The contract's guards").expect("the guards table")..];
+        let table = &table[..table[4..].find("\n## ").map_or(table.len(), |end| end + 4)];
+        let sources = all_sources();
         let mut named = 0;
         for cell in table.split('`').skip(1).step_by(2) {
             let Some((_, name)) = cell.rsplit_once("tests::") else { continue };
@@ -251,18 +256,7 @@ mod public_api_tests {
             assert!(named, "docs/from-typescript.md lacks host.{method}");
         }
         // And what it names exists.
-        let mut sources = String::new();
-        let mut dirs = vec![src.clone()];
-        while let Some(dir) = dirs.pop() {
-            for entry in std::fs::read_dir(dir).expect("src") {
-                let path = entry.expect("entry").path();
-                if path.is_dir() {
-                    dirs.push(path);
-                } else if path.extension().is_some_and(|e| e == "rs") {
-                    sources.push_str(&std::fs::read_to_string(path).expect("readable"));
-                }
-            }
-        }
+        let sources = all_sources();
         for prefix in ["Agent::", "host."] {
             for (at, _) in guide.match_indices(prefix) {
                 let name: String =
