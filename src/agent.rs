@@ -7,6 +7,7 @@
 
 use serde_json::Value;
 
+use crate::error::Error;
 use crate::host::{AgentHost, Env, HttpRequest, HttpResponse, Turn, TurnOutput};
 use crate::llm::{Model, ModelError};
 use crate::observability::ObservabilityEvent;
@@ -88,11 +89,12 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
     }
 
     /// Serves an RPC call (`agent.call(method, args)` of the stock client): the agent's
-    /// declared methods are the ones it matches. The default knows none. Return
-    /// `Err(message)` to reject the call with that message.
-    async fn call(&self, host: &AgentHost<Self>, method: &str, args: Vec<Value>) -> Result<Value, String> {
+    /// declared methods are the ones it matches. The default knows none. An `Err` rejects the
+    /// call, and the client gets its message ([`Error::NotFound`] for a method the agent does
+    /// not serve, [`Error::Invalid`] for arguments it refuses).
+    async fn call(&self, host: &AgentHost<Self>, method: &str, args: Vec<Value>) -> Result<Value, Error> {
         let _ = (host, args);
-        Err(format!("Method {method} does not exist"))
+        Err(Error::NotFound(format!("Method {method} does not exist")))
     }
 
     /// Serves an HTTP request the built-in routes do not (a `POST` to start a run, say). The
@@ -145,7 +147,7 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
         handler: &Value,
         run: &RunInfo,
         result: &RunResult,
-    ) -> Result<(), String> {
+    ) -> Result<(), Error> {
         let _ = (host, handler, run, result);
         Ok(())
     }
@@ -253,7 +255,7 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
     /// Runs an agent-tool run. The default runs a chat turn ([`Turn::chat`]); override it to
     /// report progress around the chat, or for workflow-style work that streams chunks with
     /// [`Turn::emit`]. An `Err` ends the run as `error`; a cancel drops this future.
-    async fn run(&self, turn: &Turn<Self>) -> Result<TurnOutput, String> {
+    async fn run(&self, turn: &Turn<Self>) -> Result<TurnOutput, Error> {
         turn.chat().await
     }
 }

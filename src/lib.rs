@@ -72,6 +72,7 @@ mod agent;
 mod cancel;
 mod chat;
 mod child;
+mod error;
 mod host;
 mod llm;
 mod macros;
@@ -308,6 +309,7 @@ pub mod model {
 
 pub use agent::{Agent, Refusal, SubAgent};
 pub use cancel::{CancelToken, Cancelled};
+pub use error::Error;
 pub use host::{
     json_error, json_response, sleep, AgentHost, ChatChunk, ChatOutcome, ChatStream, Env, HttpRequest, HttpResponse,
     SubAgentStub, Turn, TurnOutput,
@@ -339,7 +341,7 @@ pub mod limits {
 /// What an agent author needs: `use agent_tools::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        Agent, AgentHost, AgentTool, AgentToolOptions, CancelToken, DetachedOptions, Progress, RunOptions, RunResult,
+        Agent, AgentHost, AgentTool, AgentToolOptions, CancelToken, DetachedOptions, Error, Progress, RunOptions, RunResult,
         RunStatus, Tool, ToolContext, Tools, Turn, TurnOutput,
     };
 }

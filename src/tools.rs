@@ -13,6 +13,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::agent::Agent;
+use crate::error::Error;
 use crate::host::AgentHost;
 use crate::host::Turn;
 use crate::llm::{ToolCall, ToolSpec};
@@ -47,8 +48,8 @@ pub use crate::parent::agent_tool::AgentTool;
 ///     fn description(&self) -> &str {
 ///         "Adds two integers."
 ///     }
-///     async fn execute(&self, _ctx: &ToolContext<'_, Assistant>, input: Add) -> Result<i64, String> {
-///         input.a.checked_add(input.b).ok_or_else(|| "the sum overflows".to_owned())
+///     async fn execute(&self, _ctx: &ToolContext<'_, Assistant>, input: Add) -> Result<i64, Error> {
+///         input.a.checked_add(input.b).ok_or_else(|| "the sum overflows".into())
 ///     }
 /// }
 /// # fn main() {}
@@ -63,8 +64,8 @@ pub trait Tool<A: Agent>: 'static {
     fn name(&self) -> &str;
     /// What it does, for the model.
     fn description(&self) -> &str;
-    /// Runs one call. `Err(message)` reaches the model as the failure envelope.
-    async fn execute(&self, ctx: &ToolContext<'_, A>, input: Self::Input) -> Result<Self::Output, String>;
+    /// Runs one call. An `Err` reaches the model as the failure envelope, with its message.
+    async fn execute(&self, ctx: &ToolContext<'_, A>, input: Self::Input) -> Result<Self::Output, Error>;
 }
 
 /// What a [`Tool`] sees of the turn that called it.
@@ -126,7 +127,7 @@ impl<A: Agent, T: Tool<A>> DynTool<A> for Erased<T> {
         Box::pin(async move {
             let input: T::Input = serde_json::from_value(input)
                 .map_err(|e| format!("Invalid input for tool {}: {e}", self.tool.name()))?;
-            let output = self.tool.execute(ctx, input).await?;
+            let output = self.tool.execute(ctx, input).await.map_err(|e| e.to_string())?;
             serde_json::to_value(output)
                 .map_err(|e| format!("tool {} returned unserializable output: {e}", self.tool.name()))
         })
@@ -217,7 +218,11 @@ impl<A: Agent> Tools<A> {
     /// Checks the declaration: names are valid and unique, every input and output schema is
     /// one the validator fully understands. An agent whose tools fail this answers every
     /// request with this error (and logs it) instead of running a model with broken tools.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), Error> {
+        self.problem().map_err(Error::Config)
+    }
+
+    fn problem(&self) -> Result<(), String> {
         let mut seen = HashSet::new();
         for entry in &self.entries {
             let spec = entry.spec();
@@ -283,7 +288,7 @@ mod tests {
         fn description(&self) -> &str {
             "Counts words."
         }
-        async fn execute(&self, _ctx: &ToolContext<'_, Parent>, input: Words) -> Result<usize, String> {
+        async fn execute(&self, _ctx: &ToolContext<'_, Parent>, input: Words) -> Result<usize, Error> {
             Ok(input.text.split_whitespace().count())
         }
     }
@@ -304,17 +309,17 @@ mod tests {
     #[test]
     fn bad_declarations_fail_early_and_clearly() {
         let twice: Tools<Parent> = Tools::new().agent(agent_tool("count")).tool(Count("count"));
-        assert_eq!(twice.check(), Err("two tools are named \"count\"; tool names must be unique".into()));
+        assert_eq!(twice.check(), Err(Error::Config("two tools are named \"count\"; tool names must be unique".into())));
         let spaced: Tools<Parent> = Tools::new().tool(Count("count words"));
-        assert!(spaced.check().unwrap_err().contains("must be 1 to 64 characters of [a-zA-Z0-9_-]"));
+        assert!(spaced.check().unwrap_err().to_string().contains("must be 1 to 64 characters of [a-zA-Z0-9_-]"));
         let unchecked: Tools<Parent> =
             Tools::new().agent(agent_tool("research").input_schema(json!({"type": "object", "not_a_keyword": 1})));
-        let error = unchecked.check().unwrap_err();
+        let error = unchecked.check().unwrap_err().to_string();
         assert!(error.starts_with("tool \"research\" has an invalid input schema: keyword `not_a_keyword`"), "{error}");
         let scalar: Tools<Parent> = Tools::new().agent(agent_tool("research").input_schema(json!({"type": "string"})));
-        assert!(scalar.check().unwrap_err().contains("must describe an object"));
+        assert!(scalar.check().unwrap_err().to_string().contains("must describe an object"));
         let output: Tools<Parent> =
             Tools::new().agent(agent_tool("research").output_schema(json!({"type": "object", "format": "color"})));
-        assert!(output.check().unwrap_err().starts_with("tool \"research\" has an invalid output schema"));
+        assert!(output.check().unwrap_err().to_string().starts_with("tool \"research\" has an invalid output schema"));
     }
 }

@@ -65,7 +65,7 @@ fn drilling_in_shows_the_childs_own_chat_and_a_guessed_id_is_refused() {
     assert_eq!((&identity["agent"], &identity["name"]), (&json!("researcher"), &json!(run_id)));
     // A run id the parent never dispatched: the socket is accepted and closed with 4404.
     let refused = world.try_connect("/agents/assistant/bob/sub/researcher/guessed").err().expect("refused");
-    assert!(refused.contains("4404"), "{refused}");
+    assert!(refused.to_string().contains("4404"), "{refused}");
 }
 
 #[test]
@@ -198,7 +198,7 @@ fn rpc_arguments_are_checked_before_anything_starts() {
     ];
     for (method, arg, says) in cases {
         let error = client.call(method, vec![arg.clone()]).expect_err(&format!("{method}({arg}) is refused"));
-        assert!(error.contains(says), "{method}({arg}): {error:?} should say {says:?}");
+        assert!(error.to_string().contains(says), "{method}({arg}): {error:?} should say {says:?}");
     }
     assert!(runs(&client).is_empty(), "no run was started");
     assert!(world.objects_of::<Researcher>().is_empty() && world.objects_of::<Summarizer>().is_empty());

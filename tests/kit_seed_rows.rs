@@ -33,7 +33,7 @@ impl<A: Agent> Tool<A> for Checkpoint {
     fn description(&self) -> &str {
         "Marks a checkpoint of the work."
     }
-    async fn execute(&self, ctx: &ToolContext<'_, A>, input: Note) -> Result<String, String> {
+    async fn execute(&self, ctx: &ToolContext<'_, A>, input: Note) -> Result<String, Error> {
         ctx.report_progress(Progress::milestone("checkpoint").data(json!({ "note": input.note })));
         Ok(format!("noted: {}", input.note))
     }
@@ -58,7 +58,7 @@ impl Agent for Desk {
         handler: &Value,
         run: &RunInfo,
         result: &RunResult,
-    ) -> Result<(), String> {
+    ) -> Result<(), Error> {
         self.delivered.borrow_mut().push((handler.clone(), run.run_id.clone(), result.clone()));
         Ok(())
     }
@@ -93,7 +93,7 @@ impl Agent for Writer {
         Tools::new().tool(Checkpoint)
     }
 
-    async fn run(&self, turn: &Turn<Self>) -> Result<TurnOutput, String> {
+    async fn run(&self, turn: &Turn<Self>) -> Result<TurnOutput, Error> {
         turn.report_progress(Progress::milestone("outlined"));
         turn.chat().await
     }

@@ -186,7 +186,7 @@ impl Agent for Assistant {
         handler: &Value,
         run: &RunInfo,
         result: &RunResult,
-    ) -> Result<(), String> {
+    ) -> Result<(), Error> {
         match serde_json::from_value::<DemoHandler>(handler.clone()) {
             Ok(DemoHandler::Record) => {
                 log_hook(host, &run.run_id, "detached", Some(result.status));
@@ -196,7 +196,7 @@ impl Agent for Assistant {
                 log_hook(host, &run.run_id, "detached-attempt", Some(result.status));
                 Err("the failing handler always fails".into())
             }
-            Err(e) => Err(format!("unknown handler {handler}: {e}")),
+            Err(e) => Err(format!("unknown handler {handler}: {e}").into()),
         }
     }
 
@@ -212,7 +212,7 @@ impl Agent for Assistant {
         }
     }
 
-    async fn call(&self, host: &AgentHost<Self>, method: &str, args: Vec<Value>) -> Result<Value, String> {
+    async fn call(&self, host: &AgentHost<Self>, method: &str, args: Vec<Value>) -> Result<Value, Error> {
         let arg = args.into_iter().next().unwrap_or(Value::Null);
         match method {
             "research" => research(host, arg).await,
@@ -237,18 +237,18 @@ impl Agent for Assistant {
             }
             "inspect" => {
                 let RunArg { run_id, .. } = rpc_arg("inspect", "{runId}", arg)?;
-                serde_json::to_value(host.inspect_agent_tool_run(&run_id)).map_err(|e| e.to_string())
+                serde_json::to_value(host.inspect_agent_tool_run(&run_id)).map_err(|e| Error::Failed(e.to_string()))
             }
             "chunks" => {
                 let RunArg { run_id, after, .. } = rpc_arg("chunks", "{runId, after?}", arg)?;
-                serde_json::to_value(host.get_agent_tool_chunks(&run_id, after).await).map_err(|e| e.to_string())
+                serde_json::to_value(host.get_agent_tool_chunks(&run_id, after).await).map_err(|e| Error::Failed(e.to_string()))
             }
             "ask" => ask(host, rpc_arg("ask", "{name, message?, turnId?, after?, stopAfter?}", arg)?).await,
             "schedule" => {
                 let task: ScheduledResearch =
-                    serde_json::from_value(arg).map_err(|e| format!("schedule expects {{inMs, topic, runId}}: {e}"))?;
+                    serde_json::from_value(arg).map_err(|e| Error::Invalid(format!("schedule expects {{inMs, topic, runId}}: {e}")))?;
                 if host.scheduled()?.len() >= DEMO_SCHEDULED_TASKS {
-                    return Err(format!("at most {DEMO_SCHEDULED_TASKS} scheduled tasks may wait at once"));
+                    return Err(format!("at most {DEMO_SCHEDULED_TASKS} scheduled tasks may wait at once").into());
                 }
                 let id = host.schedule_in(task.in_ms, &task).await?;
                 Ok(json!({ "taskId": id, "scheduled": host.scheduled()?.len() }))
@@ -261,10 +261,10 @@ impl Agent for Assistant {
                 let _ = sql.exec(HOOK_LOG, &[]);
                 let rows = sql
                     .exec("SELECT run_id, hook, status FROM demo_hook_log ORDER BY n", &[])
-                    .map_err(|e| e.to_string())?;
+                    .map_err(|e| Error::Failed(e.to_string()))?;
                 Ok(rows.iter().map(|r| json!({ "runId": r.text(0), "hook": r.text(1), "status": r.text(2) })).collect())
             }
-            other => Err(format!("Method {other} does not exist")),
+            other => Err(format!("Method {other} does not exist").into()),
         }
     }
 }
@@ -307,7 +307,7 @@ enum Child {
 impl Child {
     /// Checks a run's input against the schema of the tool the model dispatches this child with
     /// (the same check as a model's tool call); `Summarizer` has no tool, so any JSON input does.
-    fn check_input(self, input: &Value) -> Result<(), String> {
+    fn check_input(self, input: &Value) -> Result<(), Error> {
         match self {
             Child::Researcher => research_tool().check_input(input),
             Child::Summarizer => Ok(()),
@@ -332,10 +332,10 @@ async fn run_awaited(host: &AgentHost<Assistant>, child: Child, options: RunOpti
 
 /// Reads an RPC method's argument as `T`, strictly (no unknown fields, no wrong types): the
 /// error names the method and what was wrong.
-fn rpc_arg<T: serde::de::DeserializeOwned>(method: &str, shape: &str, arg: Value) -> Result<T, String> {
+fn rpc_arg<T: serde::de::DeserializeOwned>(method: &str, shape: &str, arg: Value) -> Result<T, Error> {
     // No argument at all reads as `{}`: what is required is then named as missing.
     let arg = if arg.is_null() { json!({}) } else { arg };
-    serde_json::from_value(arg).map_err(|e| format!("{method} expects {shape}: {e}"))
+    serde_json::from_value(arg).map_err(|e| Error::Invalid(format!("{method} expects {shape}: {e}")))
 }
 
 /// The argument of `cancel`, `inspect` and `chunks`: a run id (and what each takes besides).
@@ -370,7 +370,7 @@ struct AskArgs {
 /// row): `message` starts a turn and reads it (dropping it, which cancels it, after `stopAfter`
 /// chunks); `turnId` reads a turn again after log index `after`. Answers `{turnId, text,
 /// chunks, status, summary}` (`status` is `null` when the reading stopped first).
-async fn ask(host: &AgentHost<Assistant>, args: AskArgs) -> Result<Value, String> {
+async fn ask(host: &AgentHost<Assistant>, args: AskArgs) -> Result<Value, Error> {
     let sub = host.sub_agent::<Researcher>(&args.name);
     let mut turn = match (args.message, args.turn_id) {
         (Some(message), None) => sub.chat(message).await?,
@@ -417,7 +417,7 @@ const RESEARCH_SHAPE: &str =
 /// resolves with their results in order. `cancelAfterMs` cancels them all through their
 /// `signal` after that long (`0`: before they are dispatched). Every argument is checked, and
 /// every topic's input against the `research` tool's schema, before anything starts.
-async fn research(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, String> {
+async fn research(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, Error> {
     let args: ResearchArgs = match arg {
         Value::Array(_) => ResearchArgs {
             topics: rpc_arg("research", RESEARCH_SHAPE, arg)?,
@@ -472,7 +472,7 @@ async fn research(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, Stri
         run_awaited(host, args.agent, opts)
     });
     let results = join_all(runs).await;
-    serde_json::to_value(results).map_err(|e| e.to_string())
+    serde_json::to_value(results).map_err(|e| Error::Failed(e.to_string()))
 }
 
 /// `dispatch({...})`'s argument.
@@ -524,7 +524,7 @@ const DISPATCH_SHAPE: &str = "{agent: \"Researcher\"|\"Summarizer\", input, runI
 /// detached?})`: one run of any child class, with every option; detached runs return a handle
 /// at once. Every argument is checked, and the input against the child's tool schema, before
 /// anything starts.
-async fn dispatch(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, String> {
+async fn dispatch(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, Error> {
     let args: DispatchArgs = rpc_arg("dispatch", DISPATCH_SHAPE, arg)?;
     args.agent.check_input(&args.input)?;
     let options = RunOptions {
@@ -543,18 +543,18 @@ async fn dispatch(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, Stri
         Some(d) => Some(detached_options(rpc_arg("dispatch", DETACHED_SHAPE, d)?)?),
     };
     match detached {
-        None => serde_json::to_value(run_awaited(host, args.agent, options).await).map_err(|e| e.to_string()),
+        None => serde_json::to_value(run_awaited(host, args.agent, options).await).map_err(|e| Error::Failed(e.to_string())),
         Some(detached) => {
             let handle = match args.agent {
                 Child::Researcher => host.run_agent_tool_detached::<Researcher>(options, detached).await,
                 Child::Summarizer => host.run_agent_tool_detached::<Summarizer>(options, detached).await,
             };
-            serde_json::to_value(handle).map_err(|e| e.to_string())
+            serde_json::to_value(handle).map_err(|e| Error::Failed(e.to_string()))
         }
     }
 }
 
-fn detached_options(d: DetachedArgs) -> Result<DetachedOptions, String> {
+fn detached_options(d: DetachedArgs) -> Result<DetachedOptions, Error> {
     let (notify, notify_source) = match d.notify {
         None | Some(Value::Null) | Some(Value::Bool(false)) => (false, None),
         Some(Value::Bool(true)) => (true, None),
@@ -571,7 +571,7 @@ fn detached_options(d: DetachedArgs) -> Result<DetachedOptions, String> {
         }),
         Some(with) => Some(rpc_arg("dispatch", "detached.onMilestones: [names] or {names, mode}", with)?),
     };
-    let on_finish = d.on_finish.map(serde_json::to_value).transpose().map_err(|e| e.to_string())?;
+    let on_finish = d.on_finish.map(serde_json::to_value).transpose().map_err(|e| Error::Failed(e.to_string()))?;
     Ok(DetachedOptions {
         on_finish,
         notify,

@@ -23,31 +23,31 @@ use agent_tools::AgentClass;
 const TABLE: &str = "CREATE TABLE IF NOT EXISTS bench_rows (n INTEGER PRIMARY KEY, body TEXT NOT NULL)";
 
 /// Serves one `bench` call.
-pub(crate) async fn bench(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, String> {
+pub(crate) async fn bench(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, Error> {
     let (Some(env), Some(state)) = (host.env().worker(), host.state()) else {
         return Err("bench measures the Workers runtime: it runs in a Worker only".into());
     };
     let stub_named = |name: &str| {
         env.durable_object(<Researcher as AgentClass>::BINDING)
             .and_then(|ns| ns.id_from_name(name)?.get_stub())
-            .map_err(|e| e.to_string())
+            .map_err(|e| Error::Failed(e.to_string()))
     };
     let stub = || stub_named("bench-ping");
     match arg.get("op").and_then(Value::as_str) {
         Some("ping") => {
-            let mut resp = stub()?.fetch_with_str("https://bench/ping").await.map_err(|e| e.to_string())?;
+            let mut resp = stub()?.fetch_with_str("https://bench/ping").await.map_err(|e| Error::Failed(e.to_string()))?;
             Ok(json!({ "status": resp.status_code(), "bytes": resp.text().await.unwrap_or_default().len() }))
         }
         Some("ping-new") => {
             // A child object that did not exist: its creation (and its tables) included.
             let name = format!("bench-ping-{}", js_sys::Math::random());
-            let mut resp = stub_named(&name)?.fetch_with_str("https://bench/ping").await.map_err(|e| e.to_string())?;
+            let mut resp = stub_named(&name)?.fetch_with_str("https://bench/ping").await.map_err(|e| Error::Failed(e.to_string()))?;
             Ok(json!({ "status": resp.status_code(), "bytes": resp.text().await.unwrap_or_default().len() }))
         }
         Some("rpc") => {
             let stub: worker::wasm_bindgen::JsValue = stub()?.into_rpc();
-            let method = js_sys::Reflect::get(&stub, &"agentToolsPing".into()).map_err(|e| format!("{e:?}"))?;
-            let call = js_sys::Function::from(method).call0(&stub).map_err(|e| format!("{e:?}"))?;
+            let method = js_sys::Reflect::get(&stub, &"agentToolsPing".into()).map_err(|e| Error::Invalid(format!("{e:?}")))?;
+            let call = js_sys::Function::from(method).call0(&stub).map_err(|e| Error::Invalid(format!("{e:?}")))?;
             let outcome = worker::wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(call)).await;
             Ok(match outcome {
                 Ok(v) => json!({ "ok": v.as_string() }),
@@ -71,19 +71,19 @@ pub(crate) async fn bench(host: &AgentHost<Assistant>, arg: Value) -> Result<Val
             let n = arg.get("n").and_then(Value::as_u64).unwrap_or(10_000).min(1_000_000) as i64;
             let bytes = arg.get("bytes").and_then(Value::as_u64).unwrap_or(80).min(100_000) as usize;
             let sql = host.sql();
-            sql.exec(TABLE, &[]).map_err(|e| e.to_string())?;
-            sql.exec("DELETE FROM bench_rows", &[]).map_err(|e| e.to_string())?;
+            sql.exec(TABLE, &[]).map_err(|e| Error::Failed(e.to_string()))?;
+            sql.exec("DELETE FROM bench_rows", &[]).map_err(|e| Error::Failed(e.to_string()))?;
             let body: SqlValue = "x".repeat(bytes).into();
             sql.exec(
                 "WITH RECURSIVE k(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM k WHERE n < ?) \
                  INSERT INTO bench_rows (n, body) SELECT n, ? FROM k",
                 &[n.into(), body],
             )
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Error::Failed(e.to_string()))?;
             Ok(json!({ "seeded": n }))
         }
         Some("read") => {
-            let rows = host.sql().exec("SELECT n, body FROM bench_rows ORDER BY n", &[]).map_err(|e| e.to_string())?;
+            let rows = host.sql().exec("SELECT n, body FROM bench_rows ORDER BY n", &[]).map_err(|e| Error::Failed(e.to_string()))?;
             let sockets = state.get_websockets();
             for row in &rows {
                 let frame = json!({ "type": "bench-read", "sequence": row.int(0),

@@ -117,7 +117,7 @@ impl Agent for Researcher {
         Some(json!({ "topic": topic, "findings": findings, "words": findings.split_whitespace().count() }))
     }
 
-    async fn run(&self, turn: &Turn<Self>) -> Result<TurnOutput, String> {
+    async fn run(&self, turn: &Turn<Self>) -> Result<TurnOutput, Error> {
         // Two word-delays between the research phases, at the pace the model streams.
         let delay = match paced_model(turn.env(), Some(turn.input())).map(|m| m.provider) {
             Ok(ModelProvider::Offline(pace)) => pace.delay_ms,

@@ -28,6 +28,7 @@ use crate::parent::registry::{Registry, ReplayCursor};
 use crate::protocol::rpc::RpcResponse;
 use crate::routing::{kebab_case, parse_agent_path, AgentPath, RequestUrl};
 use crate::schedule::Schedule;
+use crate::error::Error;
 use crate::store::{meta, Sql, StoreError};
 use crate::tools::Tools;
 use crate::types::{AgentToolOptions, RunResult, ScheduledTask};
@@ -214,24 +215,25 @@ impl<A: Agent> AgentHost<A> {
     /// Schedules [`Agent::on_schedule`] with `payload` at `at` (epoch ms; the past means now).
     /// Durable: it survives restarts and shares the agent's one alarm with the engine. Returns
     /// the task's id.
-    pub async fn schedule<T: serde::Serialize>(&self, at: i64, payload: &T) -> Result<String, String> {
-        let payload = serde_json::to_string(payload).map_err(|e| format!("the payload does not serialize: {e}"))?;
-        self.host.schedule(at, payload).await
+    pub async fn schedule<T: serde::Serialize>(&self, at: i64, payload: &T) -> Result<String, Error> {
+        let payload = serde_json::to_string(payload)
+            .map_err(|e| Error::Invalid(format!("the payload does not serialize: {e}")))?;
+        self.host.schedule(at, payload).await.map_err(Error::Storage)
     }
 
     /// Schedules a task `delay_ms` from now (see [`AgentHost::schedule`]).
-    pub async fn schedule_in<T: serde::Serialize>(&self, delay_ms: u64, payload: &T) -> Result<String, String> {
+    pub async fn schedule_in<T: serde::Serialize>(&self, delay_ms: u64, payload: &T) -> Result<String, Error> {
         self.schedule(self.host.now().saturating_add(delay_ms as i64), payload).await
     }
 
     /// Cancels a scheduled task. Returns whether it was still pending.
-    pub fn cancel_schedule(&self, id: &str) -> Result<bool, String> {
-        self.host.cancel_schedule(id)
+    pub fn cancel_schedule(&self, id: &str) -> Result<bool, Error> {
+        self.host.cancel_schedule(id).map_err(Error::Storage)
     }
 
     /// The tasks not yet run, soonest first.
-    pub fn scheduled(&self) -> Result<Vec<ScheduledTask>, String> {
-        self.host.scheduled()
+    pub fn scheduled(&self) -> Result<Vec<ScheduledTask>, Error> {
+        self.host.scheduled().map_err(Error::Storage)
     }
 }
 

@@ -105,7 +105,7 @@ impl<A: Agent> Hooks for Parts<A> {
         args: Vec<Value>,
     ) -> LocalFuture<'a, Result<Value, String>> {
         let host = self.typed(host);
-        Box::pin(async move { host.parts.agent.call(&host, method, args).await })
+        Box::pin(async move { host.parts.agent.call(&host, method, args).await.map_err(|e| e.to_string()) })
     }
 
     fn on_request(self: Rc<Self>, host: &Host, request: HttpRequest) -> LocalFuture<'static, HttpResponse> {
@@ -155,7 +155,7 @@ impl<A: Agent> Hooks for Parts<A> {
         result: &'a RunResult,
     ) -> LocalFuture<'a, Result<(), String>> {
         let host = self.typed(host);
-        Box::pin(async move { host.parts.agent.on_detached_finish(&host, handler, run, result).await })
+        Box::pin(async move { host.parts.agent.on_detached_finish(&host, handler, run, result).await.map_err(|e| e.to_string()) })
     }
 
     fn format_detached_completion(&self, run: &RunInfo, result: &RunResult) -> String {
@@ -213,6 +213,6 @@ impl<A: Agent> Hooks for Parts<A> {
         cancel: CancelToken,
     ) -> LocalFuture<'static, Result<TurnOutput, String>> {
         let turn = Turn::new(self.typed(host), run_id, input, attempt, cancel);
-        Box::pin(async move { turn.host().parts.agent.run(&turn).await })
+        Box::pin(async move { turn.host().parts.agent.run(&turn).await.map_err(|e| e.to_string()) })
     }
 }

@@ -8,6 +8,7 @@
 use schemars::JsonSchema;
 use serde_json::{json, Value};
 
+use crate::error::Error;
 use crate::llm::{ToolCall, ToolSpec};
 use crate::types::{AgentClass, RunOptions, RunResult, RunStatus};
 
@@ -148,10 +149,11 @@ impl AgentTool {
         (!d.is_empty()).then_some(Value::Object(d))
     }
 
-    /// Validates a call's input: `Err` is the tool error the model receives.
-    pub fn check_input(&self, input: &Value) -> Result<(), String> {
+    /// Validates a call's input: an [`Error::Invalid`] whose message is the tool error the
+    /// model receives.
+    pub fn check_input(&self, input: &Value) -> Result<(), Error> {
         crate::schema::validate(&self.input_schema, input)
-            .map_err(|e| format!("Invalid input for tool {}: {e}", self.name))
+            .map_err(|e| Error::Invalid(format!("Invalid input for tool {}: {e}", self.name)))
     }
 
     /// The dispatch options of a call, `order`-th of its step.
@@ -220,9 +222,9 @@ mod tests {
         assert_eq!(t.check_input(&json!({"query": "HTTP/3"})), Ok(()));
         assert_eq!(
             t.check_input(&json!({"query": "ab"})),
-            Err("Invalid input for tool research: /query: must be at least 3 characters long".into())
+            Err(Error::Invalid("Invalid input for tool research: /query: must be at least 3 characters long".into()))
         );
-        assert!(t.check_input(&json!({})).unwrap_err().contains("/query: is required"));
+        assert!(t.check_input(&json!({})).unwrap_err().to_string().contains("/query: is required"));
     }
 
     #[test]

@@ -368,14 +368,15 @@ impl Client {
         Some(ChatReply { text: text_of(&message), message, error: response.error.clone(), done: response.done })
     }
 
-    /// Calls the agent's RPC method `method` ([`crate::Agent::call`]) and waits for its answer.
-    pub fn call(&self, method: &str, args: Vec<Value>) -> Result<Value, String> {
+    /// Calls the agent's RPC method `method` ([`crate::Agent::call`]) and waits for its answer:
+    /// a rejected call is an [`crate::Error::Failed`] with the message the client got.
+    pub fn call(&self, method: &str, args: Vec<Value>) -> Result<Value, crate::Error> {
         let id = self.id("rpc");
         self.send(&json!({ "type": "rpc", "id": id, "method": method, "args": args }));
         let inbox = self.inbox.clone();
         let done = self.world().run_until(&mut || inbox.rpc.borrow().contains_key(&id));
         assert!(done, "no answer to the RPC call {method} within the wait limit");
-        self.inbox.rpc.borrow_mut().remove(&id).expect("an answer")
+        self.inbox.rpc.borrow_mut().remove(&id).expect("an answer").map_err(crate::Error::Failed)
     }
 
     /// Closes the connection (code 1000); the client does not reconnect.

@@ -66,8 +66,8 @@ impl<S: Fn(World) -> World> Simulation<S> {
     }
 
     /// An invariant of the test's own, checked at the end of every schedule.
-    pub fn check(mut self, check: impl Fn(&World) -> Result<(), String> + 'static) -> Self {
-        self.checks.push(Box::new(check));
+    pub fn check<E: std::fmt::Display>(mut self, check: impl Fn(&World) -> Result<(), E> + 'static) -> Self {
+        self.checks.push(Box::new(move |world| check(world).map_err(|e| e.to_string())));
         self
     }
 
@@ -169,7 +169,7 @@ pub(crate) fn check_end(world: &World) -> Result<(), String> {
         }
         let class = world.class_name(&object.binding).unwrap_or_default();
         let path = format!("/agents/{}/{}", crate::routing::kebab_case(class), object.name);
-        let late = world.try_connect(&path)?;
+        let late = world.try_connect(&path).map_err(|e| e.to_string())?;
         world.settle();
         let expected = runs_by_id(&late.runs(), &retained);
         for client in clients {

@@ -301,11 +301,12 @@ impl World {
     }
 
     /// Connects a client to `path`; a refusal is its HTTP status and body, or the close code
-    /// and reason of a socket accepted and closed at once. As `useAgentChat` does, the client
-    /// then loads the transcript with `GET <path>/get-messages`.
-    pub fn try_connect(&self, path: &str) -> Result<Client, String> {
+    /// and reason of a socket accepted and closed at once (an [`crate::Error::Unavailable`]).
+    /// As `useAgentChat` does, the client then loads the transcript with
+    /// `GET <path>/get-messages`.
+    pub fn try_connect(&self, path: &str) -> Result<Client, crate::Error> {
         let inbox = Inbox::new(&self.0, path);
-        self.0.upgrade(&inbox)?;
+        self.0.upgrade(&inbox).map_err(crate::Error::Unavailable)?;
         let messages = self.get(&format!("{}/get-messages", path.trim_end_matches('/')));
         if let Ok(serde_json::Value::Array(messages)) = serde_json::from_slice(messages.body()) {
             inbox.set_transcript(messages);

@@ -403,8 +403,8 @@ pub struct ScheduledTask {
 
 impl ScheduledTask {
     /// The payload as the type it was scheduled with.
-    pub fn payload<T: serde::de::DeserializeOwned>(&self) -> Result<T, String> {
-        serde_json::from_value(self.payload.clone()).map_err(|e| format!("task {} payload: {e}", self.id))
+    pub fn payload<T: serde::de::DeserializeOwned>(&self) -> Result<T, crate::Error> {
+        serde_json::from_value(self.payload.clone()).map_err(|e| crate::Error::Invalid(format!("task {} payload: {e}", self.id)))
     }
 }
 

@@ -72,10 +72,10 @@ impl Tool<Planner> for WordCount {
     fn description(&self) -> &str {
         "Counts the words of a text."
     }
-    async fn execute(&self, _ctx: &ToolContext<'_, Planner>, input: Text) -> Result<usize, String> {
+    async fn execute(&self, _ctx: &ToolContext<'_, Planner>, input: Text) -> Result<usize, Error> {
         let words = input.text.split_whitespace().filter(|w| w.chars().any(char::is_alphabetic)).count();
         if words == 0 {
-            return Err(format!("no words in {:?}", input.text)); // the model gets the failure envelope
+            return Err(format!("no words in {:?}", input.text).into()); // the model gets the failure envelope
         }
         Ok(words)
     }

@@ -8,6 +8,7 @@ use crate::cancel::{CancelToken, Cancelled};
 use crate::chat::message::text_of;
 use crate::chat::store::Messages;
 use crate::chat::turn::DynModel;
+use crate::error::Error;
 use crate::child::progress::Report;
 use crate::host::chat::{ChatEnd, TurnSpec};
 use crate::host::tools::HostTools;
@@ -111,19 +112,19 @@ impl<A: Agent> Turn<A> {
     /// Runs the run as a chat turn: the input becomes a user message
     /// ([`Agent::format_agent_tool_input`]), the agent's model answers (with its tools), and the
     /// summary and output come from the assistant message.
-    pub async fn chat(&self) -> Result<TurnOutput, String> {
+    pub async fn chat(&self) -> Result<TurnOutput, Error> {
         let host = &self.host;
         let inner = &host.host.0;
         let agent = &host.parts.agent;
         let user = agent.format_agent_tool_input(&self.input, &self.run_id);
-        Messages::new(inner.io.sql()).upsert(&user, inner.io.now()).map_err(|e| e.to_string())?;
+        Messages::new(inner.io.sql()).upsert(&user, inner.io.now())?;
         inner.chat.broadcast_transcript(None);
         let scripted = inner.io.model();
         let own;
         let model: &dyn DynModel = match &scripted {
             Some(model) => &**model,
             None => {
-                own = agent.model(inner.io.env(), Some(&self.input)).map_err(|e| e.to_string())?;
+                own = agent.model(inner.io.env(), Some(&self.input))?;
                 &own
             }
         };
@@ -152,8 +153,8 @@ impl<A: Agent> Turn<A> {
                 let summary = agent.get_agent_tool_summary(&text_of(&message), output.as_ref());
                 Ok(TurnOutput { summary, output })
             }
-            ChatEnd::Error(e) => Err(e),
-            ChatEnd::Aborted(reason) => Err(reason.unwrap_or_else(|| "cancelled".into())),
+            ChatEnd::Error(e) => Err(Error::Failed(e)),
+            ChatEnd::Aborted(reason) => Err(Error::Cancelled(reason.unwrap_or_else(|| "cancelled".into()))),
         }
     }
 }

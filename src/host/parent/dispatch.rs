@@ -8,6 +8,7 @@ use futures::StreamExt;
 use serde_json::Value;
 
 use crate::agent::Agent;
+use crate::error::Error;
 use crate::host::core::{missing_binding, AgentHost, Host};
 use crate::host::{ChildCall, ChildReply};
 use crate::parent::agent_tool::ChildRef;
@@ -67,10 +68,10 @@ impl<A: Agent> AgentHost<A> {
     ///         handler: &Value,
     ///         run: &RunInfo,
     ///         result: &RunResult,
-    ///     ) -> Result<(), String> {
+    ///     ) -> Result<(), Error> {
     ///         match serde_json::from_value(handler.clone()) {
     ///             Ok(Handler::ImportDone) => Ok(println!("{} ended {:?}", run.run_id, result.status)),
-    ///             Err(e) => Err(format!("unknown handler {handler}: {e}")), // retried, then dead-lettered
+    ///             Err(e) => Err(format!("unknown handler {handler}: {e}").into()), // retried, then dead-lettered
     ///         }
     ///     }
     /// }
@@ -92,14 +93,14 @@ impl<A: Agent> AgentHost<A> {
     /// Cancels a run: the child stops its turn, the run ends `aborted`, and a caller waiting on
     /// it gets the result at once. Idempotent: an unknown or finished run is left as it is. An
     /// `Err` says storage failed and nothing changed.
-    pub async fn cancel_agent_tool(&self, run_id: &str, reason: Option<String>) -> Result<(), String> {
-        self.host.cancel_agent_tool(run_id, reason).await
+    pub async fn cancel_agent_tool(&self, run_id: &str, reason: Option<String>) -> Result<(), Error> {
+        self.host.cancel_agent_tool(run_id, reason).await.map_err(Error::Storage)
     }
 
     /// Removes retained runs: cancels the live ones, deletes each child's storage and this
     /// agent's rows and frames. Cleared runs never replay again. Returns the cleared run ids.
-    pub async fn clear_agent_tool_runs(&self, filter: &ClearFilter) -> Result<Vec<String>, String> {
-        self.host.clear_agent_tool_runs(filter).await
+    pub async fn clear_agent_tool_runs(&self, filter: &ClearFilter) -> Result<Vec<String>, Error> {
+        self.host.clear_agent_tool_runs(filter).await.map_err(Error::Storage)
     }
 
     // ----- read-only views --------------------------------------------------------------

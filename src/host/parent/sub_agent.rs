@@ -11,6 +11,7 @@ use futures::StreamExt;
 use serde_json::Value;
 
 use crate::agent::Agent;
+use crate::error::Error;
 use crate::host::core::{AgentHost, Host};
 use crate::host::io::ByteStream;
 use crate::host::{ChildCall, ChildReply};
@@ -80,7 +81,7 @@ impl<A: Agent> AgentHost<A> {
     /// # impl Agent for Researcher {}
     /// # agent_tools::durable_object!(Researcher);
     /// /// Asks the `notes` researcher and returns its answer, forwarding each piece of text.
-    /// async fn ask<A: Agent>(host: &AgentHost<A>, question: &str) -> Result<String, String> {
+    /// async fn ask<A: Agent>(host: &AgentHost<A>, question: &str) -> Result<String, Error> {
     ///     let mut turn = host.sub_agent::<Researcher>("notes").chat(question).await?;
     ///     while let Some(chunk) = turn.next().await {
     ///         if let Some(delta) = chunk?.chunk["delta"].as_str() {
@@ -113,7 +114,7 @@ impl<C: AgentClass> SubAgentStub<C> {
     /// Starts one chat turn with `input` (a string is the user's message; anything else goes
     /// through the child's `format_agent_tool_input`) and streams it. An error means the turn
     /// did not start (the child could not be reached, or refused).
-    pub async fn chat(&self, input: impl Into<Value>) -> Result<ChatStream, String> {
+    pub async fn chat(&self, input: impl Into<Value>) -> Result<ChatStream, Error> {
         let turn = format!("chat:{}", self.host.0.io.random_id());
         let start = StartRequest {
             run_id: turn.clone(),
@@ -129,12 +130,12 @@ impl<C: AgentClass> SubAgentStub<C> {
 
     /// The chunks of chat turn `turn` (its [`ChatStream::turn_id`]) after log index `after`,
     /// then the rest as it streams: the caller's replay after a reconnect or a restart.
-    pub async fn resume(&self, turn: &str, after: i64) -> Result<ChatStream, String> {
+    pub async fn resume(&self, turn: &str, after: i64) -> Result<ChatStream, Error> {
         self.stream(turn.to_owned(), ChildCall::Tail { run_id: turn.to_owned(), after }).await
     }
 
-    async fn stream(&self, turn: String, call: ChildCall) -> Result<ChatStream, String> {
-        match self.host.0.io.call_child(&self.to, call).await? {
+    async fn stream(&self, turn: String, call: ChildCall) -> Result<ChatStream, Error> {
+        match self.host.0.io.call_child(&self.to, call).await.map_err(Error::Unavailable)? {
             ChildReply::Tail(body) => Ok(ChatStream {
                 host: self.host.clone(),
                 to: self.to.clone(),
@@ -144,8 +145,10 @@ impl<C: AgentClass> SubAgentStub<C> {
                 ready: VecDeque::new(),
                 outcome: None,
             }),
-            ChildReply::Refused { status, body } => Err(format!("{} refused the chat ({status}): {body}", C::CLASS)),
-            _ => Err(format!("{} answered out of turn", C::CLASS)),
+            ChildReply::Refused { status, body } => {
+                Err(Error::Unavailable(format!("{} refused the chat ({status}): {body}", C::CLASS)))
+            }
+            _ => Err(Error::Unavailable(format!("{} answered out of turn", C::CLASS))),
         }
     }
 }
@@ -158,7 +161,7 @@ impl ChatStream {
 
     /// The next chunk, `None` once the turn ended (or the stream broke: then
     /// [`Self::outcome`] is `None`). A chunk that cannot be read is an `Err`; reading may go on.
-    pub async fn next(&mut self) -> Option<Result<ChatChunk, String>> {
+    pub async fn next(&mut self) -> Option<Result<ChatChunk, Error>> {
         loop {
             if let Some(chunk) = self.ready.pop_front() {
                 return Some(Ok(chunk));
@@ -167,7 +170,7 @@ impl ChatStream {
                 Some(Ok(bytes)) => bytes,
                 Some(Err(e)) => {
                     self.body = None;
-                    return Some(Err(e));
+                    return Some(Err(Error::Unavailable(e)));
                 }
                 None => {
                     self.body = None;
@@ -178,14 +181,14 @@ impl ChatStream {
                 Ok(lines) => lines,
                 Err(too_long) => {
                     self.body = None;
-                    return Some(Err(too_long.to_string()));
+                    return Some(Err(Error::Unavailable(too_long.to_string())));
                 }
             };
             for line in lines {
                 match line {
                     Ok(TailLine::Chunk { i, b, .. }) => match serde_json::from_str(&b) {
                         Ok(chunk) => self.ready.push_back(ChatChunk { index: i, chunk }),
-                        Err(e) => return Some(Err(format!("a chunk that is not JSON: {e}"))),
+                        Err(e) => return Some(Err(Error::Unavailable(format!("a chunk that is not JSON: {e}")))),
                     },
                     Ok(TailLine::End { outcome }) => {
                         self.outcome = Some(ChatOutcome {
@@ -201,7 +204,7 @@ impl ChatStream {
                         });
                         self.body = None;
                     }
-                    Err(e) => return Some(Err(e)),
+                    Err(e) => return Some(Err(Error::Unavailable(e))),
                 }
             }
         }
