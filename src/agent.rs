@@ -263,6 +263,7 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
 /// Why [`Agent::authorize`] turned a request away: an HTTP status (401, 403, …) and a message
 /// for the client.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Refusal {
     /// The HTTP status; a WebSocket is closed with `4000 + status`.
     pub status: u16,
@@ -291,6 +292,7 @@ impl Refusal {
 /// A drill-in target: the child class and the run id (its instance name) a
 /// `/sub/<child>/<name>` path names.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SubAgent {
     /// The child class, as recorded for the run (`Researcher`); the kebab-case of the path
     /// segment when no run matches.

@@ -341,8 +341,8 @@ pub mod limits {
 /// What an agent author needs: `use agent_tools::prelude::*;`.
 pub mod prelude {
     pub use crate::{
-        Agent, AgentHost, AgentTool, AgentToolOptions, CancelToken, DetachedOptions, Error, Progress, RunOptions, RunResult,
-        RunStatus, Tool, ToolContext, Tools, Turn, TurnOutput,
+        Agent, AgentHost, AgentTool, AgentToolOptions, CancelToken, DetachedOptions, Error, Progress, RunOptions,
+        RunResult, RunStatus, Tool, ToolContext, Tools, Turn, TurnOutput,
     };
 }
 

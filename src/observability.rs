@@ -10,6 +10,7 @@ use serde_json::Value;
 
 /// What happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub enum EventType {
     /// Recovery started on a fresh instance; payload `{runs}`.
     #[serde(rename = "agent_tool:recovery:begin")]
@@ -80,6 +81,7 @@ pub enum EventType {
 
 /// One event.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct ObservabilityEvent {
     /// What happened.
     #[serde(rename = "type")]

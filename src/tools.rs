@@ -309,7 +309,10 @@ mod tests {
     #[test]
     fn bad_declarations_fail_early_and_clearly() {
         let twice: Tools<Parent> = Tools::new().agent(agent_tool("count")).tool(Count("count"));
-        assert_eq!(twice.check(), Err(Error::Config("two tools are named \"count\"; tool names must be unique".into())));
+        assert_eq!(
+            twice.check(),
+            Err(Error::Config("two tools are named \"count\"; tool names must be unique".into()))
+        );
         let spaced: Tools<Parent> = Tools::new().tool(Count("count words"));
         assert!(spaced.check().unwrap_err().to_string().contains("must be 1 to 64 characters of [a-zA-Z0-9_-]"));
         let unchecked: Tools<Parent> =

@@ -9,7 +9,7 @@ use std::cell::{Cell, RefCell};
 use agent_tools::model::ModelMessage;
 use agent_tools::prelude::*;
 use agent_tools::testing::{Client, ObjectRef, ScriptedModel, Step, World};
-use agent_tools::{DetachedHandle, EventDelivery, Milestone, MilestoneMode, OnMilestones, RunInfo};
+use agent_tools::{DetachedHandle, EventDelivery, Milestone, OnMilestones, RunInfo};
 use serde_json::{json, Value};
 
 // ----- the agents ---------------------------------------------------------------------------
@@ -300,7 +300,7 @@ fn an_empty_completion_notice_posts_nothing_and_settles_the_delivery() {
     let writer = ScriptedModel::new().step(Step::new().text("A draft."));
     let world = worker().model::<QuietDesk>(quiet.clone()).model::<Writer>(writer);
     let options = RunOptions::new(json!("a draft")).run_id("n1");
-    detach::<QuietDesk>(&world, "di", options, DetachedOptions { notify: true, ..Default::default() });
+    detach::<QuietDesk>(&world, "di", options, DetachedOptions::default().notify());
     assert!(world.run_until(|| row::<QuietDesk>(&world, "di", "n1").status == RunStatus::Completed));
     world.advance(10 * 60_000);
     let host = world.host::<QuietDesk>("di");
@@ -320,7 +320,7 @@ fn on_finish_takes_precedence_over_notify() {
     let desk = ScriptedModel::new();
     let writer = ScriptedModel::new().step(Step::new().text("A draft."));
     let world = worker().model::<Desk>(desk.clone()).model::<Writer>(writer);
-    let detached = DetachedOptions { on_finish: Some(json!("drafts")), notify: true, ..Default::default() };
+    let detached = DetachedOptions::default().on_finish(json!("drafts")).notify();
     detach::<Desk>(&world, "ed", RunOptions::new(json!("a draft")).run_id("f1"), detached);
     world.settle();
     let host = world.host::<Desk>("ed");
@@ -407,8 +407,7 @@ fn a_react_milestone_posts_a_user_message_and_runs_a_model_turn_once() {
     let desk = ScriptedModel::new().otherwise(|_| Step::new().text("Good to know."));
     let writer = ScriptedModel::new().step(Step::new().words("one two three", 1_000));
     let world = worker().model::<Desk>(desk.clone()).model::<Writer>(writer);
-    let on_milestones = OnMilestones { names: vec!["outlined".into()], mode: MilestoneMode::React };
-    let detached = DetachedOptions { on_milestones: Some(on_milestones), ..Default::default() };
+    let detached = DetachedOptions::default().on_milestones(OnMilestones::react(["outlined"]));
     detach::<Desk>(&world, "hal", RunOptions::new(json!("count")).run_id("r1"), detached);
     world.settle();
     let notice = "Background task \"Writer\" (run r1) reached milestone \"outlined\".";
@@ -432,8 +431,7 @@ fn an_empty_milestone_notice_posts_nothing_and_is_not_offered_again() {
     let quiet = ScriptedModel::new();
     let writer = ScriptedModel::new().step(Step::new().words("one two three four", 20_000));
     let world = worker().model::<QuietDesk>(quiet.clone()).model::<Writer>(writer);
-    let on_milestones = OnMilestones { names: vec!["outlined".into()], mode: MilestoneMode::Narrate };
-    let detached = DetachedOptions { on_milestones: Some(on_milestones), ..Default::default() };
+    let detached = DetachedOptions::default().on_milestones(OnMilestones::narrate(["outlined"]));
     detach::<QuietDesk>(&world, "ida", RunOptions::new(json!("count")).run_id("q1"), detached);
     world.settle();
     let host = world.host::<QuietDesk>("ida");

@@ -241,12 +241,13 @@ impl Agent for Assistant {
             }
             "chunks" => {
                 let RunArg { run_id, after, .. } = rpc_arg("chunks", "{runId, after?}", arg)?;
-                serde_json::to_value(host.get_agent_tool_chunks(&run_id, after).await).map_err(|e| Error::Failed(e.to_string()))
+                serde_json::to_value(host.get_agent_tool_chunks(&run_id, after).await)
+                    .map_err(|e| Error::Failed(e.to_string()))
             }
             "ask" => ask(host, rpc_arg("ask", "{name, message?, turnId?, after?, stopAfter?}", arg)?).await,
             "schedule" => {
-                let task: ScheduledResearch =
-                    serde_json::from_value(arg).map_err(|e| Error::Invalid(format!("schedule expects {{inMs, topic, runId}}: {e}")))?;
+                let task: ScheduledResearch = serde_json::from_value(arg)
+                    .map_err(|e| Error::Invalid(format!("schedule expects {{inMs, topic, runId}}: {e}")))?;
                 if host.scheduled()?.len() >= DEMO_SCHEDULED_TASKS {
                     return Err(format!("at most {DEMO_SCHEDULED_TASKS} scheduled tasks may wait at once").into());
                 }
@@ -543,7 +544,9 @@ async fn dispatch(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, Erro
         Some(d) => Some(detached_options(rpc_arg("dispatch", DETACHED_SHAPE, d)?)?),
     };
     match detached {
-        None => serde_json::to_value(run_awaited(host, args.agent, options).await).map_err(|e| Error::Failed(e.to_string())),
+        None => {
+            serde_json::to_value(run_awaited(host, args.agent, options).await).map_err(|e| Error::Failed(e.to_string()))
+        }
         Some(detached) => {
             let handle = match args.agent {
                 Child::Researcher => host.run_agent_tool_detached::<Researcher>(options, detached).await,

@@ -35,18 +35,23 @@ pub(crate) async fn bench(host: &AgentHost<Assistant>, arg: Value) -> Result<Val
     let stub = || stub_named("bench-ping");
     match arg.get("op").and_then(Value::as_str) {
         Some("ping") => {
-            let mut resp = stub()?.fetch_with_str("https://bench/ping").await.map_err(|e| Error::Failed(e.to_string()))?;
+            let mut resp =
+                stub()?.fetch_with_str("https://bench/ping").await.map_err(|e| Error::Failed(e.to_string()))?;
             Ok(json!({ "status": resp.status_code(), "bytes": resp.text().await.unwrap_or_default().len() }))
         }
         Some("ping-new") => {
             // A child object that did not exist: its creation (and its tables) included.
             let name = format!("bench-ping-{}", js_sys::Math::random());
-            let mut resp = stub_named(&name)?.fetch_with_str("https://bench/ping").await.map_err(|e| Error::Failed(e.to_string()))?;
+            let mut resp = stub_named(&name)?
+                .fetch_with_str("https://bench/ping")
+                .await
+                .map_err(|e| Error::Failed(e.to_string()))?;
             Ok(json!({ "status": resp.status_code(), "bytes": resp.text().await.unwrap_or_default().len() }))
         }
         Some("rpc") => {
             let stub: worker::wasm_bindgen::JsValue = stub()?.into_rpc();
-            let method = js_sys::Reflect::get(&stub, &"agentToolsPing".into()).map_err(|e| Error::Invalid(format!("{e:?}")))?;
+            let method =
+                js_sys::Reflect::get(&stub, &"agentToolsPing".into()).map_err(|e| Error::Invalid(format!("{e:?}")))?;
             let call = js_sys::Function::from(method).call0(&stub).map_err(|e| Error::Invalid(format!("{e:?}")))?;
             let outcome = worker::wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(call)).await;
             Ok(match outcome {
@@ -83,7 +88,10 @@ pub(crate) async fn bench(host: &AgentHost<Assistant>, arg: Value) -> Result<Val
             Ok(json!({ "seeded": n }))
         }
         Some("read") => {
-            let rows = host.sql().exec("SELECT n, body FROM bench_rows ORDER BY n", &[]).map_err(|e| Error::Failed(e.to_string()))?;
+            let rows = host
+                .sql()
+                .exec("SELECT n, body FROM bench_rows ORDER BY n", &[])
+                .map_err(|e| Error::Failed(e.to_string()))?;
             let sockets = state.get_websockets();
             for row in &rows {
                 let frame = json!({ "type": "bench-read", "sequence": row.int(0),

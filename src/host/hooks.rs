@@ -155,7 +155,9 @@ impl<A: Agent> Hooks for Parts<A> {
         result: &'a RunResult,
     ) -> LocalFuture<'a, Result<(), String>> {
         let host = self.typed(host);
-        Box::pin(async move { host.parts.agent.on_detached_finish(&host, handler, run, result).await.map_err(|e| e.to_string()) })
+        Box::pin(async move {
+            host.parts.agent.on_detached_finish(&host, handler, run, result).await.map_err(|e| e.to_string())
+        })
     }
 
     fn format_detached_completion(&self, run: &RunInfo, result: &RunResult) -> String {

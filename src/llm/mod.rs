@@ -46,6 +46,7 @@ use serde_json::Value;
 
 /// A tool call the model made.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ToolCall {
     /// Provider-assigned id (`call_…`), unique within the conversation.
     pub id: String,
@@ -55,8 +56,16 @@ pub struct ToolCall {
     pub input: Value,
 }
 
+impl ToolCall {
+    /// A call of tool `name` with `input`, under the provider's id.
+    pub fn new(id: impl Into<String>, name: impl Into<String>, input: Value) -> Self {
+        Self { id: id.into(), name: name.into(), input }
+    }
+}
+
 /// One message of the conversation, in the shape every provider maps from.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum ModelMessage {
     /// Instructions.
     System(String),
@@ -82,6 +91,7 @@ pub enum ModelMessage {
 
 /// A tool as the model sees it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct ToolSpec {
     /// Name the model calls it by.
     pub name: String,
@@ -91,8 +101,16 @@ pub struct ToolSpec {
     pub input_schema: Value,
 }
 
+impl ToolSpec {
+    /// A tool as the model sees it.
+    pub fn new(name: impl Into<String>, description: impl Into<String>, input_schema: Value) -> Self {
+        Self { name: name.into(), description: description.into(), input_schema }
+    }
+}
+
 /// What a model is asked.
 #[derive(Debug, Clone, PartialEq, Default)]
+#[non_exhaustive]
 pub struct ModelRequest {
     /// The conversation so far.
     pub messages: Vec<ModelMessage>,
@@ -102,6 +120,7 @@ pub struct ModelRequest {
 
 /// What a model streams.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum ModelEvent {
     /// A piece of text.
     TextDelta(String),
@@ -137,6 +156,7 @@ pub trait EventDecoder {
 
 /// A tool call whose arguments were not valid JSON.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct InvalidToolCall {
     /// Call id.
     pub id: String,
@@ -148,8 +168,28 @@ pub struct InvalidToolCall {
     pub error: String,
 }
 
+impl ModelRequest {
+    /// A request with this conversation and these tools.
+    pub fn new(messages: Vec<ModelMessage>, tools: Vec<ToolSpec>) -> Self {
+        Self { messages, tools }
+    }
+}
+
+impl InvalidToolCall {
+    /// A call of `name` whose argument text `raw` failed to parse with `error`.
+    pub fn new(
+        id: impl Into<String>,
+        name: impl Into<String>,
+        raw: impl Into<String>,
+        error: impl Into<String>,
+    ) -> Self {
+        Self { id: id.into(), name: name.into(), raw: raw.into(), error: error.into() }
+    }
+}
+
 /// Why a model call failed. Each ends the turn with an error part.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum ModelError {
     /// The provider answered with an HTTP error. Its body can hold what clients must not see
     /// (an OpenAI 401 quotes the masked key): it goes to the Worker's log under `id`, and the

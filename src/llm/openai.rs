@@ -10,6 +10,7 @@ use super::{EventDecoder, InvalidToolCall, ModelError, ModelEvent, ModelMessage,
 
 /// Where and what to call. Its `Debug` never shows the key.
 #[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct OpenAiConfig {
     /// Base URL up to and including the API version, e.g. `https://api.openai.com/v1`.
     pub base_url: String,
@@ -33,6 +34,24 @@ impl std::fmt::Debug for OpenAiConfig {
 }
 
 impl OpenAiConfig {
+    /// `model` at `base_url` (up to and including the API version), no key, a 30 s stall
+    /// timeout.
+    pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
+        Self { base_url: base_url.into(), api_key: None, model: model.into(), stall_timeout_ms: 30_000 }
+    }
+
+    /// With this bearer token.
+    pub fn api_key(mut self, key: impl Into<String>) -> Self {
+        self.api_key = Some(key.into());
+        self
+    }
+
+    /// Giving up when no byte arrives for `timeout`.
+    pub fn stall_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.stall_timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        self
+    }
+
     /// The Chat Completions endpoint.
     pub fn endpoint(&self) -> String {
         format!("{}/chat/completions", self.base_url.trim_end_matches('/'))

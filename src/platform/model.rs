@@ -19,6 +19,7 @@ use crate::llm::{EventDecoder, Model, ModelError, ModelEvent, ModelRequest};
 /// The built-in providers; one setting picks one ([`ModelProvider::from_env`]). Each is a
 /// [`Model`]; an agent may return any other `Model` of its own instead.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum ModelProvider {
     /// The built-in deterministic model.
     Offline(OfflineModel),
@@ -30,6 +31,7 @@ pub enum ModelProvider {
 
 /// The Workers AI binding and the model to run on it.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct WorkersAiConfig {
     /// Binding name (`AI`).
     pub binding: String,
@@ -39,6 +41,13 @@ pub struct WorkersAiConfig {
     pub stall_timeout_ms: u64,
     /// The environment that holds the binding.
     pub env: Env,
+}
+
+impl WorkersAiConfig {
+    /// `model` on the Workers AI binding `binding` of `env`, with a 30 s stall timeout.
+    pub fn new(env: &Env, binding: impl Into<String>, model: impl Into<String>) -> Self {
+        Self { binding: binding.into(), model: model.into(), stall_timeout_ms: 30_000, env: env.clone() }
+    }
 }
 
 impl std::fmt::Debug for WorkersAiConfig {

@@ -35,11 +35,12 @@ pub fn abort(reason: Option<&str>) -> String {
 /// ```
 /// use agent_tools::Progress;
 ///
-/// let step = Progress { fraction: Some(0.6), phase: Some("ingesting".into()), ..Default::default() };
+/// let step = Progress::fraction(0.6).phase("ingesting").message("3 of 5 files");
 /// let milestone = Progress::milestone("sources-gathered").data(serde_json::json!({ "sources": 2 }));
 /// # let _ = (step, milestone);
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[non_exhaustive]
 pub struct Progress {
     /// 0..1, drives a progress bar.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -66,6 +67,28 @@ impl Progress {
     /// A durable milestone named `name`.
     pub fn milestone(name: impl Into<String>) -> Self {
         Self { milestone: Some(name.into()), ..Self::default() }
+    }
+
+    /// Transient progress at `fraction` (0..1) of the way.
+    pub fn fraction(fraction: f64) -> Self {
+        Self { fraction: Some(fraction), ..Self::default() }
+    }
+
+    /// Transient progress with this status line and no fraction.
+    pub fn status(message: impl Into<String>) -> Self {
+        Self { message: Some(message.into()), ..Self::default() }
+    }
+
+    /// With this status line.
+    pub fn message(mut self, message: impl Into<String>) -> Self {
+        self.message = Some(message.into());
+        self
+    }
+
+    /// With this phase label.
+    pub fn phase(mut self, phase: impl Into<String>) -> Self {
+        self.phase = Some(phase.into());
+        self
     }
 
     /// With this payload.

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 /// Why a run was sealed `interrupted` (wire spelling in kebab-case).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
 pub enum InterruptedReason {
     /// The child went silent for the whole no-progress window.
     NoProgress,

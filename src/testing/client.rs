@@ -21,6 +21,7 @@ pub const RECONNECT_MS: u64 = 1_000;
 
 /// A chat response as the client assembled it from its stream.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ChatReply {
     /// The assistant message (`UIMessage` JSON).
     pub message: Value,

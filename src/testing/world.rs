@@ -62,6 +62,7 @@ impl fmt::Display for ObjectRef {
 /// Faults a seeded world injects by itself, each a chance per step (a task polled) until the
 /// virtual clock reaches `until_ms` after the world's start. All zero by default.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct Faults {
     /// An object crashes: its memory, its running work and its client connections are lost;
     /// its storage and alarm stay.
@@ -82,6 +83,48 @@ pub struct Faults {
 }
 
 impl Faults {
+    /// No faults: chain the ones a test wants (`Faults::none().crash(0.01).until_ms(30_000)`).
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Sets [`Self::crash`].
+    pub fn crash(mut self, chance: f64) -> Self {
+        self.crash = chance;
+        self
+    }
+
+    /// Sets [`Self::hibernate`].
+    pub fn hibernate(mut self, chance: f64) -> Self {
+        self.hibernate = chance;
+        self
+    }
+
+    /// Sets [`Self::drop_client`].
+    pub fn drop_client(mut self, chance: f64) -> Self {
+        self.drop_client = chance;
+        self
+    }
+
+    /// Sets [`Self::stall`] and [`Self::max_stall_ms`].
+    pub fn stall(mut self, chance: f64, max_ms: u64) -> Self {
+        self.stall = chance;
+        self.max_stall_ms = max_ms;
+        self
+    }
+
+    /// Sets [`Self::max_hop_ms`].
+    pub fn max_hop_ms(mut self, ms: u64) -> Self {
+        self.max_hop_ms = ms;
+        self
+    }
+
+    /// Sets [`Self::until_ms`].
+    pub fn until_ms(mut self, ms: i64) -> Self {
+        self.until_ms = ms;
+        self
+    }
+
     /// A mix that finds ordering bugs: crashes, hibernations, dropped clients, stalls and slow
     /// hops, for the first 60 virtual seconds.
     pub fn chaos() -> Self {
@@ -99,6 +142,7 @@ impl Faults {
 
 /// A log line an object wrote.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct LogLine {
     /// When (virtual epoch ms).
     pub at: i64,

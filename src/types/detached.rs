@@ -1,6 +1,8 @@
 //! A detached run's configuration and the handle its dispatch returns (the TypeScript SDK's
 //! `DetachedAgentToolConfig` and `DetachedRunAgentToolResult`).
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -9,6 +11,7 @@ use super::RunStatus;
 /// How a milestone surfaces in the parent's chat.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum MilestoneMode {
     /// A synthetic assistant line; no model turn.
     #[default]
@@ -19,12 +22,25 @@ pub enum MilestoneMode {
 
 /// Milestones a detached run surfaces in the chat, at most once each.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct OnMilestones {
     /// Milestone names.
     pub names: Vec<String>,
     /// How they surface.
     #[serde(default)]
     pub mode: MilestoneMode,
+}
+
+impl OnMilestones {
+    /// These milestones, each narrated as an assistant line.
+    pub fn narrate<S: Into<String>>(names: impl IntoIterator<Item = S>) -> Self {
+        Self { names: names.into_iter().map(Into::into).collect(), mode: MilestoneMode::Narrate }
+    }
+
+    /// These milestones, each a user-role message the model reacts to.
+    pub fn react<S: Into<String>>(names: impl IntoIterator<Item = S>) -> Self {
+        Self { names: names.into_iter().map(Into::into).collect(), mode: MilestoneMode::React }
+    }
 }
 
 /// The `metadata.source` of a `notify` run's messages unless it names one (the TypeScript
@@ -37,12 +53,13 @@ pub const DEFAULT_NOTIFY_SOURCE: &str = "detached-agent-tool";
 /// use agent_tools::DetachedOptions;
 ///
 /// // Tell the chat when it finishes; the model answers.
-/// let notify = DetachedOptions { notify: true, ..Default::default() };
+/// let notify = DetachedOptions::default().notify();
 /// // Or hand the outcome to a handler of the app's own (any serializable tag).
-/// let handler = DetachedOptions { on_finish: Some(serde_json::json!("importDone")), ..Default::default() };
+/// let handler = DetachedOptions::default().on_finish(serde_json::json!("importDone"));
 /// # let _ = (notify, handler);
 /// ```
 #[derive(Debug, Clone, PartialEq, Default)]
+#[non_exhaustive]
 pub struct DetachedOptions {
     /// The app's completion handler: any serializable tag (an enum of the app's handlers, say),
     /// kept in SQL and handed back to `Agent::on_detached_finish`. It survives eviction, and
@@ -62,9 +79,49 @@ pub struct DetachedOptions {
     pub on_milestones: Option<OnMilestones>,
 }
 
+/// The options as a chain, from `DetachedOptions::default()`.
+impl DetachedOptions {
+    /// Sets [`Self::on_finish`]: the outcome goes to `Agent::on_detached_finish` with this tag.
+    pub fn on_finish(mut self, tag: Value) -> Self {
+        self.on_finish = Some(tag);
+        self
+    }
+
+    /// Sets [`Self::notify`].
+    pub fn notify(mut self) -> Self {
+        self.notify = true;
+        self
+    }
+
+    /// Sets [`Self::notify_source`].
+    pub fn notify_source(mut self, source: impl Into<String>) -> Self {
+        self.notify_source = Some(source.into());
+        self
+    }
+
+    /// Sets [`Self::max_budget_ms`].
+    pub fn max_budget(mut self, budget: Duration) -> Self {
+        self.max_budget_ms = Some(super::options::millis(budget));
+        self
+    }
+
+    /// Sets [`Self::no_progress_budget_ms`] (zero disables it).
+    pub fn no_progress_budget(mut self, budget: Duration) -> Self {
+        self.no_progress_budget_ms = Some(super::options::millis(budget));
+        self
+    }
+
+    /// Sets [`Self::on_milestones`].
+    pub fn on_milestones(mut self, milestones: OnMilestones) -> Self {
+        self.on_milestones = Some(milestones);
+        self
+    }
+}
+
 /// What a detached dispatch returns at once.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct DetachedHandle {
     /// Run id.
     pub run_id: String,

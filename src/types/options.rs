@@ -2,6 +2,8 @@
 //! admission, its re-attach, detached and retention budgets, and how it heals a lost turn (the
 //! TypeScript SDK's static `options`).
 
+use std::time::Duration;
+
 /// A detached run's absolute budget by default: 24 h.
 pub const DEFAULT_MAX_BUDGET_MS: u64 = 24 * 60 * 60 * 1000;
 /// Its resetting no-progress budget by default: 1 h.
@@ -21,6 +23,7 @@ pub trait AgentClass {
 
 /// How a child that lost its turn to a restart (a deploy, an eviction mid-turn) heals.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum RecoveryPolicy {
     /// Run the turn again from its stored input; the new answer alone becomes the result (the
     /// partial one stays in the child's transcript, marked superseded). The child's own tool
@@ -39,6 +42,7 @@ pub const DEFAULT_MAX_RECOVERY_ATTEMPTS: u32 = 3;
 /// it before the run gets another attempt (the TypeScript SDK's `chatRecovery`
 /// `shouldKeepRecovering` context).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RecoveryAttempt {
     /// The run.
     pub run_id: String,
@@ -51,6 +55,7 @@ pub struct RecoveryAttempt {
 
 /// What a dispatch over [`AgentToolOptions::max_concurrent`] does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Admission {
     /// Refuse it at once with a clear error, writing nothing: a retry of the same run id
     /// succeeds once a slot is free. The default, because a caller (usually a model turn) should
@@ -61,8 +66,23 @@ pub enum Admission {
     Queue,
 }
 
-/// The engine's settings for one agent (the TypeScript SDK's static `options`).
+/// The engine's settings for one agent (the TypeScript SDK's static `options`). Start from
+/// `Default` and chain what differs:
+///
+/// ```
+/// use std::time::Duration;
+/// use agent_tools::{Admission, AgentToolOptions, Retention};
+///
+/// let options = AgentToolOptions::default()
+///     .max_concurrent(4)
+///     .admission(Admission::Queue)
+///     .detached_max_budget(Duration::from_secs(2 * 60 * 60))
+///     .retention(Retention::new(Some(100), Some(Duration::from_secs(24 * 60 * 60))));
+/// assert_eq!(options.max_concurrent, Some(4));
+/// assert_eq!(options.retention.max_age_ms, Some(86_400_000));
+/// ```
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct AgentToolOptions {
     /// The most runs `starting` or `running` at once (`maxConcurrentAgentTools`; default:
     /// unlimited).
@@ -101,6 +121,7 @@ pub struct AgentToolOptions {
 /// cleared (its row, its frames, its child's storage) by the agent's alarm and on the next
 /// dispatch. [`Retention::forever`] is the TypeScript SDK's "retained until cleared".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Retention {
     /// The most finished runs kept; the oldest go first. Default 500.
     pub max_runs: Option<usize>,
@@ -109,9 +130,89 @@ pub struct Retention {
 }
 
 impl Retention {
+    /// Keep at most `max_runs` finished runs, each for at most `max_age` after it ended
+    /// (`None`: no such limit).
+    pub fn new(max_runs: Option<usize>, max_age: Option<Duration>) -> Self {
+        Self { max_runs, max_age_ms: max_age.map(millis) }
+    }
+
     /// Keep every run until it is cleared explicitly.
     pub const fn forever() -> Self {
         Self { max_runs: None, max_age_ms: None }
+    }
+}
+
+/// A duration in whole milliseconds, as the engines count (saturating).
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The settings as a chain: `AgentToolOptions::default().max_concurrent(4).admission(Admission::Queue)`.
+impl AgentToolOptions {
+    /// Sets [`Self::max_concurrent`].
+    pub fn max_concurrent(mut self, runs: usize) -> Self {
+        self.max_concurrent = Some(runs);
+        self
+    }
+
+    /// Sets [`Self::admission`].
+    pub fn admission(mut self, admission: Admission) -> Self {
+        self.admission = admission;
+        self
+    }
+
+    /// Sets [`Self::reattach_no_progress_timeout_ms`].
+    pub fn reattach_no_progress_timeout(mut self, timeout: Duration) -> Self {
+        self.reattach_no_progress_timeout_ms = millis(timeout);
+        self
+    }
+
+    /// Sets [`Self::reattach_max_window_ms`].
+    pub fn reattach_max_window(mut self, window: Duration) -> Self {
+        self.reattach_max_window_ms = Some(millis(window));
+        self
+    }
+
+    /// Sets [`Self::recovery_alarm_ms`].
+    pub fn recovery_alarm(mut self, every: Duration) -> Self {
+        self.recovery_alarm_ms = millis(every);
+        self
+    }
+
+    /// Sets [`Self::backbone_cadence_ms`].
+    pub fn backbone_cadence(mut self, cadence: &[Duration]) -> Self {
+        self.backbone_cadence_ms = cadence.iter().copied().map(millis).collect();
+        self
+    }
+
+    /// Sets [`Self::detached_max_budget_ms`].
+    pub fn detached_max_budget(mut self, budget: Duration) -> Self {
+        self.detached_max_budget_ms = millis(budget);
+        self
+    }
+
+    /// Sets [`Self::detached_no_progress_budget_ms`] (zero disables it).
+    pub fn detached_no_progress_budget(mut self, budget: Duration) -> Self {
+        self.detached_no_progress_budget_ms = millis(budget);
+        self
+    }
+
+    /// Sets [`Self::recovery`].
+    pub fn recovery(mut self, policy: RecoveryPolicy) -> Self {
+        self.recovery = policy;
+        self
+    }
+
+    /// Sets [`Self::max_recovery_attempts`].
+    pub fn max_recovery_attempts(mut self, attempts: u32) -> Self {
+        self.max_recovery_attempts = attempts;
+        self
+    }
+
+    /// Sets [`Self::retention`].
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
     }
 }
 

@@ -12,6 +12,7 @@ pub use crate::protocol::InterruptedReason;
 /// Where a run is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum RunStatus {
     /// Row inserted; the child has not accepted the run yet.
     Starting,
@@ -68,6 +69,7 @@ impl RunStatus {
 /// TypeScript SDK's `eventDelivery`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum EventDelivery {
     /// Every chunk is forwarded and replayed.
     #[default]
@@ -96,6 +98,7 @@ impl EventDelivery {
 /// assert_eq!(options.run_id.as_deref(), Some("import-42"));
 /// ```
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct RunOptions {
     /// The child's input.
     pub input: Value,
@@ -173,6 +176,7 @@ impl RunOptions {
 /// `AgentToolLifecycleResult`); over RPC it serializes in camelCase.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct RunResult {
     /// Run id.
     pub run_id: String,
@@ -202,6 +206,7 @@ pub struct RunResult {
 /// `retryable` is true only for `interrupted`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct AgentToolFailure {
     /// Always `false`.
     pub ok: bool,
@@ -283,6 +288,7 @@ impl RunResult {
 /// receive, and what [`crate::AgentHost::agent_tool_runs`] lists.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct RunInfo {
     /// Run id.
     pub run_id: String,
@@ -318,6 +324,7 @@ pub struct RunInfo {
 
 /// A run's latest progress signal (the TypeScript SDK's `AgentToolProgressSnapshot`).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ProgressSnapshot {
     /// 0..1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -340,6 +347,7 @@ pub struct ProgressSnapshot {
 
 /// A durable milestone a child reached (the TypeScript SDK's `AgentToolMilestone`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Milestone {
     /// Its name.
     pub name: String,
@@ -356,6 +364,7 @@ pub struct Milestone {
 /// ([`crate::AgentHost::inspect_agent_tool_run`]).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct RunInspection {
     /// The run.
     #[serde(flatten)]
@@ -373,6 +382,7 @@ pub struct RunInspection {
 /// One stored chunk of a run (the TypeScript SDK's `AgentToolStoredChunk`): its frame sequence
 /// and the `UIMessageChunk` JSON.
 #[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
 pub struct AgentToolChunk {
     /// The frame sequence it was sent with (and replays with).
     pub sequence: i64,
@@ -382,6 +392,7 @@ pub struct AgentToolChunk {
 
 /// Which runs [`crate::AgentHost::clear_agent_tool_runs`] removes.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct ClearFilter {
     /// Only runs with one of these statuses (all, when `None`).
     pub status: Option<Vec<RunStatus>>,
@@ -389,9 +400,29 @@ pub struct ClearFilter {
     pub older_than: Option<i64>,
 }
 
+impl ClearFilter {
+    /// Every retained run.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// Only runs with one of these statuses.
+    pub fn status(mut self, statuses: impl IntoIterator<Item = RunStatus>) -> Self {
+        self.status = Some(statuses.into_iter().collect());
+        self
+    }
+
+    /// Only runs started before `epoch_ms`.
+    pub fn older_than(mut self, epoch_ms: i64) -> Self {
+        self.older_than = Some(epoch_ms);
+        self
+    }
+}
+
 /// A task scheduled with [`crate::AgentHost::schedule`], handed to
 /// [`crate::Agent::on_schedule`] when it is due.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ScheduledTask {
     /// Its id (returned by `schedule`).
     pub id: String,
@@ -404,7 +435,8 @@ pub struct ScheduledTask {
 impl ScheduledTask {
     /// The payload as the type it was scheduled with.
     pub fn payload<T: serde::de::DeserializeOwned>(&self) -> Result<T, crate::Error> {
-        serde_json::from_value(self.payload.clone()).map_err(|e| crate::Error::Invalid(format!("task {} payload: {e}", self.id)))
+        serde_json::from_value(self.payload.clone())
+            .map_err(|e| crate::Error::Invalid(format!("task {} payload: {e}", self.id)))
     }
 }
 

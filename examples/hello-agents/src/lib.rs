@@ -24,7 +24,7 @@ impl Model for Scripted {
                 for (n, tool) in request.tools.iter().enumerate() {
                     let input = json!({ "query": topic, "text": topic });
                     let (id, name) = (format!("call_{step}_{n}"), tool.name.clone());
-                    on_event(ModelEvent::ToolCallReady(Ok(ToolCall { id, name, input })));
+                    on_event(ModelEvent::ToolCallReady(Ok(ToolCall::new(id, name, input))));
                 }
                 on_event(ModelEvent::Finish("tool-calls".into()));
             }

@@ -8,8 +8,8 @@ use crate::cancel::{CancelToken, Cancelled};
 use crate::chat::message::text_of;
 use crate::chat::store::Messages;
 use crate::chat::turn::DynModel;
-use crate::error::Error;
 use crate::child::progress::Report;
+use crate::error::Error;
 use crate::host::chat::{ChatEnd, TurnSpec};
 use crate::host::tools::HostTools;
 use crate::host::{AgentHost, Env};
@@ -18,11 +18,25 @@ use crate::protocol::tail::ChunkKind;
 
 /// What a finished run hands back.
 #[derive(Debug, Clone, PartialEq, Default)]
+#[non_exhaustive]
 pub struct TurnOutput {
     /// Short text for display and for the parent's model.
     pub summary: String,
     /// Structured output, when the agent has one.
     pub output: Option<Value>,
+}
+
+impl TurnOutput {
+    /// A run's output: its summary, and no structured output.
+    pub fn new(summary: impl Into<String>) -> Self {
+        Self { summary: summary.into(), output: None }
+    }
+
+    /// With this structured output.
+    pub fn output(mut self, output: Value) -> Self {
+        self.output = Some(output);
+        self
+    }
 }
 
 /// The agent-tool run an agent is executing for its parent ([`Agent::run`]).

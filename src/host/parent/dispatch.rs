@@ -42,7 +42,8 @@ impl<A: Agent> AgentHost<A> {
     ///
     /// ```
     /// use agent_tools::prelude::*;
-    /// use agent_tools::{MilestoneMode, OnMilestones, RunInfo};
+    /// use agent_tools::{OnMilestones, RunInfo};
+    /// use std::time::Duration;
     /// use serde_json::{json, Value};
     ///
     /// #[derive(serde::Serialize, serde::Deserialize)]
@@ -51,12 +52,10 @@ impl<A: Agent> AgentHost<A> {
     /// }
     ///
     /// async fn start_import(host: &AgentHost<Assistant>, input: Value) -> String {
-    ///     let detached = DetachedOptions {
-    ///         on_finish: Some(json!(Handler::ImportDone)), // delivered to on_detached_finish, durably
-    ///         max_budget_ms: Some(60 * 60 * 1000),
-    ///         on_milestones: Some(OnMilestones { names: vec!["sources-gathered".into()], mode: MilestoneMode::Narrate }),
-    ///         ..DetachedOptions::default()
-    ///     };
+    ///     let detached = DetachedOptions::default()
+    ///         .on_finish(json!(Handler::ImportDone)) // delivered to on_detached_finish, durably
+    ///         .max_budget(Duration::from_secs(60 * 60))
+    ///         .on_milestones(OnMilestones::narrate(["sources-gathered"]));
     ///     let handle = host.run_agent_tool_detached::<Researcher>(RunOptions::new(input), detached).await;
     ///     handle.run_id // at once; the handle's status is "running", or "error" if the dispatch was refused
     /// }

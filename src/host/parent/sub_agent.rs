@@ -33,6 +33,7 @@ pub struct SubAgentStub<C> {
 /// One chunk of a sub-agent's chat turn: a `UIMessageChunk` and its index in the child's stream
 /// log (resume after it with [`SubAgentStub::resume`]).
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ChatChunk {
     /// Its index in the child's log, from 0; `None` for a transient chunk the log does not keep
     /// (progress), which a resume does not bring back.
@@ -43,6 +44,7 @@ pub struct ChatChunk {
 
 /// How a sub-agent's chat turn ended.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ChatOutcome {
     /// `Completed`, `Error`, `Aborted` (cancelled) or `Interrupted` (a restart cut it short and
     /// the child seals lost turns).
