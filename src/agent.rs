@@ -68,21 +68,8 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
     /// the stock client takes as final: it does not reconnect. A WebSocket that got in stays in
     /// (its RPC calls reach [`Agent::call`], which serves only the methods it matches).
     ///
-    /// ```
-    /// # use agent_tools::{Agent, AgentHost, HttpRequest, Refusal};
-    /// # #[derive(Default)] struct Planner;
-    /// # impl agent_tools::AgentClass for Planner { const CLASS: &'static str = "Planner"; const BINDING: &'static str = "Planner"; }
-    /// impl Agent for Planner {
-    ///     async fn authorize(&self, host: &AgentHost<Self>, request: &HttpRequest) -> Result<(), Refusal> {
-    ///         let expected = host.env().var("ACCESS_TOKEN");
-    ///         let given = agent_tools::RequestUrl::of(request).query("token");
-    ///         match expected {
-    ///             Some(token) if given.as_deref() != Some(token.as_str()) => Err(Refusal::unauthorized("a valid token is required")),
-    ///             _ => Ok(()),
-    ///         }
-    ///     }
-    /// }
-    /// ```
+    /// [`crate::require_token`] is the usual check: a token in `?token=` or
+    /// `Authorization: Bearer`.
     async fn authorize(&self, host: &AgentHost<Self>, request: &HttpRequest) -> Result<(), Refusal> {
         let _ = (host, request);
         Ok(())
@@ -218,7 +205,7 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
         child: &SubAgent,
     ) -> Option<HttpResponse> {
         let _ = request;
-        if host.has_agent_tool_run_of(&child.class, &child.name) {
+        if host.has_agent_tool_run(&child.class, &child.name) {
             return None;
         }
         Some(crate::host::json_error(404, format!("no {} run {:?} on this {}", child.class, child.name, Self::CLASS)))
@@ -238,14 +225,14 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
 
     /// Structured output of a finished run (default: none). Read right after the turn ends;
     /// `message` is the assistant's `UIMessage`.
-    fn get_agent_tool_output(&self, turn: &Turn<Self>, message: &Value) -> Option<Value> {
+    fn agent_tool_output(&self, turn: &Turn<Self>, message: &Value) -> Option<Value> {
         let _ = (turn, message);
         None
     }
 
     /// The run's summary: by default the assistant's text, or the output's JSON when the turn
     /// produced no text.
-    fn get_agent_tool_summary(&self, text: &str, output: Option<&Value>) -> String {
+    fn agent_tool_summary(&self, text: &str, output: Option<&Value>) -> String {
         match output {
             Some(o) if text.is_empty() => o.to_string(),
             _ => text.to_owned(),
@@ -289,6 +276,46 @@ impl Refusal {
     }
 }
 
+/// Admits a request that carries `expected` as its `?token=` query parameter (what the stock
+/// client's `useAgent({ query: { token } })` sends, WebSocket upgrades included) or as
+/// `Authorization: Bearer <token>`; refuses it otherwise: 401 when it carries no token, 403
+/// when the token is wrong. The comparison takes the same time wherever the two differ. For
+/// [`Agent::authorize`]:
+///
+/// ```
+/// # use agent_tools::{Agent, AgentHost, HttpRequest, Refusal};
+/// # #[derive(Default)] pub struct Planner;
+/// # agent_tools::durable_object!(Planner, unchecked);
+/// impl Agent for Planner {
+///     async fn authorize(&self, host: &AgentHost<Self>, request: &HttpRequest) -> Result<(), Refusal> {
+///         match host.env().var("ACCESS_TOKEN") {
+///             Some(token) => agent_tools::require_token(request, &token),
+///             None => Ok(()), // no token configured: everyone gets in
+///         }
+///     }
+/// }
+/// # fn main() {}
+/// ```
+pub fn require_token(request: &HttpRequest, expected: &str) -> Result<(), Refusal> {
+    let from_query = crate::RequestUrl::of(request).query("token");
+    let from_header = request
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .map(str::to_owned);
+    match from_query.or(from_header) {
+        Some(given) if constant_time_eq(given.as_bytes(), expected.as_bytes()) => Ok(()),
+        Some(_) => Err(Refusal::forbidden("the access token is wrong")),
+        None => Err(Refusal::unauthorized("an access token is required (?token=… or Authorization: Bearer …)")),
+    }
+}
+
+/// Whether `a == b`, in a time that depends on their lengths only.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// A drill-in target: the child class and the run id (its instance name) a
 /// `/sub/<child>/<name>` path names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -299,4 +326,39 @@ pub struct SubAgent {
     pub class: String,
     /// The run id.
     pub name: String,
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::*;
+
+    fn request(uri: &str, bearer: Option<&str>) -> HttpRequest {
+        let mut builder = http::Request::builder().uri(uri);
+        if let Some(token) = bearer {
+            builder = builder.header("authorization", format!("Bearer {token}"));
+        }
+        builder.body(Vec::new()).expect("a request")
+    }
+
+    #[test]
+    fn a_token_is_taken_from_the_query_or_the_bearer_header() {
+        let secret = "s3cret-token";
+        assert_eq!(require_token(&request("https://w/agents/a/n?token=s3cret-token", None), secret), Ok(()));
+        assert_eq!(require_token(&request("https://w/agents/a/n", Some("s3cret-token")), secret), Ok(()));
+        let wrong = require_token(&request("https://w/agents/a/n?token=s3cret-tokem", None), secret);
+        assert_eq!(wrong.unwrap_err().status, 403);
+        let shorter = require_token(&request("https://w/agents/a/n", Some("s3cret")), secret);
+        assert_eq!(shorter.unwrap_err().status, 403);
+        let none = require_token(&request("https://w/agents/a/n", None), secret);
+        assert_eq!(none.unwrap_err().status, 401);
+        let basic = http::Request::builder()
+            .uri("https://w/agents/a/n")
+            .header("authorization", "Basic czNjcmV0LXRva2Vu")
+            .body(Vec::new())
+            .unwrap();
+        assert_eq!(require_token(&basic, secret).unwrap_err().status, 401, "only a bearer token counts");
+        assert!(
+            constant_time_eq(b"abc", b"abc") && !constant_time_eq(b"abc", b"abd") && !constant_time_eq(b"ab", b"abc")
+        );
+    }
 }

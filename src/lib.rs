@@ -307,14 +307,14 @@ pub mod model {
     pub use crate::platform::model::{ModelProvider, WorkersAiConfig};
 }
 
-pub use agent::{Agent, Refusal, SubAgent};
+pub use agent::{require_token, Agent, Refusal, SubAgent};
 pub use cancel::{CancelToken, Cancelled};
 pub use error::Error;
 pub use host::{
     json_error, json_response, sleep, AgentHost, ChatChunk, ChatOutcome, ChatStream, Env, HttpRequest, HttpResponse,
     SubAgentStub, Turn, TurnOutput,
 };
-pub use platform::route::{route, Routes, MAX_BODY_BYTES};
+pub use platform::route::{route, Routes};
 pub use routing::RequestUrl;
 pub use tools::{AgentTool, Tool, ToolContext, Tools};
 pub use types::{

@@ -56,11 +56,6 @@ pub enum Depth {
 /// The demo's default cap on live runs per parent (`MAX_CONCURRENT_AGENT_TOOLS`).
 const DEMO_LIVE_RUNS: usize = 64;
 
-/// Compares two secrets without stopping at the first difference.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// The parent: a chat agent whose model researches topics with `Researcher` children.
 #[derive(Default)]
 pub struct Assistant;
@@ -151,17 +146,9 @@ impl Agent for Assistant {
     /// `?token=…` (the page passes its own `?token=` on through `useAgent({ query })`) or
     /// `Authorization: Bearer …`. Unset (the default), everyone gets in.
     async fn authorize(&self, host: &AgentHost<Self>, request: &HttpRequest) -> Result<(), Refusal> {
-        let Some(expected) = setting(host.env(), "ACCESS_TOKEN") else { return Ok(()) };
-        let from_query = agent_tools::RequestUrl::of(request).query("token");
-        let from_header = request
-            .headers()
-            .get("authorization")
-            .and_then(|h| h.to_str().ok())
-            .and_then(|h| h.strip_prefix("Bearer ").map(str::to_owned));
-        match from_query.or(from_header) {
-            Some(given) if constant_time_eq(given.as_bytes(), expected.as_bytes()) => Ok(()),
-            Some(_) => Err(Refusal::forbidden("the access token is wrong")),
-            None => Err(Refusal::unauthorized("an access token is required (?token=…)")),
+        match setting(host.env(), "ACCESS_TOKEN") {
+            Some(expected) => agent_tools::require_token(request, &expected),
+            None => Ok(()),
         }
     }
 
@@ -219,7 +206,7 @@ impl Agent for Assistant {
             "dispatch" => dispatch(host, arg).await,
             "cancel" => {
                 let RunArg { run_id, reason, .. } = rpc_arg("cancel", "{runId, reason?}", arg)?;
-                host.cancel_agent_tool(&run_id, reason).await?;
+                host.cancel_agent_tool(&run_id, reason)?;
                 Ok(run_json(host, &run_id).await)
             }
             "clear" => {
@@ -241,7 +228,7 @@ impl Agent for Assistant {
             }
             "chunks" => {
                 let RunArg { run_id, after, .. } = rpc_arg("chunks", "{runId, after?}", arg)?;
-                serde_json::to_value(host.get_agent_tool_chunks(&run_id, after).await)
+                serde_json::to_value(host.agent_tool_chunks(&run_id, after).await)
                     .map_err(|e| Error::Failed(e.to_string()))
             }
             "ask" => ask(host, rpc_arg("ask", "{name, message?, turnId?, after?, stopAfter?}", arg)?).await,
@@ -293,7 +280,7 @@ async fn run_json(host: &AgentHost<Assistant>, run_id: &str) -> Value {
     }
     out["progress"] = serde_json::to_value(&inspection.progress).unwrap_or_default();
     out["milestones"] = serde_json::to_value(&inspection.milestones).unwrap_or_default();
-    out["chunks"] = host.get_agent_tool_chunks(run_id, None).await.len().into();
+    out["chunks"] = host.agent_tool_chunks(run_id, None).await.len().into();
     out
 }
 

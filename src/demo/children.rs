@@ -106,20 +106,20 @@ impl Agent for Researcher {
 
     /// A structured record of the findings, kept beside the text summary (and the summary
     /// itself when the model wrote no text).
-    fn get_agent_tool_output(&self, turn: &Turn<Self>, message: &Value) -> Option<Value> {
+    fn agent_tool_output(&self, turn: &Turn<Self>, message: &Value) -> Option<Value> {
         let findings: String = message["parts"]
             .as_array()?
             .iter()
             .filter(|p| p["type"] == "text")
             .filter_map(|p| p["text"].as_str())
             .collect();
-        let topic = turn.input().get("query").and_then(Value::as_str).unwrap_or_default();
+        let topic = turn.input_json().get("query").and_then(Value::as_str).unwrap_or_default();
         Some(json!({ "topic": topic, "findings": findings, "words": findings.split_whitespace().count() }))
     }
 
     async fn run(&self, turn: &Turn<Self>) -> Result<TurnOutput, Error> {
         // Two word-delays between the research phases, at the pace the model streams.
-        let delay = match paced_model(turn.env(), Some(turn.input())).map(|m| m.provider) {
+        let delay = match paced_model(turn.env(), Some(turn.input_json())).map(|m| m.provider) {
             Ok(ModelProvider::Offline(pace)) => pace.delay_ms,
             _ => 60,
         };
@@ -137,7 +137,7 @@ impl Agent for Researcher {
             ..step(0.4, "reading", "Sources gathered")
         });
         turn.pause(pause).await;
-        if let Some(ms) = turn.input().get("hangMs").and_then(Value::as_u64) {
+        if let Some(ms) = turn.input_json().get("hangMs").and_then(Value::as_u64) {
             // A hung child: nothing reaches this Durable Object (not even an inspection) for
             // `hangMs`, as when it is stuck; the rest of the Worker goes on.
             let hang = turn.host().sleep(ms.min(25_000));

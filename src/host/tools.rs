@@ -83,12 +83,10 @@ impl Host {
 
     /// Cancels runs, together.
     pub(crate) async fn cancel_runs(&self, runs: &[String], reason: &str) {
-        let reason = || Some(reason.to_owned());
-        let cancels = futures::future::join_all(runs.iter().map(|run_id| self.cancel_agent_tool(run_id, reason())));
         // A cancel that storage refused was reported by the engine (`agent_tool:storage_failed`),
         // and its run is recovered by the alarm.
-        for (run_id, result) in runs.iter().zip(cancels.await) {
-            if let Err(e) = result {
+        for run_id in runs {
+            if let Err(e) = self.cancel_agent_tool(run_id, Some(reason.to_owned())) {
                 self.log_error(&format!("cancelling {run_id} with its chat turn failed: {e}"));
             }
         }

@@ -707,8 +707,8 @@ impl WorldInner {
     /// A client's request through the Worker's entry: routed as the entry routes, then served
     /// by the object.
     pub(crate) async fn fetch(self: Rc<Self>, request: HttpRequest) -> Reply {
-        if request.body().len() > crate::MAX_BODY_BYTES {
-            let message = format!("request bodies are limited to {} bytes", crate::MAX_BODY_BYTES);
+        if request.body().len() > crate::limits::MAX_BODY_BYTES {
+            let message = format!("request bodies are limited to {} bytes", crate::limits::MAX_BODY_BYTES);
             return Reply::Http(crate::json_error(413, message));
         }
         let path = request.uri().path().to_owned();

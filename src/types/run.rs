@@ -208,8 +208,8 @@ pub struct RunResult {
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
 pub struct AgentToolFailure {
-    /// Always `false`.
-    pub ok: bool,
+    /// The envelope's `"ok": false`: on the wire only, where it tells a failure from a result.
+    ok: AlwaysFalse,
     /// `error`, `aborted` or `interrupted`.
     pub status: RunStatus,
     /// Human-readable, safe to surface.
@@ -224,6 +224,25 @@ pub struct AgentToolFailure {
     pub child_still_running: Option<bool>,
 }
 
+/// `false`, and nothing else, in JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct AlwaysFalse;
+
+impl Serialize for AlwaysFalse {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_bool(false)
+    }
+}
+
+impl<'de> Deserialize<'de> for AlwaysFalse {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match bool::deserialize(deserializer)? {
+            false => Ok(Self),
+            true => Err(serde::de::Error::custom("a failure envelope has \"ok\": false")),
+        }
+    }
+}
+
 impl AgentToolFailure {
     /// The envelope as JSON.
     pub fn to_value(&self) -> Value {
@@ -233,7 +252,7 @@ impl AgentToolFailure {
     /// A failed server-side tool call.
     pub fn error(message: impl Into<String>) -> Self {
         Self {
-            ok: false,
+            ok: AlwaysFalse,
             status: RunStatus::Error,
             error: message.into(),
             retryable: false,
@@ -265,7 +284,7 @@ impl RunResult {
         }
         let interrupted = self.status == RunStatus::Interrupted;
         Some(AgentToolFailure {
-            ok: false,
+            ok: AlwaysFalse,
             status: self.status,
             error: self.error.clone().unwrap_or_else(|| format!("agent tool run {}", self.status.as_str())),
             retryable: interrupted,

@@ -1,6 +1,6 @@
 //! The library's public surface, through the demo agent: a caller's cancellation signal,
 //! scheduled work that shares the agent's alarm and survives a restart, and the read-only views
-//! of the registry (`inspect_agent_tool_run`, `get_agent_tool_chunks`).
+//! of the registry (`inspect_agent_tool_run`, `agent_tool_chunks`).
 
 use std::time::{Duration, Instant};
 

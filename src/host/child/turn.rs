@@ -70,8 +70,38 @@ impl<A: Agent> Turn<A> {
         &self.run_id
     }
 
-    /// The input the parent dispatched.
-    pub fn input(&self) -> &Value {
+    /// The input the parent dispatched, as the type the tool declared it with
+    /// ([`crate::AgentTool::input`]): the parent validated it against that type's schema before
+    /// the run started, so this fails only when the types disagree.
+    ///
+    /// ```
+    /// use agent_tools::prelude::*;
+    ///
+    /// #[derive(serde::Deserialize, schemars::JsonSchema)]
+    /// struct Research {
+    ///     query: String,
+    /// }
+    ///
+    /// #[derive(Default)]
+    /// pub struct Researcher;
+    ///
+    /// impl Agent for Researcher {
+    ///     async fn run(&self, turn: &Turn<Self>) -> Result<TurnOutput, Error> {
+    ///         let Research { query } = turn.input()?;
+    ///         turn.report_progress(Progress::status(format!("researching {query}")));
+    ///         turn.chat().await
+    ///     }
+    /// }
+    /// # agent_tools::durable_object!(Researcher);
+    /// # fn main() {}
+    /// ```
+    pub fn input<T: serde::de::DeserializeOwned>(&self) -> Result<T, Error> {
+        serde_json::from_value(self.input.clone())
+            .map_err(|e| Error::Invalid(format!("run {}'s input is not the tool's input type: {e}", self.run_id)))
+    }
+
+    /// The input the parent dispatched, as JSON.
+    pub fn input_json(&self) -> &Value {
         &self.input
     }
 
@@ -163,8 +193,8 @@ impl<A: Agent> Turn<A> {
         let (message, end) = inner.chat.run(spec, model, &tools).await;
         match end {
             ChatEnd::Completed => {
-                let output = agent.get_agent_tool_output(self, &message);
-                let summary = agent.get_agent_tool_summary(&text_of(&message), output.as_ref());
+                let output = agent.agent_tool_output(self, &message);
+                let summary = agent.agent_tool_summary(&text_of(&message), output.as_ref());
                 Ok(TurnOutput { summary, output })
             }
             ChatEnd::Error(e) => Err(Error::Failed(e)),

@@ -92,8 +92,8 @@ impl<A: Agent> AgentHost<A> {
     /// Cancels a run: the child stops its turn, the run ends `aborted`, and a caller waiting on
     /// it gets the result at once. Idempotent: an unknown or finished run is left as it is. An
     /// `Err` says storage failed and nothing changed.
-    pub async fn cancel_agent_tool(&self, run_id: &str, reason: Option<String>) -> Result<(), Error> {
-        self.host.cancel_agent_tool(run_id, reason).await.map_err(Error::Storage)
+    pub fn cancel_agent_tool(&self, run_id: &str, reason: Option<String>) -> Result<(), Error> {
+        self.host.cancel_agent_tool(run_id, reason).map_err(Error::Storage)
     }
 
     /// Removes retained runs: cancels the live ones, deletes each child's storage and this
@@ -104,14 +104,11 @@ impl<A: Agent> AgentHost<A> {
 
     // ----- read-only views --------------------------------------------------------------
 
-    /// Whether `run_id` is a known run of child agent `C` (the default drill-in gate's test).
-    pub fn has_agent_tool_run<C: AgentClass>(&self, run_id: &str) -> bool {
-        self.host.has_agent_tool_run_of(C::CLASS, run_id)
-    }
-
-    /// Whether `run_id` is a known run of the class named `agent_type`.
-    pub fn has_agent_tool_run_of(&self, agent_type: &str, run_id: &str) -> bool {
-        self.host.has_agent_tool_run_of(agent_type, run_id)
+    /// Whether `run_id` is a known run of the child class `agent_type` (`Researcher::CLASS`, or
+    /// the class a drill-in path names): the default drill-in gate's test, the TypeScript SDK's
+    /// `hasAgentToolRun(className, runId)`.
+    pub fn has_agent_tool_run(&self, agent_type: &str, run_id: &str) -> bool {
+        self.host.has_agent_tool_run(agent_type, run_id)
     }
 
     /// Every retained run, oldest first.
@@ -131,8 +128,8 @@ impl<A: Agent> AgentHost<A> {
     /// sent with; for `EventDelivery::Terminal` (whose chunks never reached this agent) they are
     /// read from the child, which keeps its whole stream, and `sequence` is the chunk's index in
     /// the child's log (a live run's chunks so far).
-    pub async fn get_agent_tool_chunks(&self, run_id: &str, after_sequence: Option<i64>) -> Vec<AgentToolChunk> {
-        self.host.get_agent_tool_chunks(run_id, after_sequence).await
+    pub async fn agent_tool_chunks(&self, run_id: &str, after_sequence: Option<i64>) -> Vec<AgentToolChunk> {
+        self.host.agent_tool_chunks(run_id, after_sequence).await
     }
 }
 
@@ -220,7 +217,7 @@ impl Host {
         admitted.handle(&run_id, child.class)
     }
 
-    pub(crate) async fn cancel_agent_tool(&self, run_id: &str, reason: Option<String>) -> Result<(), String> {
+    pub(crate) fn cancel_agent_tool(&self, run_id: &str, reason: Option<String>) -> Result<(), String> {
         let Called { result, actions } =
             self.0.parent.borrow_mut().cancel(self.parent_sql(), run_id, reason, self.now());
         self.carry_out(actions);
@@ -245,7 +242,7 @@ impl Host {
 
     // ----- read-only views --------------------------------------------------------------
 
-    pub(crate) fn has_agent_tool_run_of(&self, agent_type: &str, run_id: &str) -> bool {
+    pub(crate) fn has_agent_tool_run(&self, agent_type: &str, run_id: &str) -> bool {
         self.registry().has_run(agent_type, run_id).unwrap_or(false)
     }
 
@@ -260,12 +257,12 @@ impl Host {
         })
     }
 
-    pub(crate) async fn get_agent_tool_chunks(&self, run_id: &str, after: Option<i64>) -> Vec<AgentToolChunk> {
+    pub(crate) async fn agent_tool_chunks(&self, run_id: &str, after: Option<i64>) -> Vec<AgentToolChunk> {
         let record = match self.registry().get(run_id) {
             Ok(Some(record)) => record,
             Ok(None) => return Vec::new(),
             Err(e) => {
-                self.storage_failed("get_agent_tool_chunks", &e);
+                self.storage_failed("agent_tool_chunks", &e);
                 return Vec::new();
             }
         };
