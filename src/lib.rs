@@ -189,6 +189,99 @@ mod public_api_tests {
         assert!(rust_blocks >= 1, "the README shows the library's code");
     }
 
+    /// Every page of `docs/` with a Rust block is included by `lib.rs` as a doc comment, so its
+    /// code is compiled by the doctests (a page that is not would show code nothing checks).
+    #[test]
+    fn every_chapter_with_rust_code_is_a_doctest() {
+        let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+        let included: Vec<String> = doctested_chapters().into_iter().map(|(name, _)| name).collect();
+        let mut with_code = 0;
+        for entry in std::fs::read_dir(docs).expect("docs/") {
+            let path = entry.expect("entry").path();
+            let name = path.file_name().expect("a name").to_string_lossy().into_owned();
+            if !name.ends_with(".md") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("readable");
+            if !markdown_rust_blocks(&text).is_empty() {
+                with_code += 1;
+                assert!(included.contains(&name), "docs/{name} has Rust code that no doctest compiles");
+            }
+        }
+        assert!(with_code >= 2, "docs/testing.md and docs/concepts.md show code ({with_code})");
+    }
+
+    /// GitHub's anchor of a heading: lower case, letters, digits, `-` and `_` kept, spaces as `-`.
+    fn anchor(heading: &str) -> String {
+        heading
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter_map(|c| match c {
+                ' ' => Some('-'),
+                c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The lines of a Markdown page outside its fenced code blocks.
+    fn prose(page: &str) -> impl Iterator<Item = &str> {
+        let mut in_code = false;
+        page.lines().filter(move |line| {
+            if line.trim_start().starts_with("```") {
+                in_code = !in_code;
+                return false;
+            }
+            !in_code
+        })
+    }
+
+    /// Every relative link of the README and of `docs/` points at a file or folder that exists,
+    /// and a link to a heading (`page.md#anchor`, or `#anchor` on the same page) at a heading of
+    /// that page: moving a section cannot leave a link behind.
+    #[test]
+    fn every_relative_link_of_the_docs_resolves() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut pages = vec![root.join("README.md")];
+        for entry in std::fs::read_dir(root.join("docs")).expect("docs/") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "md") {
+                pages.push(path);
+            }
+        }
+        let anchors = |page: &std::path::Path| -> Vec<String> {
+            let text = std::fs::read_to_string(page).expect("a page");
+            prose(&text)
+                .filter_map(|line| line.trim_start_matches('#').strip_prefix(' ').filter(|_| line.starts_with('#')))
+                .map(anchor)
+                .collect()
+        };
+        let mut links = 0;
+        for page in &pages {
+            let text = std::fs::read_to_string(page).expect("a page");
+            let dir = page.parent().expect("a folder");
+            for line in prose(&text) {
+                for (at, _) in line.match_indices("](") {
+                    let rest = &line[at + 2..];
+                    let target = &rest[..rest.find(')').unwrap_or(rest.len())];
+                    if target.contains("://") || target.starts_with("mailto:") {
+                        continue;
+                    }
+                    links += 1;
+                    let (file, heading) = target.split_once('#').unwrap_or((target, ""));
+                    let file = if file.is_empty() { page.clone() } else { dir.join(file) };
+                    let shown = format!("{}: ({target})", page.display());
+                    assert!(file.exists(), "{shown}: no such file");
+                    if !heading.is_empty() {
+                        assert!(anchors(&file).iter().any(|a| a == heading), "{shown}: no such heading");
+                    }
+                }
+            }
+        }
+        assert!(links >= 40, "the README and docs/ link to each other ({links})");
+    }
+
     /// Every `.rs` file under `src/`, one after another.
     fn all_sources() -> String {
         let mut sources = String::new();
