@@ -4,8 +4,8 @@
 // pages), executable code (compiled JS and wasm), the allocator's heap (tcmalloc's 1 GiB
 // reservations: everything the runtime mallocs: SQLite, buffers, V8's compiler zones), files
 // (the binary, SQLite's files), and other anonymous memory. Not a test and not part of the
-// benchmark; the README's *Peak RSS* paragraph quotes it. Start the Worker as for
-// bench/profile.mjs (the README says how, with `-c /tmp/w.toml`), then:
+// benchmark; docs/benchmarks.md's *Peak RSS* entry quotes it. Start the Worker as for
+// bench/profile.mjs (docs/benchmarks.md says how, with `-c /tmp/w.toml`), then:
 //
 //   node bench/memory.mjs <worker port> <inspector port> [chunks=10000] [warm-up runs of 1 000 = 0]
 import { readFileSync, readdirSync } from "node:fs";

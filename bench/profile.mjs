@@ -1,8 +1,8 @@
 // A CPU profile of the Worker's isolate during one S2 run (one Summarizer run of N chunks on the
 // offline model, dispatch → result), or with `runs=N` during N sequential S1 runs (one chunk
 // each, every one a new child object), taken through wrangler dev's inspector, summarized by
-// function. Not a test and not part of the benchmark: it is how the costs the README names
-// under Benchmarks were found. See the README for the commands that start the Worker.
+// function. Not a test and not part of the benchmark: it is how the costs docs/benchmarks.md names
+// under Benchmarks were found. See docs/benchmarks.md for the commands that start the Worker.
 //
 //   node bench/profile.mjs <worker port> <inspector port> [chunks=10000 | runs=N] [out.cpuprofile]
 import { writeFileSync } from "node:fs";

@@ -92,6 +92,11 @@ pub mod testing;
 #[cfg(all(doctest, feature = "testing"))]
 #[doc = include_str!("../docs/testing.md")]
 pub struct TestingGuide;
+
+/// `docs/concepts.md`, whose examples are compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/concepts.md")]
+pub struct ConceptsGuide;
 mod tools;
 mod types;
 mod wrangler_check;
@@ -129,22 +134,153 @@ mod public_api_tests {
         blocks
     }
 
+    /// The Rust blocks of a Markdown page (` ```rust ` fences, with attributes or none), with the
+    /// lines rustdoc hides (`# …`) left out, as `doc_blocks` gives them.
+    fn markdown_rust_blocks(page: &str) -> Vec<String> {
+        let mut blocks = Vec::new();
+        let mut current: Option<Vec<&str>> = None;
+        for line in page.lines() {
+            let fence = line.trim_start().strip_prefix("```");
+            match (&mut current, fence) {
+                (None, Some(lang)) if lang.split(',').next() == Some("rust") => current = Some(Vec::new()),
+                (Some(lines), Some(_)) => {
+                    blocks.push(lines.join("\n"));
+                    current = None;
+                }
+                (Some(lines), None) if line != "#" && !line.starts_with("# ") => lines.push(line),
+                _ => {}
+            }
+        }
+        blocks
+    }
+
+    /// The pages of `docs/` that `lib.rs` includes as doc comments (a `#[doc]` attribute that
+    /// is the page's `include_str!`), so that rustdoc compiles their Rust blocks as doctests:
+    /// name and text.
+    fn doctested_chapters() -> Vec<(String, String)> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        include_str!("lib.rs")
+            .split("#[doc = include_str!(\"../docs/")
+            .skip(1)
+            .map(|rest| {
+                let name = rest[..rest.find('"').expect("a closing quote")].to_owned();
+                let text = std::fs::read_to_string(root.join("docs").join(&name)).expect("an included chapter");
+                (name, text)
+            })
+            .collect()
+    }
+
     /// Every Rust block of the README is a doctest of the crate (shown without its hidden
-    /// lines), so the README's code compiles whenever the doctests do.
+    /// lines): a block of a doc comment in `lib.rs` or `host/parent/dispatch.rs`, or of a
+    /// chapter of `docs/` that `lib.rs` includes. So the README's code compiles whenever the
+    /// doctests do.
     #[test]
     fn the_readmes_code_is_compiled() {
         let readme = include_str!("../README.md");
-        let compiled: Vec<String> = [include_str!("lib.rs"), include_str!("host/parent/dispatch.rs")]
+        let mut compiled: Vec<String> = [include_str!("lib.rs"), include_str!("host/parent/dispatch.rs")]
             .iter()
             .flat_map(|s| doc_blocks(s))
             .collect();
+        compiled.extend(doctested_chapters().iter().flat_map(|(_, text)| markdown_rust_blocks(text)));
         let mut rust_blocks = 0;
-        for block in readme.split("```rust\n").skip(1) {
-            let code = &block[..block.find("\n```").expect("an unterminated block")];
+        for code in markdown_rust_blocks(readme) {
             rust_blocks += 1;
-            assert!(compiled.iter().any(|c| c == code), "this README block is not a doctest:\n{code}");
+            assert!(compiled.contains(&code), "this README block is not a doctest:\n{code}");
         }
-        assert!(rust_blocks >= 2, "the README shows the library's code");
+        assert!(rust_blocks >= 1, "the README shows the library's code");
+    }
+
+    /// Every page of `docs/` with a Rust block is included by `lib.rs` as a doc comment, so its
+    /// code is compiled by the doctests (a page that is not would show code nothing checks).
+    #[test]
+    fn every_chapter_with_rust_code_is_a_doctest() {
+        let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+        let included: Vec<String> = doctested_chapters().into_iter().map(|(name, _)| name).collect();
+        let mut with_code = 0;
+        for entry in std::fs::read_dir(docs).expect("docs/") {
+            let path = entry.expect("entry").path();
+            let name = path.file_name().expect("a name").to_string_lossy().into_owned();
+            if !name.ends_with(".md") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("readable");
+            if !markdown_rust_blocks(&text).is_empty() {
+                with_code += 1;
+                assert!(included.contains(&name), "docs/{name} has Rust code that no doctest compiles");
+            }
+        }
+        assert!(with_code >= 2, "docs/testing.md and docs/concepts.md show code ({with_code})");
+    }
+
+    /// GitHub's anchor of a heading: lower case, letters, digits, `-` and `_` kept, spaces as `-`.
+    fn anchor(heading: &str) -> String {
+        heading
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter_map(|c| match c {
+                ' ' => Some('-'),
+                c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The lines of a Markdown page outside its fenced code blocks.
+    fn prose(page: &str) -> impl Iterator<Item = &str> {
+        let mut in_code = false;
+        page.lines().filter(move |line| {
+            if line.trim_start().starts_with("```") {
+                in_code = !in_code;
+                return false;
+            }
+            !in_code
+        })
+    }
+
+    /// Every relative link of the README and of `docs/` points at a file or folder that exists,
+    /// and a link to a heading (`page.md#anchor`, or `#anchor` on the same page) at a heading of
+    /// that page: moving a section cannot leave a link behind.
+    #[test]
+    fn every_relative_link_of_the_docs_resolves() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let mut pages = vec![root.join("README.md")];
+        for entry in std::fs::read_dir(root.join("docs")).expect("docs/") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "md") {
+                pages.push(path);
+            }
+        }
+        let anchors = |page: &std::path::Path| -> Vec<String> {
+            let text = std::fs::read_to_string(page).expect("a page");
+            prose(&text)
+                .filter_map(|line| line.trim_start_matches('#').strip_prefix(' ').filter(|_| line.starts_with('#')))
+                .map(anchor)
+                .collect()
+        };
+        let mut links = 0;
+        for page in &pages {
+            let text = std::fs::read_to_string(page).expect("a page");
+            let dir = page.parent().expect("a folder");
+            for line in prose(&text) {
+                for (at, _) in line.match_indices("](") {
+                    let rest = &line[at + 2..];
+                    let target = &rest[..rest.find(')').unwrap_or(rest.len())];
+                    if target.contains("://") || target.starts_with("mailto:") {
+                        continue;
+                    }
+                    links += 1;
+                    let (file, heading) = target.split_once('#').unwrap_or((target, ""));
+                    let file = if file.is_empty() { page.clone() } else { dir.join(file) };
+                    let shown = format!("{}: ({target})", page.display());
+                    assert!(file.exists(), "{shown}: no such file");
+                    if !heading.is_empty() {
+                        assert!(anchors(&file).iter().any(|a| a == heading), "{shown}: no such heading");
+                    }
+                }
+            }
+        }
+        assert!(links >= 40, "the README and docs/ link to each other ({links})");
     }
 
     /// Every `.rs` file under `src/`, one after another.
@@ -164,19 +300,20 @@ mod public_api_tests {
         sources
     }
 
-    /// The tests a README table names (`module::tests::name`, or `tests::name` under the module
-    /// named before it in the row) exist: a table of guards cannot point at a test that is gone.
+    /// The tests the guards table of `docs/testing.md` names (`module::tests::name`, or
+    /// `tests::name` under the module named before it in the row) exist: a table of guards
+    /// cannot point at a test that is gone.
     #[test]
-    fn every_test_the_readme_names_exists() {
-        let readme = include_str!("../README.md");
-        let table = &readme[readme.find("### The contract's guards").expect("the guards table")..];
-        let table = &table[..table[4..].find("\n## ").map_or(table.len(), |end| end + 4)];
+    fn every_test_the_guards_table_names_exists() {
+        let testing = include_str!("../docs/testing.md");
+        let table = &testing[testing.find("### The contract's guards").expect("the guards table")..];
+        let table = &table[..table[4..].find("\n#").map_or(table.len(), |end| end + 4)];
         let sources = all_sources();
         let mut named = 0;
         for cell in table.split('`').skip(1).step_by(2) {
             let Some((_, name)) = cell.rsplit_once("tests::") else { continue };
             named += 1;
-            assert!(sources.contains(&format!("fn {name}(")), "the README names a test that does not exist: {cell}");
+            assert!(sources.contains(&format!("fn {name}(")), "docs/testing.md names no such test: {cell}");
         }
         assert!(named >= 25, "the guards table names the tests ({named})");
     }
