@@ -55,7 +55,7 @@
 //!
 //! `wrangler.toml` binds each class under its own name and lists it in `new_sqlite_classes`.
 //! Clients connect to `/agents/assistant/<name>` with the stock `useAgent`, `useAgentChat` and
-//! `useAgentToolEvents`. See the README for the whole tour: tools beside agent tools, imperative
+//! `useAgentToolEvents`. See `docs/guide.md` for the whole tour: tools beside agent tools, imperative
 //! and detached runs, progress, drill-in, recovery, and the TypeScript SDK side by side.
 //!
 //! The crate is split the way the problem is: the parent's and the child's logic are plain Rust
@@ -461,7 +461,7 @@ pub use types::{
     RunStatus, ScheduledTask, DEFAULT_NOTIFY_SOURCE,
 };
 
-/// The fixed limits (see the README's "Security and limits"); the adjustable ones are
+/// The fixed limits (see `docs/security.md`); the adjustable ones are
 /// [`AgentToolOptions`] fields.
 pub mod limits {
     pub use crate::chat::protocol::{MAX_QUEUED_TURNS, MAX_WAITING_TURNS};

@@ -2,7 +2,7 @@
 //! runs, in a simulated world of objects that crash (memory lost, SQLite storage kept), a
 //! network that drops and delays hops and breaks tails, clients that drop and reconnect, slow
 //! and silent children, failing handlers, and a clock, all driven by one seed. After every step
-//! and at the end it checks the invariants the README promises:
+//! and at the end it checks the invariants docs/testing.md lists:
 //!
 //! - every run reaches a terminal status (after the faults stop);
 //! - no summary, transcript or replay joins two attempts of a child's answer;

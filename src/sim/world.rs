@@ -632,7 +632,7 @@ impl World {
                     self.trace(|| format!("cleared {cleared:?}"));
                     // The stock reducer cannot be told to forget a run (a `started` frame for
                     // a run it has as finished is ignored): an app that clears runs has its
-                    // pages reset their local state (`resetLocalState()`), as the README says;
+                    // pages reset their local state (`resetLocalState()`), as docs/concepts.md says;
                     // a connected page takes the replay again at once, another when it connects.
                     if !cleared.is_empty() {
                         for i in 0..self.clients.len() {
