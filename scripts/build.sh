@@ -7,7 +7,8 @@ source "$(dirname "$0")/env.sh"
 cd "$ROOT"
 example=false
 if [ "${1:-}" = "--example" ]; then example=true; shift; fi
-worker-build --release "$@"
+# The demo is a feature of the crate (its default features are the library alone).
+worker-build --release --features demo "$@"
 strip_wasm_names "$ROOT/build/index_bg.wasm"
 "$ROOT/scripts/build-web.sh"
 if $example; then

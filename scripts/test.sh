@@ -9,19 +9,22 @@ cd "$ROOT"
 "$ROOT/scripts/setup.sh" --with-browser
 "$ROOT/scripts/build.sh" --example
 cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --features agent-tools/demo -- -D warnings
 cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --target wasm32-unknown-unknown -p agent-tools --lib --features demo -- -D warnings
 cargo clippy --target wasm32-unknown-unknown -p agent-tools --lib -- -D warnings
-cargo clippy --target wasm32-unknown-unknown -p agent-tools --lib --no-default-features -- -D warnings
 cargo clippy --target wasm32-unknown-unknown -p hello-agents -- -D warnings
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p agent-tools --no-default-features --target wasm32-unknown-unknown
-cargo test -p agent-tools --doc
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p agent-tools --target wasm32-unknown-unknown
+cargo test -p agent-tools --doc --features demo,testing
+# The crate as it would be published: packaged, and the package built on its own.
+cargo package -p agent-tools --allow-dirty --offline
 # The schema checks compiled to wasm32 and run on V8's RegExp, in Node (tests/wasm.rs).
 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
-  cargo test --target wasm32-unknown-unknown -p agent-tools --no-default-features --test wasm
+  cargo test --target wasm32-unknown-unknown -p agent-tools --test wasm
 # The example Worker's own tests: its agents hosted natively by the test kit (no wrangler).
 cargo test -p hello-agents --tests
 rm -f "$ROOT/test-artifacts/scale.txt"
-cargo test -p agent-tools --lib --tests -- --test-threads="${TEST_THREADS:-2}" "$@"
+cargo test -p agent-tools --features demo --lib --tests -- --test-threads="${TEST_THREADS:-2}" "$@"
 if [ -f "$ROOT/test-artifacts/scale.txt" ]; then
   echo "== figures measured by tests/e2e/scale.rs (not assertions) =="
   cat "$ROOT/test-artifacts/scale.txt"
