@@ -16,23 +16,52 @@ pub use openai::OpenAiConfig;
 
 /// A model that streams one step at a time: given the conversation and the tools, it streams
 /// text and tool calls, then finishes. Implement it to plug in a provider of your own (a
-/// different HTTP API, a wrapper that routes or records); return it from
-/// [`crate::Agent::model`].
+/// different HTTP API, a wrapper that routes or records) or a scripted model for tests; return
+/// it from [`crate::Agent::model`].
+///
+/// A turn is a loop of steps. Each step gets the whole conversation so far in
+/// [`ModelRequest::messages`] (the system prompt, the user's message, then each earlier step's
+/// [`ModelMessage::Assistant`] and one [`ModelMessage::Tool`] per call it made), so a step
+/// knows where it is by reading it. A step that calls tools streams
+/// [`ModelEvent::ToolCallReady`] for each call and ends with `Finish("tool-calls")`: the turn
+/// runs the calls (agent tools and ordinary tools alike, at once), appends their results, and
+/// asks for the next step. A step that ends with any other reason (`"stop"`) ends the turn; so
+/// does [`crate::Agent::max_steps`].
+///
+/// A model that calls the agent's first tool, then answers with what it returned:
 ///
 /// ```
-/// use agent_tools::model::{Model, ModelError, ModelEvent, ModelRequest};
+/// use agent_tools::model::{Model, ModelError, ModelEvent, ModelMessage, ModelRequest, ToolCall};
+/// use serde_json::json;
 ///
-/// /// Answers every step with one fixed sentence.
-/// struct Canned(&'static str);
+/// struct CallThenAnswer;
 ///
-/// impl Model for Canned {
-///     async fn step(&self, _request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError> {
-///         on_event(ModelEvent::TextDelta(self.0.to_owned()));
-///         on_event(ModelEvent::Finish("stop".into()));
+/// impl Model for CallThenAnswer {
+///     async fn step(&self, request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError> {
+///         // Where the turn is: after a tool's result, answer; otherwise call the first tool.
+///         match (request.messages.last(), request.tools.first()) {
+///             (Some(ModelMessage::Tool { output, .. }), _) => {
+///                 on_event(ModelEvent::TextDelta(format!("The tool said: {output}")));
+///                 on_event(ModelEvent::Finish("stop".into()));
+///             }
+///             (_, Some(tool)) => {
+///                 let call = ToolCall::new("call_1", tool.name.clone(), json!({ "query": "HTTP/3" }));
+///                 on_event(ModelEvent::ToolCallReady(Ok(call)));
+///                 on_event(ModelEvent::Finish("tool-calls".into()));
+///             }
+///             (_, None) => {
+///                 on_event(ModelEvent::TextDelta("I have no tools.".into()));
+///                 on_event(ModelEvent::Finish("stop".into()));
+///             }
+///         }
 ///         Ok(())
 ///     }
 /// }
 /// ```
+///
+/// [`ModelEvent::TextDelta`] streams text as it comes; `ToolCallStart`/`ToolCallDelta` are
+/// optional (they stream a call's arguments to clients as they are typed). The test kit's
+/// `ScriptedModel` (feature `testing`) is such a model, scripted step by step.
 #[allow(async_fn_in_trait)] // Workers are single-threaded; no `Send` bound is wanted.
 pub trait Model {
     /// Streams one step for `request`, handing each event to `on_event` as it arrives. A step
