@@ -30,7 +30,7 @@ pub struct Schedule<'a, S: Sql + ?Sized> {
 fn task(row: &crate::store::Row) -> ScheduledTask {
     ScheduledTask {
         id: row.text(0).unwrap_or_default(),
-        at: row.int(1).unwrap_or(0),
+        at: crate::types::time_of(row.int(1).unwrap_or(0)),
         payload: row.text(2).and_then(|p| serde_json::from_str(&p).ok()).unwrap_or(Value::Null),
     }
 }

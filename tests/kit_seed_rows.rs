@@ -480,8 +480,8 @@ fn a_terminal_runs_ordinary_chunks_are_not_replayed() {
 #[test]
 fn reattach_budgets_default_to_two_silent_minutes_and_no_window() {
     let options = AgentToolOptions::default();
-    assert_eq!(options.reattach_no_progress_timeout_ms, 120_000);
-    assert_eq!(options.reattach_max_window_ms, None);
+    assert_eq!(options.reattach_no_progress_timeout, std::time::Duration::from_secs(120));
+    assert_eq!(options.reattach_max_window, None);
 }
 
 /// Row 137: with the default (no window), a re-attach follows a child for as long as it

@@ -2,11 +2,13 @@
 //! imperative runs and the lifecycle (`research`, `dispatch`, `cancel`, `clear`, `runs`,
 //! `hooks`).
 
+use std::time::Duration;
+
 use agent_tools::prelude::*;
 use agent_tools::sql::Value as SqlValue;
 use agent_tools::{
-    Admission, CancelToken, ClearFilter, EventDelivery, MilestoneMode, OnMilestones, ProgressSnapshot, Refusal,
-    RunInfo, RunStatus, ScheduledTask,
+    Admission, CancelToken, ClearFilter, EventDelivery, OnMilestones, ProgressSnapshot, Refusal, RunInfo, RunStatus,
+    ScheduledTask,
 };
 use agent_tools::{Env, HttpRequest};
 use futures::future::join_all;
@@ -116,28 +118,34 @@ impl Agent for Assistant {
     /// `AGENT_TOOL_RETAIN_RUNS` and `AGENT_TOOL_RETAIN_MS` (the retention policy; `0` for no
     /// limit).
     fn agent_tool_options(&self, env: &Env) -> AgentToolOptions {
-        let cap = setting(env, "MAX_CONCURRENT_AGENT_TOOLS").and_then(|v| v.parse().ok()).unwrap_or(DEMO_LIVE_RUNS);
-        let mut options = AgentToolOptions { max_concurrent: (cap > 0).then_some(cap), ..AgentToolOptions::default() };
-        if let Some(n) = setting(env, "AGENT_TOOL_RETAIN_RUNS").and_then(|v| v.parse::<usize>().ok()) {
-            options.retention.max_runs = (n > 0).then_some(n);
+        let number = |name: &str| setting(env, name).and_then(|v| v.trim().parse::<u64>().ok());
+        let cap = number("MAX_CONCURRENT_AGENT_TOOLS").map_or(DEMO_LIVE_RUNS, |n| n as usize);
+        let mut options = AgentToolOptions::default();
+        if cap > 0 {
+            options = options.max_concurrent(cap);
         }
-        if let Some(ms) = setting(env, "AGENT_TOOL_RETAIN_MS").and_then(|v| v.parse::<u64>().ok()) {
-            options.retention.max_age_ms = (ms > 0).then_some(ms);
+        if let Some(n) = number("AGENT_TOOL_RETAIN_RUNS") {
+            options.retention.max_runs = (n > 0).then_some(n as usize);
+        }
+        if let Some(ms) = number("AGENT_TOOL_RETAIN_MS") {
+            options.retention.max_age = (ms > 0).then(|| Duration::from_millis(ms));
         }
         if setting(env, "AGENT_TOOL_ADMISSION").as_deref() == Some("queue") {
-            options.admission = Admission::Queue;
+            options = options.admission(Admission::Queue);
         }
-        if let Some(ms) = setting(env, "AGENT_TOOL_ALARM_MS").and_then(|v| v.parse().ok()) {
-            options.recovery_alarm_ms = ms;
+        if let Some(ms) = number("AGENT_TOOL_ALARM_MS") {
+            options = options.recovery_alarm(Duration::from_millis(ms));
         }
         if let Some(cadence) = setting(env, "AGENT_TOOL_BACKBONE_MS") {
-            options.backbone_cadence_ms = cadence.split(',').filter_map(|n| n.trim().parse().ok()).collect();
+            let cadence: Vec<Duration> =
+                cadence.split(',').filter_map(|n| n.trim().parse().ok()).map(Duration::from_millis).collect();
+            options = options.backbone_cadence(&cadence);
         }
-        if let Some(ms) = setting(env, "AGENT_TOOL_REATTACH_NO_PROGRESS_MS").and_then(|v| v.parse().ok()) {
-            options.reattach_no_progress_timeout_ms = ms;
+        if let Some(ms) = number("AGENT_TOOL_REATTACH_NO_PROGRESS_MS") {
+            options = options.reattach_no_progress_timeout(Duration::from_millis(ms));
         }
-        if let Some(ms) = setting(env, "AGENT_TOOL_REATTACH_WINDOW_MS").and_then(|v| v.parse().ok()) {
-            options.reattach_max_window_ms = Some(ms);
+        if let Some(ms) = number("AGENT_TOOL_REATTACH_WINDOW_MS") {
+            options = options.reattach_max_window(Duration::from_millis(ms));
         }
         options
     }
@@ -212,7 +220,12 @@ impl Agent for Assistant {
             "clear" => {
                 let ClearArgs { status, older_than } =
                     rpc_arg("clear", "{status?: [statuses], olderThan?: epoch ms}", arg)?;
-                let cleared = host.clear_agent_tool_runs(&ClearFilter { status, older_than }).await?;
+                let mut filter = ClearFilter::all();
+                filter.status = status;
+                if let Some(ms) = older_than {
+                    filter = filter.older_than(std::time::UNIX_EPOCH + Duration::from_millis(ms));
+                }
+                let cleared = host.clear_agent_tool_runs(&filter).await?;
                 Ok(json!({ "cleared": cleared }))
             }
             "runs" => {
@@ -238,7 +251,7 @@ impl Agent for Assistant {
                 if host.scheduled()?.len() >= DEMO_SCHEDULED_TASKS {
                     return Err(format!("at most {DEMO_SCHEDULED_TASKS} scheduled tasks may wait at once").into());
                 }
-                let id = host.schedule_in(task.in_ms, &task).await?;
+                let id = host.schedule_in(Duration::from_millis(task.in_ms), &task).await?;
                 Ok(json!({ "taskId": id, "scheduled": host.scheduled()?.len() }))
             }
             "bench" if setting(host.env(), "BENCH_ROUTES").as_deref() == Some("1") => {
@@ -340,7 +353,7 @@ struct RunArg {
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct ClearArgs {
     status: Option<Vec<RunStatus>>,
-    older_than: Option<i64>,
+    older_than: Option<u64>,
 }
 
 /// `ask({name, message, stopAfter?})` or `ask({name, turnId, after?})`'s argument.
@@ -441,7 +454,7 @@ async fn research(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, Erro
         if ms == 0 {
             signal.cancel(Some("cancelled before the dispatch".into()));
         }
-        let wait = host.sleep(ms);
+        let wait = host.sleep(Duration::from_millis(ms));
         host.spawn(async move {
             wait.await;
             deadline.cancel(Some(format!("no result within {ms} ms")));
@@ -555,21 +568,33 @@ fn detached_options(d: DetachedArgs) -> Result<DetachedOptions, Error> {
     };
     let on_milestones = match d.on_milestones {
         None | Some(Value::Null) => None,
-        Some(names @ Value::Array(_)) => Some(OnMilestones {
-            names: rpc_arg("dispatch", "detached.onMilestones: [names] or {names, mode}", names)?,
-            mode: MilestoneMode::Narrate,
-        }),
+        Some(names @ Value::Array(_)) => Some(OnMilestones::narrate(rpc_arg::<Vec<String>>(
+            "dispatch",
+            "detached.onMilestones: [names] or {names, mode}",
+            names,
+        )?)),
         Some(with) => Some(rpc_arg("dispatch", "detached.onMilestones: [names] or {names, mode}", with)?),
     };
-    let on_finish = d.on_finish.map(serde_json::to_value).transpose().map_err(|e| Error::Failed(e.to_string()))?;
-    Ok(DetachedOptions {
-        on_finish,
-        notify,
-        notify_source,
-        max_budget_ms: d.max_budget_ms,
-        no_progress_budget_ms: d.no_progress_budget_ms,
-        on_milestones,
-    })
+    let mut options = DetachedOptions::default();
+    if let Some(tag) = d.on_finish {
+        options = options.on_finish(serde_json::to_value(tag).map_err(|e| Error::Failed(e.to_string()))?);
+    }
+    if notify {
+        options = options.notify();
+    }
+    if let Some(source) = notify_source {
+        options = options.notify_source(source);
+    }
+    if let Some(ms) = d.max_budget_ms {
+        options = options.max_budget(Duration::from_millis(ms));
+    }
+    if let Some(ms) = d.no_progress_budget_ms {
+        options = options.no_progress_budget(Duration::from_millis(ms));
+    }
+    if let Some(milestones) = on_milestones {
+        options = options.on_milestones(milestones);
+    }
+    Ok(options)
 }
 
 #[cfg(all(test, not(target_arch = "wasm32")))]

@@ -1,5 +1,7 @@
 //! The demo's child agents.
 
+use std::time::Duration;
+
 use agent_tools::model::{Model, ModelError, ModelEvent, ModelProvider, ModelRequest};
 use agent_tools::prelude::*;
 use agent_tools::Env;
@@ -51,16 +53,16 @@ impl Model for Paced {
         for (n, event) in events.enumerate() {
             let paced = matches!(event, ModelEvent::TextDelta(_) | ModelEvent::ToolCallStart { .. });
             if paced && offline.delay_ms > 0 {
-                agent_tools::sleep(offline.delay_ms).await;
+                agent_tools::sleep(Duration::from_millis(offline.delay_ms)).await;
             } else if n % 256 == 255 {
                 // With no pace, yield now and then, as a provider's stream does between reads.
-                agent_tools::sleep(0).await;
+                agent_tools::sleep(Duration::ZERO).await;
             }
             let delta = matches!(event, ModelEvent::TextDelta(_));
             on_event(event);
             if n == 0 && long && offline.delay_ms == 0 {
                 // A long answer's first event goes out at once, as a provider's first token does.
-                agent_tools::sleep(0).await;
+                agent_tools::sleep(Duration::ZERO).await;
             }
             if delta {
                 words += 1;
@@ -70,7 +72,7 @@ impl Model for Paced {
                     }
                 }
                 if self.stall_after == Some(words) {
-                    agent_tools::sleep(self.stall_ms).await;
+                    agent_tools::sleep(Duration::from_millis(self.stall_ms)).await;
                 }
             }
         }
@@ -123,24 +125,19 @@ impl Agent for Researcher {
             Ok(ModelProvider::Offline(pace)) => pace.delay_ms,
             _ => 60,
         };
-        let pause = delay.min(1000) * 2;
-        let step = |fraction: f64, phase: &str, message: &str| Progress {
-            fraction: Some(fraction),
-            phase: Some(phase.into()),
-            message: Some(message.into()),
-            ..Default::default()
-        };
+        let pause = Duration::from_millis(delay.min(1000) * 2);
+        let step =
+            |fraction: f64, phase: &str, message: &str| Progress::fraction(fraction).phase(phase).message(message);
         turn.report_progress(step(0.1, "searching", "Looking for sources"));
         turn.pause(pause).await;
-        turn.report_progress(Progress {
-            milestone: Some("sources-gathered".into()),
-            ..step(0.4, "reading", "Sources gathered")
-        });
+        let mut gathered = step(0.4, "reading", "Sources gathered");
+        gathered.milestone = Some("sources-gathered".into());
+        turn.report_progress(gathered);
         turn.pause(pause).await;
         if let Some(ms) = turn.input_json().get("hangMs").and_then(Value::as_u64) {
             // A hung child: nothing reaches this Durable Object (not even an inspection) for
             // `hangMs`, as when it is stuck; the rest of the Worker goes on.
-            let hang = turn.host().sleep(ms.min(25_000));
+            let hang = turn.host().sleep(Duration::from_millis(ms.min(25_000)));
             match turn.host().state() {
                 Some(state) => {
                     let _ = state

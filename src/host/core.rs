@@ -10,6 +10,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
+use std::time::{Duration, SystemTime};
 
 use futures::channel::oneshot;
 use serde_json::{json, Value};
@@ -180,10 +181,16 @@ impl<A: Agent> AgentHost<A> {
         self.host.0.io.log(line, true);
     }
 
-    /// Resolves after `ms` milliseconds on this object's clock (the runtime's timers in a
-    /// Worker, the test kit's virtual clock in a test).
-    pub fn sleep(&self, ms: u64) -> impl std::future::Future<Output = ()> + 'static {
-        self.host.0.io.sleep(ms)
+    /// Resolves after `duration` on this object's clock (the runtime's timers in a Worker, the
+    /// test kit's virtual clock in a test).
+    pub fn sleep(&self, duration: Duration) -> impl std::future::Future<Output = ()> + 'static {
+        self.host.0.io.sleep(crate::types::ms(duration) as u64)
+    }
+
+    /// The time now on this object's clock (`Date.now()` in a Worker, where
+    /// `SystemTime::now()` is not available; the test kit's virtual clock in a test).
+    pub fn now(&self) -> SystemTime {
+        crate::types::time_of(self.host.now())
     }
 
     /// The chat transcript (`UIMessage` JSON, oldest first).
@@ -212,18 +219,25 @@ impl<A: Agent> AgentHost<A> {
 
     // ----- scheduled work ---------------------------------------------------------------
 
-    /// Schedules [`Agent::on_schedule`] with `payload` at `at` (epoch ms; the past means now).
-    /// Durable: it survives restarts and shares the agent's one alarm with the engine. Returns
-    /// the task's id.
-    pub async fn schedule<T: serde::Serialize>(&self, at: i64, payload: &T) -> Result<String, Error> {
+    /// Schedules [`Agent::on_schedule`] with `payload` at `at` (the past means now). Durable: it
+    /// survives restarts and shares the agent's one alarm with the engine. Returns the task's id.
+    pub async fn schedule<T: serde::Serialize>(&self, at: SystemTime, payload: &T) -> Result<String, Error> {
         let payload = serde_json::to_string(payload)
             .map_err(|e| Error::Invalid(format!("the payload does not serialize: {e}")))?;
-        self.host.schedule(at, payload).await.map_err(Error::Storage)
+        self.host.schedule(crate::types::epoch_ms(at), payload).await.map_err(Error::Storage)
     }
 
-    /// Schedules a task `delay_ms` from now (see [`AgentHost::schedule`]).
-    pub async fn schedule_in<T: serde::Serialize>(&self, delay_ms: u64, payload: &T) -> Result<String, Error> {
-        self.schedule(self.host.now().saturating_add(delay_ms as i64), payload).await
+    /// Schedules a task `delay` from now (see [`AgentHost::schedule`]).
+    pub async fn schedule_in<T: serde::Serialize>(&self, delay: Duration, payload: &T) -> Result<String, Error> {
+        let at = self.host.now().saturating_add(crate::types::ms(delay));
+        self.host
+            .schedule(
+                at,
+                serde_json::to_string(payload)
+                    .map_err(|e| Error::Invalid(format!("the payload does not serialize: {e}")))?,
+            )
+            .await
+            .map_err(Error::Storage)
     }
 
     /// Cancels a scheduled task. Returns whether it was still pending.

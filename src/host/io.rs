@@ -201,11 +201,11 @@ pub(crate) fn pause(ms: u64) -> LocalFuture<'static, ()> {
     }
 }
 
-/// Waits `ms` milliseconds on the clock of whatever runs this code: the runtime's timers in a
-/// Worker, the test kit's virtual clock in a test. For code with no [`crate::AgentHost`] at hand,
-/// as a model's own pacing ([`crate::AgentHost::sleep`] is the same on an object's clock).
-pub fn sleep(ms: u64) -> impl Future<Output = ()> + 'static {
-    pause(ms)
+/// Waits `duration` on the clock of whatever runs this code: the runtime's timers in a Worker,
+/// the test kit's virtual clock in a test. For code with no [`crate::AgentHost`] at hand, as a
+/// model's own pacing ([`crate::AgentHost::sleep`] is the same on an object's clock).
+pub fn sleep(duration: std::time::Duration) -> impl Future<Output = ()> + 'static {
+    pause(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Sets how native code waits (the test kit's clock), for this thread.

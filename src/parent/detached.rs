@@ -11,7 +11,9 @@ use serde_json::Value;
 use super::registry::RunRecord;
 use crate::protocol::InterruptedReason;
 use crate::store::{Sql, StoreError, Value as V};
-use crate::types::{DetachedOptions, RunStatus, CADENCE_MS, DEFAULT_MAX_BUDGET_MS, DEFAULT_NO_PROGRESS_BUDGET_MS};
+use std::time::Duration;
+
+use crate::types::{ms, DetachedOptions, RunStatus, CADENCE_MS, DEFAULT_MAX_BUDGET_MS, DEFAULT_NO_PROGRESS_BUDGET_MS};
 
 /// How long a claimed delivery is held before another attempt may take it.
 pub const LEASE_MS: i64 = 60_000;
@@ -100,9 +102,11 @@ pub fn budget_exceeded(run: &RunRecord, now: i64) -> Option<InterruptedReason> {
 }
 
 /// The backbone's next delay after `quiet_ticks` ticks in which nothing changed.
-pub fn cadence_ms(quiet_ticks: usize, cadence: &[u64]) -> u64 {
-    let cadence = if cadence.is_empty() { &CADENCE_MS[..] } else { cadence };
-    cadence[quiet_ticks.min(cadence.len() - 1)]
+pub fn cadence_ms(quiet_ticks: usize, cadence: &[Duration]) -> u64 {
+    match cadence {
+        [] => CADENCE_MS[quiet_ticks.min(CADENCE_MS.len() - 1)],
+        _ => ms(cadence[quiet_ticks.min(cadence.len() - 1)]) as u64,
+    }
 }
 
 /// The detached ledger over any [`Sql`].
@@ -135,10 +139,8 @@ impl<'a, S: Sql + ?Sized> Ledger<'a, S> {
 
     /// Marks a freshly inserted run detached, with its budgets and handlers.
     pub fn configure(&self, run_id: &str, options: &DetachedOptions, now: i64) -> Result<(), StoreError> {
-        // Saturating: a budget past `i64::MAX` ms is "never", not a negative number.
-        let ms = |budget: u64| i64::try_from(budget).unwrap_or(i64::MAX);
-        let max = ms(options.max_budget_ms.unwrap_or(DEFAULT_MAX_BUDGET_MS));
-        let no_progress = ms(options.no_progress_budget_ms.unwrap_or(DEFAULT_NO_PROGRESS_BUDGET_MS));
+        let max = options.max_budget.map_or(DEFAULT_MAX_BUDGET_MS as i64, ms);
+        let no_progress = options.no_progress_budget.map_or(DEFAULT_NO_PROGRESS_BUDGET_MS as i64, ms);
         self.sql.exec(
             "UPDATE agent_tool_runs SET detached = 1, on_finish = ?, notify_source = ?, on_milestones_json = ?, \
              max_budget_at = ?, no_progress_budget_ms = ?, notify = ? WHERE run_id = ?",
@@ -278,8 +280,8 @@ mod tests {
             on_finish: Some(json!({"handler": "importDone"})),
             notify: true,
             notify_source: Some("research-background".into()),
-            max_budget_ms: Some(1000),
-            no_progress_budget_ms: Some(0),
+            max_budget: Some(std::time::Duration::from_millis(1000)),
+            no_progress_budget: Some(std::time::Duration::from_millis(0)),
             on_milestones: Some(OnMilestones { names: vec!["m".into()], mode: MilestoneMode::React }),
         };
         detached(&db, "r", &options, 100);
@@ -296,8 +298,8 @@ mod tests {
         assert_eq!(defaults.max_budget_at, Some(DEFAULT_MAX_BUDGET_MS as i64));
         assert_eq!(defaults.no_progress_budget_ms, Some(DEFAULT_NO_PROGRESS_BUDGET_MS as i64));
         let huge = DetachedOptions {
-            max_budget_ms: Some(u64::MAX),
-            no_progress_budget_ms: Some(u64::MAX),
+            max_budget: Some(Duration::MAX),
+            no_progress_budget: Some(Duration::MAX),
             ..Default::default()
         };
         detached(&db, "h", &huge, 5);
@@ -332,8 +334,11 @@ mod tests {
     #[test]
     fn budgets() {
         let db = db();
-        let options =
-            DetachedOptions { max_budget_ms: Some(1000), no_progress_budget_ms: Some(300), ..Default::default() };
+        let options = DetachedOptions {
+            max_budget: Some(std::time::Duration::from_millis(1000)),
+            no_progress_budget: Some(std::time::Duration::from_millis(300)),
+            ..Default::default()
+        };
         detached(&db, "r", &options, 0);
         let reg = Registry::new(&db);
         reg.mark_running("r").unwrap();
@@ -351,7 +356,12 @@ mod tests {
         assert_eq!(budget_exceeded(&run, 400), Some(InterruptedReason::NoProgress));
         reg.append("r", &[progress], None, 350).unwrap();
         assert_eq!(budget_exceeded(&reg.get("r").unwrap().unwrap(), 600), None, "progress resets it");
-        detached(&db, "off", &DetachedOptions { no_progress_budget_ms: Some(0), ..Default::default() }, 0);
+        detached(
+            &db,
+            "off",
+            &DetachedOptions { no_progress_budget: Some(std::time::Duration::from_millis(0)), ..Default::default() },
+            0,
+        );
         reg.append("off", &[progress], None, 1).unwrap();
         assert_eq!(budget_exceeded(&reg.get("off").unwrap().unwrap(), 10_000_000), None, "0 disables it");
     }
@@ -463,9 +473,10 @@ mod tests {
 
     #[test]
     fn the_cadence_escalates_and_caps() {
-        let got: Vec<u64> = (0..6).map(|n| cadence_ms(n, &CADENCE_MS)).collect();
+        let cadence: Vec<Duration> = CADENCE_MS.iter().copied().map(Duration::from_millis).collect();
+        let got: Vec<u64> = (0..6).map(|n| cadence_ms(n, &cadence)).collect();
         assert_eq!(got, vec![5_000, 15_000, 30_000, 120_000, 120_000, 120_000]);
-        assert_eq!(cadence_ms(3, &[100]), 100);
+        assert_eq!(cadence_ms(3, &[Duration::from_millis(100)]), 100);
         assert_eq!(cadence_ms(0, &[]), 5_000);
     }
 }

@@ -73,9 +73,11 @@ fn scenario(seed: u64) -> (World, Option<usize>) {
     }
     let options = AgentToolOptions {
         max_concurrent: cap,
-        recovery_alarm_ms: rng.range(1_000, 10_000) as u64,
-        reattach_no_progress_timeout_ms: rng.range(20_000, 120_000) as u64,
-        reattach_max_window_ms: rng.chance(0.2).then(|| rng.range(30_000, 300_000) as u64),
+        recovery_alarm: std::time::Duration::from_millis(rng.range(1_000, 10_000) as u64),
+        reattach_no_progress_timeout: std::time::Duration::from_millis(rng.range(20_000, 120_000) as u64),
+        reattach_max_window: rng
+            .chance(0.2)
+            .then(|| std::time::Duration::from_millis(rng.range(30_000, 300_000) as u64)),
         recovery: policy,
         ..AgentToolOptions::default()
     };

@@ -862,8 +862,8 @@ impl World {
         let detached = plan.detached.map(|_| DetachedOptions {
             on_finish: (!plan.notify).then(|| json!("handler")),
             notify: plan.notify,
-            max_budget_ms: plan.budgets.0,
-            no_progress_budget_ms: plan.budgets.1,
+            max_budget: plan.budgets.0.map(std::time::Duration::from_millis),
+            no_progress_budget: plan.budgets.1.map(std::time::Duration::from_millis),
             on_milestones: plan.on_milestones.then(|| crate::types::OnMilestones {
                 names: vec!["first-word".into()],
                 mode: if plan.notify {

@@ -70,11 +70,11 @@ pub struct DetachedOptions {
     /// The `metadata.source` of the messages `notify` and `on_milestones` inject (default
     /// [`DEFAULT_NOTIFY_SOURCE`]).
     pub notify_source: Option<String>,
-    /// Absolute budget (default: [`crate::AgentToolOptions::detached_max_budget_ms`], 24 h).
-    pub max_budget_ms: Option<u64>,
+    /// Absolute budget (default: [`crate::AgentToolOptions::detached_max_budget`], 24 h).
+    pub max_budget: Option<Duration>,
     /// Resetting budget once the child has signalled (default:
-    /// [`crate::AgentToolOptions::detached_no_progress_budget_ms`], 1 h; 0 disables it).
-    pub no_progress_budget_ms: Option<u64>,
+    /// [`crate::AgentToolOptions::detached_no_progress_budget`], 1 h; zero disables it).
+    pub no_progress_budget: Option<Duration>,
     /// Milestones to surface in the chat.
     pub on_milestones: Option<OnMilestones>,
 }
@@ -99,15 +99,15 @@ impl DetachedOptions {
         self
     }
 
-    /// Sets [`Self::max_budget_ms`].
+    /// Sets [`Self::max_budget`].
     pub fn max_budget(mut self, budget: Duration) -> Self {
-        self.max_budget_ms = Some(super::options::millis(budget));
+        self.max_budget = Some(budget);
         self
     }
 
-    /// Sets [`Self::no_progress_budget_ms`] (zero disables it).
+    /// Sets [`Self::no_progress_budget`] (zero disables it).
     pub fn no_progress_budget(mut self, budget: Duration) -> Self {
-        self.no_progress_budget_ms = Some(super::options::millis(budget));
+        self.no_progress_budget = Some(budget);
         self
     }
 

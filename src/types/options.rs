@@ -2,7 +2,7 @@
 //! admission, its re-attach, detached and retention budgets, and how it heals a lost turn (the
 //! TypeScript SDK's static `options`).
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// A detached run's absolute budget by default: 24 h.
 pub const DEFAULT_MAX_BUDGET_MS: u64 = 24 * 60 * 60 * 1000;
@@ -70,7 +70,7 @@ pub enum Admission {
 /// `Default` and chain what differs:
 ///
 /// ```
-/// use std::time::Duration;
+/// use std::time::{Duration, SystemTime, UNIX_EPOCH};
 /// use agent_tools::{Admission, AgentToolOptions, Retention};
 ///
 /// let options = AgentToolOptions::default()
@@ -79,7 +79,7 @@ pub enum Admission {
 ///     .detached_max_budget(Duration::from_secs(2 * 60 * 60))
 ///     .retention(Retention::new(Some(100), Some(Duration::from_secs(24 * 60 * 60))));
 /// assert_eq!(options.max_concurrent, Some(4));
-/// assert_eq!(options.retention.max_age_ms, Some(86_400_000));
+/// assert_eq!(options.retention.max_age, Some(Duration::from_secs(86_400)));
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -90,21 +90,21 @@ pub struct AgentToolOptions {
     /// What a dispatch over the cap does.
     pub admission: Admission,
     /// How long a followed child may send nothing before the run is sealed `interrupted`
-    /// (`no-progress`, the child left running). Default 120 000 ms.
-    pub reattach_no_progress_timeout_ms: u64,
+    /// (`no-progress`, the child left running). Default 120 s.
+    pub reattach_no_progress_timeout: Duration,
     /// The longest a run may be followed after its tail first broke; past it the child is torn
     /// down and the run sealed `interrupted` (`window-exceeded`). Default: unlimited.
-    pub reattach_max_window_ms: Option<u64>,
+    pub reattach_max_window: Option<Duration>,
     /// How soon after a run starts the agent's alarm fires (and then how often, while runs are
-    /// live) to recover runs a restart left undriven. Default 10 000 ms.
-    pub recovery_alarm_ms: u64,
+    /// live) to recover runs a restart left undriven. Default 10 s.
+    pub recovery_alarm: Duration,
     /// The detached backbone's cadence while nothing changes (default 5, 15, 30, then every
     /// 120 s).
-    pub backbone_cadence_ms: Vec<u64>,
+    pub backbone_cadence: Vec<Duration>,
     /// A detached run's absolute budget unless it sets one (default 24 h).
-    pub detached_max_budget_ms: u64,
-    /// A detached run's no-progress budget unless it sets one (default 1 h; 0 disables it).
-    pub detached_no_progress_budget_ms: u64,
+    pub detached_max_budget: Duration,
+    /// A detached run's no-progress budget unless it sets one (default 1 h; zero disables it).
+    pub detached_no_progress_budget: Duration,
     /// How this agent, as a child, heals a turn a restart cut short.
     pub recovery: RecoveryPolicy,
     /// With [`RecoveryPolicy::Rerun`], the most attempts a run gets across restarts (the
@@ -125,26 +125,38 @@ pub struct AgentToolOptions {
 pub struct Retention {
     /// The most finished runs kept; the oldest go first. Default 500.
     pub max_runs: Option<usize>,
-    /// The longest a finished run is kept after it ended, in ms. Default 7 days.
-    pub max_age_ms: Option<u64>,
+    /// The longest a finished run is kept after it ended. Default 7 days.
+    pub max_age: Option<Duration>,
 }
 
 impl Retention {
     /// Keep at most `max_runs` finished runs, each for at most `max_age` after it ended
     /// (`None`: no such limit).
     pub fn new(max_runs: Option<usize>, max_age: Option<Duration>) -> Self {
-        Self { max_runs, max_age_ms: max_age.map(millis) }
+        Self { max_runs, max_age }
     }
 
     /// Keep every run until it is cleared explicitly.
     pub const fn forever() -> Self {
-        Self { max_runs: None, max_age_ms: None }
+        Self { max_runs: None, max_age: None }
     }
 }
 
-/// A duration in whole milliseconds, as the engines count (saturating).
-pub(crate) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+/// A duration in whole milliseconds, as the engines count time (saturating: a duration past
+/// `i64::MAX` ms is "never", not a negative number).
+pub(crate) fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A time as the engines count it: milliseconds since the Unix epoch (saturating; a time before
+/// the epoch is 0).
+pub(crate) fn epoch_ms(time: SystemTime) -> i64 {
+    time.duration_since(UNIX_EPOCH).map_or(0, ms)
+}
+
+/// The time `epoch_ms` milliseconds after the Unix epoch (the epoch itself for a negative one).
+pub(crate) fn time_of(epoch_ms: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(u64::try_from(epoch_ms).unwrap_or(0))
 }
 
 /// The settings as a chain: `AgentToolOptions::default().max_concurrent(4).admission(Admission::Queue)`.
@@ -161,39 +173,39 @@ impl AgentToolOptions {
         self
     }
 
-    /// Sets [`Self::reattach_no_progress_timeout_ms`].
+    /// Sets [`Self::reattach_no_progress_timeout`].
     pub fn reattach_no_progress_timeout(mut self, timeout: Duration) -> Self {
-        self.reattach_no_progress_timeout_ms = millis(timeout);
+        self.reattach_no_progress_timeout = timeout;
         self
     }
 
-    /// Sets [`Self::reattach_max_window_ms`].
+    /// Sets [`Self::reattach_max_window`].
     pub fn reattach_max_window(mut self, window: Duration) -> Self {
-        self.reattach_max_window_ms = Some(millis(window));
+        self.reattach_max_window = Some(window);
         self
     }
 
-    /// Sets [`Self::recovery_alarm_ms`].
+    /// Sets [`Self::recovery_alarm`].
     pub fn recovery_alarm(mut self, every: Duration) -> Self {
-        self.recovery_alarm_ms = millis(every);
+        self.recovery_alarm = every;
         self
     }
 
-    /// Sets [`Self::backbone_cadence_ms`].
+    /// Sets [`Self::backbone_cadence`].
     pub fn backbone_cadence(mut self, cadence: &[Duration]) -> Self {
-        self.backbone_cadence_ms = cadence.iter().copied().map(millis).collect();
+        self.backbone_cadence = cadence.to_vec();
         self
     }
 
-    /// Sets [`Self::detached_max_budget_ms`].
+    /// Sets [`Self::detached_max_budget`].
     pub fn detached_max_budget(mut self, budget: Duration) -> Self {
-        self.detached_max_budget_ms = millis(budget);
+        self.detached_max_budget = budget;
         self
     }
 
-    /// Sets [`Self::detached_no_progress_budget_ms`] (zero disables it).
+    /// Sets [`Self::detached_no_progress_budget`] (zero disables it).
     pub fn detached_no_progress_budget(mut self, budget: Duration) -> Self {
-        self.detached_no_progress_budget_ms = millis(budget);
+        self.detached_no_progress_budget = budget;
         self
     }
 
@@ -218,7 +230,7 @@ impl AgentToolOptions {
 
 impl Default for Retention {
     fn default() -> Self {
-        Self { max_runs: Some(500), max_age_ms: Some(7 * 24 * 60 * 60 * 1000) }
+        Self { max_runs: Some(500), max_age: Some(Duration::from_secs(7 * 24 * 60 * 60)) }
     }
 }
 
@@ -227,12 +239,12 @@ impl Default for AgentToolOptions {
         Self {
             max_concurrent: None,
             admission: Admission::Reject,
-            reattach_no_progress_timeout_ms: 120_000,
-            reattach_max_window_ms: None,
-            recovery_alarm_ms: 10_000,
-            backbone_cadence_ms: CADENCE_MS.to_vec(),
-            detached_max_budget_ms: DEFAULT_MAX_BUDGET_MS,
-            detached_no_progress_budget_ms: DEFAULT_NO_PROGRESS_BUDGET_MS,
+            reattach_no_progress_timeout: Duration::from_secs(120),
+            reattach_max_window: None,
+            recovery_alarm: Duration::from_secs(10),
+            backbone_cadence: CADENCE_MS.iter().copied().map(Duration::from_millis).collect(),
+            detached_max_budget: Duration::from_millis(DEFAULT_MAX_BUDGET_MS),
+            detached_no_progress_budget: Duration::from_millis(DEFAULT_NO_PROGRESS_BUDGET_MS),
             recovery: RecoveryPolicy::Rerun,
             max_recovery_attempts: DEFAULT_MAX_RECOVERY_ATTEMPTS,
             retention: Retention::default(),

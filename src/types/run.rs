@@ -2,6 +2,8 @@
 //! of the registry (the TypeScript SDK's `RunAgentToolOptions`, `RunAgentToolResult`,
 //! `AgentToolFailure`, `AgentToolRunInfo`, `AgentToolProgressSnapshot`, …).
 
+use std::time::SystemTime;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -415,8 +417,8 @@ pub struct AgentToolChunk {
 pub struct ClearFilter {
     /// Only runs with one of these statuses (all, when `None`).
     pub status: Option<Vec<RunStatus>>,
-    /// Only runs started before this time, epoch ms (all, when `None`).
-    pub older_than: Option<i64>,
+    /// Only runs started before this time (all, when `None`).
+    pub older_than: Option<SystemTime>,
 }
 
 impl ClearFilter {
@@ -431,9 +433,9 @@ impl ClearFilter {
         self
     }
 
-    /// Only runs started before `epoch_ms`.
-    pub fn older_than(mut self, epoch_ms: i64) -> Self {
-        self.older_than = Some(epoch_ms);
+    /// Only runs started before `time` (`host.now() - Duration::from_secs(3600)`: an hour ago).
+    pub fn older_than(mut self, time: SystemTime) -> Self {
+        self.older_than = Some(time);
         self
     }
 }
@@ -445,8 +447,8 @@ impl ClearFilter {
 pub struct ScheduledTask {
     /// Its id (returned by `schedule`).
     pub id: String,
-    /// When it was due, epoch ms.
-    pub at: i64,
+    /// When it was due.
+    pub at: SystemTime,
     /// Its payload, as scheduled.
     pub payload: Value,
 }
@@ -517,7 +519,7 @@ mod tests {
 
     #[test]
     fn scheduled_payloads_come_back_typed() {
-        let task = ScheduledTask { id: "t".into(), at: 5, payload: json!({"n": 3}) };
+        let task = ScheduledTask { id: "t".into(), at: crate::types::time_of(5), payload: json!({"n": 3}) };
         #[derive(serde::Deserialize, PartialEq, Debug)]
         struct P {
             n: u8,

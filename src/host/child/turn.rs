@@ -1,5 +1,7 @@
 //! The running agent-tool run, as the child agent sees it.
 
+use std::time::Duration;
+
 use futures::future::select;
 use serde_json::Value;
 
@@ -142,12 +144,12 @@ impl<A: Agent> Turn<A> {
         self.host.host.child_progress(&self.run_id, Report { persist: progress.persist, progress });
     }
 
-    /// Waits `ms` milliseconds, or less if the run is cancelled meanwhile.
-    pub async fn pause(&self, ms: u64) {
-        if ms == 0 {
+    /// Waits `duration`, or less if the run is cancelled meanwhile.
+    pub async fn pause(&self, duration: Duration) {
+        if duration.is_zero() {
             return;
         }
-        let delay = self.host.host.0.io.sleep(ms);
+        let delay = self.host.host.0.io.sleep(crate::types::ms(duration) as u64);
         let cancelled = self.cancel.cancelled();
         futures::pin_mut!(delay, cancelled);
         select(delay, cancelled).await;

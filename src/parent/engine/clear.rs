@@ -4,7 +4,7 @@
 use serde_json::json;
 
 use super::*;
-use crate::types::ClearFilter;
+use crate::types::{epoch_ms, ms, ClearFilter};
 
 /// What a call on the engine that answers its caller gives back: the answer, and the actions to
 /// carry out either way (a failure is reported and retried through them).
@@ -63,11 +63,11 @@ impl ParentEngine {
     /// the alarm comes back soon for the rest). Runs with a delivery still owed stay.
     pub(super) fn retain(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Result<Vec<ParentAction>, StoreError> {
         let policy = self.options.retention;
-        if policy.max_runs.is_none() && policy.max_age_ms.is_none() {
+        if policy.max_runs.is_none() && policy.max_age.is_none() {
             return Ok(Vec::new());
         }
         let registry = Registry::new(sql);
-        let ended_before = policy.max_age_ms.map(|ms| now.saturating_sub(ms as i64));
+        let ended_before = policy.max_age.map(|age| now.saturating_sub(ms(age)));
         let candidates = registry.beyond_retention(policy.max_runs, ended_before, RETENTION_BATCH)?;
         if candidates.is_empty() {
             return Ok(Vec::new());
@@ -90,7 +90,7 @@ impl ParentEngine {
         if !doomed.is_empty() {
             actions.push(ParentAction::Observe(
                 EventType::Retention,
-                json!({ "cleared": doomed.len(), "maxRuns": policy.max_runs, "maxAgeMs": policy.max_age_ms }),
+                json!({ "cleared": doomed.len(), "maxRuns": policy.max_runs, "maxAgeMs": policy.max_age.map(ms) }),
             ));
         }
         Ok(actions)
@@ -101,7 +101,7 @@ impl ParentEngine {
     /// high-water mark). Answers the cleared run ids and the first failure, if any; `Err` when
     /// the runs could not even be listed.
     pub fn clear(&mut self, sql: &(impl Sql + ?Sized), filter: &ClearFilter, now: i64) -> Called<Cleared> {
-        let runs = match Registry::new(sql).matching(filter.status.as_deref(), filter.older_than) {
+        let runs = match Registry::new(sql).matching(filter.status.as_deref(), filter.older_than.map(epoch_ms)) {
             Ok(runs) => runs,
             Err(error) => {
                 let actions = self.trouble(None, "clear", &error, now);

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use super::*;
 use crate::parent::registry::{Inserted, NewRun, RegistryError};
 use crate::protocol::child_api::StartRequest;
-use crate::types::Admission;
+use crate::types::{ms, Admission};
 
 /// Why a dispatch is too big to take, if it is.
 fn oversized(new: &NewRun, input: &Value) -> Option<String> {
@@ -149,8 +149,8 @@ impl ParentEngine {
         };
         let mut actions = vec![ParentAction::Broadcast(record.started_frame().to_json())];
         if let Some(mut options) = detached {
-            options.max_budget_ms.get_or_insert(self.options.detached_max_budget_ms);
-            options.no_progress_budget_ms.get_or_insert(self.options.detached_no_progress_budget_ms);
+            options.max_budget.get_or_insert(self.options.detached_max_budget);
+            options.no_progress_budget.get_or_insert(self.options.detached_no_progress_budget);
             let ledger = Ledger::new(sql);
             ledger.configure(&record.run_id, &options, now)?;
             record = registry.get(&record.run_id)?.unwrap_or(record);
@@ -161,7 +161,7 @@ impl ParentEngine {
                 actions.push(ParentAction::Observe(EventType::DetachedLiveCountWarning, json!({ "live": live })));
             }
         } else {
-            actions.push(ParentAction::ArmAlarm { at: now + self.options.recovery_alarm_ms as i64 });
+            actions.push(ParentAction::ArmAlarm { at: now + ms(self.options.recovery_alarm) });
         }
         actions.push(ParentAction::Hook(HookCall::Start(record.info())));
         actions.extend(self.drive(sql, &record, input, false, now)?);

@@ -8,7 +8,7 @@ use crate::parent::registry::Forward;
 use crate::protocol::child_api::InspectionReply;
 use crate::protocol::tail::{ChunkKind, TailLine};
 use crate::protocol::{EventFrame, InterruptedReason};
-use crate::types::{Milestone, OnMilestones, ProgressSnapshot, DEFAULT_NOTIFY_SOURCE};
+use crate::types::{ms, Milestone, OnMilestones, ProgressSnapshot, DEFAULT_NOTIFY_SOURCE};
 
 /// A chunk of a tail batch to forward: its kind, its body, and what replay keeps instead.
 type Forwarded = (ChunkKind, String, Option<String>);
@@ -261,7 +261,7 @@ impl ParentEngine {
     ) -> Result<Vec<ParentAction>, StoreError> {
         let Some(record) = Registry::new(sql).get(run_id)? else { return self.forget(sql, run_id) };
         let to = self.address(sql, &record)?;
-        let max_window = self.options.reattach_max_window_ms;
+        let max_window = self.options.reattach_max_window.map(ms);
         let next = self.gen();
         let Some(driver) = self.drivers.get_mut(run_id) else { return Ok(Vec::new()) };
         let close = ParentAction::CloseTail { run_id: run_id.to_owned() };
@@ -281,7 +281,7 @@ impl ParentEngine {
         }
         driver.reattaching = true;
         if driver.window_end.is_none() && !driver.detached {
-            driver.window_end = max_window.map(|ms| now.saturating_add(ms as i64));
+            driver.window_end = max_window.map(|ms| now.saturating_add(ms));
         }
         driver.gen = next;
         driver.phase = Phase::Inspecting;
@@ -429,7 +429,7 @@ fn keep_waiting(driver: &Driver, options: &AgentToolOptions, now: i64) -> Decide
             child_still_running: Some(false),
         });
     }
-    let no_progress = options.reattach_no_progress_timeout_ms as i64;
+    let no_progress = ms(options.reattach_no_progress_timeout);
     if now - driver.last_progress >= no_progress {
         return Decide::Conclude(Terminal::Interrupted {
             error: format!("the child made no progress for {no_progress} ms; it may still be running"),

@@ -30,7 +30,7 @@ use crate::parent::detached::{Ledger, Slot};
 use crate::parent::registry::{Registry, RunRecord, Terminal};
 use crate::protocol::tail::{OutcomeStatus, RunOutcome};
 use crate::store::{atomic, meta, Sql, StoreError};
-use crate::types::{AgentToolOptions, EventDelivery, RunResult, RunStatus};
+use crate::types::{ms, AgentToolOptions, EventDelivery, RunResult, RunStatus};
 
 mod clear;
 mod conclude;
@@ -404,7 +404,7 @@ impl ParentEngine {
     /// [`Self::handle_timeout`] then. One deadline for every run, as quinn-proto's
     /// `poll_timeout`.
     pub fn poll_timeout(&self) -> Option<i64> {
-        let no_progress = self.options.reattach_no_progress_timeout_ms as i64;
+        let no_progress = ms(self.options.reattach_no_progress_timeout);
         let drivers = self.drivers.values().filter_map(|d| d.deadline(no_progress));
         drivers.chain(self.watching.values().map(|w| w.due)).min()
     }
@@ -412,7 +412,7 @@ impl ParentEngine {
     /// The time came: every wait that ended is taken up (a tail opened again, an inspection
     /// timed out, a silent or over-long re-attach stopped).
     pub fn handle_timeout(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Vec<ParentAction> {
-        let no_progress = self.options.reattach_no_progress_timeout_ms as i64;
+        let no_progress = ms(self.options.reattach_no_progress_timeout);
         let mut due: Vec<String> = self
             .drivers
             .iter()

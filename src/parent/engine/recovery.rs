@@ -8,6 +8,7 @@ use super::*;
 use crate::parent::detached::{budget_exceeded, cadence_ms};
 use crate::protocol::child_api::InspectionReply;
 use crate::protocol::InterruptedReason;
+use crate::types::ms;
 
 impl ParentEngine {
     /// The first event of a fresh instance: starts recovery once, without holding it up.
@@ -74,11 +75,12 @@ impl ParentEngine {
         let mut sooner = |at: i64| next = Some(next.map_or(at, |n: i64| n.min(at)));
         let live = registry.live_count()?;
         if live > 0 {
-            sooner(now + self.options.recovery_alarm_ms as i64);
+            sooner(now + ms(self.options.recovery_alarm));
         }
-        if let (Some(max_age), Some(oldest)) = (self.options.retention.max_age_ms, registry.oldest_finished_at()?) {
+        if let (Some(max_age), Some(oldest)) = (self.options.retention.max_age.map(ms), registry.oldest_finished_at()?)
+        {
             // The oldest finished run comes of age then (never sooner than a second from now).
-            sooner((oldest + max_age as i64).max(now + 1000));
+            sooner(oldest.saturating_add(max_age).max(now + 1000));
         }
         if registry.child_clears_pending()? > 0 {
             sooner(now + CHILD_CLEAR_RETRY_MS);
@@ -100,7 +102,7 @@ impl ParentEngine {
     }
 
     pub(super) fn cadence(&self) -> u64 {
-        cadence_ms(self.quiet_ticks, &self.options.backbone_cadence_ms)
+        cadence_ms(self.quiet_ticks, &self.options.backbone_cadence)
     }
 
     /// Finds the live runs nobody drives (a restart left them) and lines them up for
@@ -116,11 +118,11 @@ impl ParentEngine {
         if undriven.is_empty() {
             return Ok(Vec::new());
         }
-        let window = self.options.reattach_max_window_ms;
+        let window = self.options.reattach_max_window.map(ms);
         for record in &undriven {
             self.watching.remove(&record.run_id);
             let mut driver = Driver::new(record, Phase::Inspecting, true, now);
-            driver.window_end = window.filter(|_| !driver.detached).map(|ms| now.saturating_add(ms as i64));
+            driver.window_end = window.filter(|_| !driver.detached).map(|ms| now.saturating_add(ms));
             driver.recovering = true;
             self.drivers.insert(record.run_id.clone(), driver);
         }

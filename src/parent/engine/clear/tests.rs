@@ -3,10 +3,8 @@ use crate::types::Retention;
 
 #[test]
 fn retention_clears_the_oldest_finished_runs_and_their_children() {
-    let options = AgentToolOptions {
-        retention: Retention { max_runs: Some(2), max_age_ms: None },
-        ..AgentToolOptions::default()
-    };
+    let options =
+        AgentToolOptions { retention: Retention { max_runs: Some(2), max_age: None }, ..AgentToolOptions::default() };
     let (db, mut engine) = engine(options);
     let registry = Registry::new(&db);
     for i in 0..4 {

@@ -177,7 +177,7 @@ fn a_conclusion_arms_the_backbone_only_for_what_it_must_watch() {
             })
             .collect()
     };
-    let cadence = AgentToolOptions::default().backbone_cadence_ms[0] as i64;
+    let cadence = AgentToolOptions::default().backbone_cadence[0].as_millis() as i64;
     // An awaited run's plain end.
     let (db, mut parent) = engine(AgentToolOptions::default());
     assert!(alarms(&ended(&db, &mut parent, None)).is_empty());

@@ -114,8 +114,8 @@ fn the_inspection_matrix() {
 #[test]
 fn a_live_child_is_waited_on_within_the_budgets() {
     let options = AgentToolOptions {
-        reattach_no_progress_timeout_ms: 1_000,
-        reattach_max_window_ms: Some(5_000),
+        reattach_no_progress_timeout: std::time::Duration::from_millis(1_000),
+        reattach_max_window: Some(std::time::Duration::from_millis(5_000)),
         ..AgentToolOptions::default()
     };
     let record = |detached: bool| {
@@ -450,7 +450,10 @@ fn a_drain_that_breaks_off_is_read_again_then_given_up() {
 /// bound it). Each inspection is due within `INSPECT_TIMEOUT_MS`.
 #[test]
 fn the_reattach_window_starts_when_an_awaited_runs_tail_breaks() {
-    let options = AgentToolOptions { reattach_max_window_ms: Some(1_000), ..AgentToolOptions::default() };
+    let options = AgentToolOptions {
+        reattach_max_window: Some(std::time::Duration::from_millis(1_000)),
+        ..AgentToolOptions::default()
+    };
     for detached in [false, true] {
         let (db, mut engine) = testing::engine(options.clone());
         let tail = started(&db, &mut engine, "r", detached.then(crate::types::DetachedOptions::default));

@@ -94,8 +94,11 @@ fn a_recovery_pass_inspects_each_undriven_run_and_seals_those_past_its_deadline(
 #[test]
 fn the_backbone_gives_up_on_an_exhausted_budget_and_records_a_late_completion() {
     let (db, mut engine) = engine(AgentToolOptions::default());
-    let budget =
-        Some(DetachedOptions { on_finish: Some(json!("h")), max_budget_ms: Some(1_000), ..Default::default() });
+    let budget = Some(DetachedOptions {
+        on_finish: Some(json!("h")),
+        max_budget: Some(std::time::Duration::from_millis(1_000)),
+        ..Default::default()
+    });
     started(&db, &mut engine, "r", budget);
     let actions = engine.alarm(&db, 2_000);
     let row = Registry::new(&db).get("r").unwrap().unwrap();
@@ -193,8 +196,8 @@ fn a_silent_detached_run_is_given_up_softly_and_its_late_result_recorded() {
     let (db, mut engine) = engine(AgentToolOptions::default());
     let silent = DetachedOptions {
         on_finish: Some(json!("h")),
-        no_progress_budget_ms: Some(300),
-        max_budget_ms: Some(60_000),
+        no_progress_budget: Some(std::time::Duration::from_millis(300)),
+        max_budget: Some(std::time::Duration::from_millis(60_000)),
         ..Default::default()
     };
     let tail = started(&db, &mut engine, "r", Some(silent));
