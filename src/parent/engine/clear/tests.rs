@@ -28,3 +28,81 @@ fn retention_clears_the_oldest_finished_runs_and_their_children() {
     assert!(matches!(dispatch(&mut engine, &db, "r4", json!(4)).0, Admitted::Driving(_)));
     assert_eq!(registry.all().unwrap().len(), 3);
 }
+
+/// The re-arm at a full batch is what clears a backlog bigger than one batch: the alarm comes
+/// back [`RETAIL_PAUSE_MS`] later for the rest, and not once the backlog is gone.
+#[test]
+fn retention_comes_back_soon_after_a_full_batch_only() {
+    let retention = Retention { max_runs: Some(1), max_age: None };
+    let (db, mut engine) = engine(AgentToolOptions { retention, ..AgentToolOptions::default() });
+    let registry = Registry::new(&db);
+    let total = RETENTION_BATCH as i64 + 6;
+    for i in 0..total {
+        let id = format!("r{i:04}");
+        registry.insert(&new_run(&id, &json!(i)), i).unwrap();
+        registry.finish(&id, &Terminal::Completed { summary: "s".into(), output: None }, 10_000 + i).unwrap();
+    }
+    let soon = |actions: &[ParentAction], now: i64| {
+        actions.iter().any(|a| matches!(a, ParentAction::ArmAlarm { at } if *at == now + RETAIL_PAUSE_MS))
+    };
+    let cleared =
+        |actions: &[ParentAction]| actions.iter().filter(|a| matches!(a, ParentAction::ClearChild { .. })).count();
+
+    let first = engine.alarm(&db, 20_000);
+    assert_eq!(cleared(&first), RETENTION_BATCH, "one batch at a time");
+    assert!(soon(&first, 20_000), "a full batch: the alarm comes back for the rest: {first:?}");
+
+    let now = 20_000 + RETAIL_PAUSE_MS;
+    let second = engine.alarm(&db, now);
+    assert_eq!(cleared(&second), 5, "the rest, the newest run kept");
+    assert!(!soon(&second, now), "the backlog is gone: no early return: {second:?}");
+    assert_eq!(registry.all().unwrap().len(), 1);
+}
+
+/// Clearing cancels a live run (its child stops, the run ends `aborted` before it goes) and
+/// leaves a finished one's outcome as it was: only live runs get a cancel.
+#[test]
+fn clearing_cancels_the_live_runs_only() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    assert!(matches!(dispatch(&mut engine, &db, "live", json!(1)).0, Admitted::Driving(_)));
+    let registry = Registry::new(&db);
+    registry.insert(&new_run("done", &json!(2)), 5).unwrap();
+    registry.finish("done", &Terminal::Completed { summary: "s".into(), output: None }, 6).unwrap();
+
+    let Called { result, actions } = engine.clear(&db, &crate::types::ClearFilter::all(), 100);
+    let mut runs = result.unwrap().runs;
+    runs.sort();
+    assert_eq!(runs, ["done", "live"]);
+    let cancelled: Vec<&str> = actions
+        .iter()
+        .filter_map(|a| match a {
+            ParentAction::CancelChild { run_id, reason, .. } => {
+                assert_eq!(reason.as_deref(), Some("cleared"));
+                Some(run_id.as_str())
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(cancelled, ["live"], "{actions:?}");
+    assert!(registry.all().unwrap().is_empty());
+}
+
+/// A clear asked again waits its retry interval before it is asked once more: a child that is
+/// down is not asked at every alarm.
+#[test]
+fn a_child_clear_asked_again_waits_its_retry_interval() {
+    let (db, engine) = engine(AgentToolOptions::default());
+    Registry::new(&db).owe_child_clear("gone", "Researcher", "Assistant/p/gone", 100).unwrap();
+    let asked = |now: i64| {
+        engine
+            .retry_child_clears(&db, now)
+            .unwrap()
+            .iter()
+            .filter(|a| matches!(a, ParentAction::ClearChild { run_id, .. } if run_id == "gone"))
+            .count()
+    };
+    assert_eq!(asked(100), 1, "due: asked");
+    assert_eq!(asked(101), 0, "asked a moment ago: not again yet");
+    assert_eq!(asked(100 + CHILD_CLEAR_RETRY_MS - 1), 0);
+    assert_eq!(asked(100 + CHILD_CLEAR_RETRY_MS), 1, "its interval passed: asked again");
+}
