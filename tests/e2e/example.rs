@@ -1,11 +1,12 @@
 //! The example Worker (`examples/hello-agents`), built on the library as another Worker would:
 //! an agent tool and an ordinary tool in one model step, a child with an agent tool of its own
 //! (depth 2, with drill-in), a model of the Worker's own, and a POST route that starts a
-//! background run.
+//! background run. Each scenario runs twice: on the repository's pinned wrangler (patched, on
+//! the machine's Node) and on the newest wrangler (`tools/wrangler-latest`, on Node 22).
 
 use serde_json::{json, Value};
 
-use crate::harness::{unique, Client, Worker, WAIT};
+use crate::harness::{unique, Client, Worker, Wrangler, WAIT};
 use agent_tools::model::OfflineModel;
 
 fn started(frames: &[Value]) -> Vec<(String, String)> {
@@ -20,7 +21,36 @@ fn started(frames: &[Value]) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_and_ordinary_tools_share_a_step_and_a_child_has_children_of_its_own() {
-    let worker = Worker::start_example().await;
+    tools_beside_agent_tools_and_nested_children(Wrangler::Pinned).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_and_ordinary_tools_share_a_step_and_a_child_has_children_of_its_own_on_latest_wrangler() {
+    tools_beside_agent_tools_and_nested_children(Wrangler::Latest).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_post_route_starts_a_background_run() {
+    background_run_from_a_post(Wrangler::Pinned).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_post_route_starts_a_background_run_on_latest_wrangler() {
+    background_run_from_a_post(Wrangler::Latest).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tool_inputs_are_validated_and_tool_failures_reach_the_model_as_the_envelope() {
+    validation_and_failure_envelopes(Wrangler::Pinned).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tool_inputs_are_validated_and_tool_failures_reach_the_model_as_the_envelope_on_latest_wrangler() {
+    validation_and_failure_envelopes(Wrangler::Latest).await;
+}
+
+async fn tools_beside_agent_tools_and_nested_children(wrangler: Wrangler) {
+    let worker = Worker::start_example_on(wrangler).await;
     let name = unique("planner");
     let mut client = Client::connect(&worker.ws(&format!("/agents/planner/{name}"))).await;
     let request = client.chat("quantum networking basics").await;
@@ -73,9 +103,8 @@ async fn agent_and_ordinary_tools_share_a_step_and_a_child_has_children_of_its_o
     assert!(refused.json::<Value>().await.unwrap()["error"].as_str().unwrap().contains("no-such-run"));
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_post_route_starts_a_background_run() {
-    let worker = Worker::start_example().await;
+async fn background_run_from_a_post(wrangler: Wrangler) {
+    let worker = Worker::start_example_on(wrangler).await;
     let name = unique("posted");
     let http = reqwest::Client::new();
     let runs = worker.http(&format!("/agents/planner/{name}/runs"));
@@ -104,9 +133,8 @@ async fn a_post_route_starts_a_background_run() {
     assert_eq!(started(&client.frames).len(), 1);
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn tool_inputs_are_validated_and_tool_failures_reach_the_model_as_the_envelope() {
-    let worker = Worker::start_example().await;
+async fn validation_and_failure_envelopes(wrangler: Wrangler) {
+    let worker = Worker::start_example_on(wrangler).await;
     let mut client = Client::connect(&worker.ws(&format!("/agents/planner/{}", unique("failing")))).await;
     let error_of = |chunks: &[Value], id: &str| {
         chunks

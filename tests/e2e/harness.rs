@@ -101,6 +101,67 @@ fn write_prebuilt_config(label: &str, input: &Path) -> PathBuf {
     path
 }
 
+/// Which wrangler runs a Worker.
+#[allow(dead_code)] // the benchmark does not use it
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wrangler {
+    /// The repository's (`package.json`, patched by `scripts/setup.sh`), on the machine's Node.
+    Pinned,
+    /// The newest (`tools/wrangler-latest`), unpatched, on the Node 22 installed beside it.
+    Latest,
+}
+
+#[allow(dead_code)] // the benchmark does not use it
+impl Wrangler {
+    /// The directory of its `package.json`.
+    fn dir(self) -> PathBuf {
+        match self {
+            Wrangler::Pinned => root(),
+            Wrangler::Latest => root().join("tools/wrangler-latest"),
+        }
+    }
+
+    /// The wrangler version its `package.json` pins, which must be the one installed.
+    pub fn version(self) -> String {
+        let read = |path: PathBuf| -> Value {
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+                panic!("{}: {e}: the {self:?} wrangler is not installed (run scripts/setup.sh)", path.display())
+            });
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        };
+        let pinned = read(self.dir().join("package.json"))["devDependencies"]["wrangler"].as_str().unwrap().to_owned();
+        let installed = read(self.dir().join("node_modules/wrangler/package.json"))["version"].clone();
+        assert_eq!(
+            installed,
+            json!(pinned),
+            "the {self:?} wrangler installed is not the pinned one (run scripts/setup.sh)"
+        );
+        pinned
+    }
+
+    /// The command that runs it, ready for its arguments. The newest runs as
+    /// `<node 22> node_modules/wrangler/bin/wrangler.js` (which starts its CLI with the same
+    /// Node), with that Node's directory first on `PATH` for anything it spawns.
+    pub fn command(self) -> Command {
+        match self {
+            Wrangler::Pinned => Command::new(self.dir().join("node_modules/.bin/wrangler")),
+            Wrangler::Latest => {
+                let bin = self.dir().join("node_modules/node/bin");
+                let node = bin.join("node");
+                let script = self.dir().join("node_modules/wrangler/bin/wrangler.js");
+                for path in [&node, &script] {
+                    assert!(path.exists(), "{} is missing: run scripts/setup.sh", path.display());
+                }
+                let path = std::env::var_os("PATH").unwrap_or_default();
+                let path = std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(&path))).unwrap();
+                let mut cmd = Command::new(node);
+                cmd.arg(script).env("PATH", path);
+                cmd
+            }
+        }
+    }
+}
+
 /// A running `wrangler dev`.
 pub struct Worker {
     child: Option<Child>,
@@ -153,8 +214,32 @@ impl Worker {
     /// Starts the example Worker (`examples/hello-agents`) with fresh state.
     #[allow(dead_code)] // the benchmark does not use it
     pub async fn start_example() -> Worker {
+        Self::start_example_on(Wrangler::Pinned).await
+    }
+
+    /// Starts the example Worker with fresh state on `wrangler`, and checks that this wrangler
+    /// is the one that served it.
+    #[allow(dead_code)] // the benchmark does not use it
+    pub async fn start_example_on(wrangler: Wrangler) -> Worker {
         ensure_example_built();
-        Self::start_custom(&root().join("node_modules/.bin/wrangler"), &example_config(), &root(), None, &[]).await
+        Self::start_on_wrangler(wrangler, &example_config()).await
+    }
+
+    /// Starts the demo Worker with fresh state on `wrangler`, and checks that this wrangler is
+    /// the one that served it.
+    #[allow(dead_code)] // the benchmark does not use it
+    pub async fn start_demo_on(wrangler: Wrangler) -> Worker {
+        ensure_built();
+        Self::start_on_wrangler(wrangler, &prebuilt_config()).await
+    }
+
+    async fn start_on_wrangler(wrangler: Wrangler, config: &Path) -> Worker {
+        // wrangler's banner (`⛅️ wrangler 4.164.0`) names the version that runs.
+        let banner = format!("wrangler {}", wrangler.version());
+        let worker = Self::spawn(wrangler.command(), config, &root(), None, &[], None).await;
+        let log = worker.log_text();
+        assert!(log.contains(&banner), "no {banner:?} in the log of the {wrangler:?} wrangler:\n{log}");
+        worker
     }
 
     async fn start_on(config: PathBuf, persist: Option<&Path>, vars: &[(&str, &str)]) -> Worker {
@@ -176,13 +261,14 @@ impl Worker {
         persist: Option<&Path>,
         vars: &[(&str, &str)],
     ) -> Worker {
-        Self::spawn(wrangler, config, cwd, persist, vars, None).await
+        Self::spawn(Command::new(wrangler), config, cwd, persist, vars, None).await
     }
 
-    /// [`Worker::start_custom`], with wrangler's dev registry (how one `wrangler dev` finds the
-    /// Durable Objects of another) at `registry` when given.
+    /// [`Worker::start_custom`] with `cmd` (a wrangler, ready for its arguments), and with
+    /// wrangler's dev registry (how one `wrangler dev` finds the Durable Objects of another) at
+    /// `registry` when given.
     async fn spawn(
-        wrangler: &Path,
+        mut cmd: Command,
         config: &Path,
         cwd: &Path,
         persist: Option<&Path>,
@@ -193,7 +279,6 @@ impl Worker {
         let persist = persist.map(Path::to_path_buf).unwrap_or_else(|| temp.path().join("state"));
         let log = temp.path().join("wrangler.log");
         let log_file = std::fs::File::create(&log).unwrap();
-        let mut cmd = Command::new(wrangler);
         cmd.args(["dev", "--local", "--ip", "127.0.0.1", "--show-interactive-dev-session=false"])
             .args(["--port", "0", "--inspector-port", "0"])
             .arg("--persist-to")
@@ -386,12 +471,20 @@ impl Split {
         let parent = split_config(&config, &format!("agent-tools-parent-{id}"), Some(&children_name));
         std::fs::write(&parent_config, parent).unwrap();
         let registry = tempfile::tempdir().unwrap();
-        let wrangler = root().join("node_modules/.bin/wrangler");
-        let children = Worker::spawn(&wrangler, &children_config, &root(), None, vars, Some(registry.path())).await;
+        let children =
+            Worker::spawn(Wrangler::Pinned.command(), &children_config, &root(), None, vars, Some(registry.path()))
+                .await;
         let parent_state = tempfile::tempdir().unwrap();
         let persist = parent_state.path().join("state");
-        let parent =
-            Worker::spawn(&wrangler, &parent_config, &root(), Some(&persist), vars, Some(registry.path())).await;
+        let parent = Worker::spawn(
+            Wrangler::Pinned.command(),
+            &parent_config,
+            &root(),
+            Some(&persist),
+            vars,
+            Some(registry.path()),
+        )
+        .await;
         let vars = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         let mut split = Split { parent, children, parent_config, parent_state, registry, vars };
         split.wait_connected().await;
@@ -404,9 +497,9 @@ impl Split {
         self.parent.kill();
         let vars: Vec<(&str, &str)> = self.vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let persist = self.parent_state.path().join("state");
-        let wrangler = root().join("node_modules/.bin/wrangler");
+        let wrangler = Wrangler::Pinned.command();
         self.parent =
-            Worker::spawn(&wrangler, &self.parent_config, &root(), Some(&persist), &vars, Some(self.registry.path()))
+            Worker::spawn(wrangler, &self.parent_config, &root(), Some(&persist), &vars, Some(self.registry.path()))
                 .await;
         self.wait_connected().await;
     }
