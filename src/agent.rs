@@ -15,7 +15,7 @@ use crate::platform::model::ModelProvider;
 use crate::tools::Tools;
 #[allow(unused_imports)] // re-exported: the settings an agent declares
 pub use crate::types::{Admission, AgentClass, AgentToolOptions, RecoveryPolicy, Retention};
-use crate::types::{Milestone, ProgressSnapshot, RunInfo, RunResult, RunStatus};
+use crate::types::{HandlerTag, Milestone, ProgressSnapshot, RunInfo, RunResult, RunStatus};
 
 /// A chat agent. Implement it on a `Default` type, declare its Durable Object with
 /// [`crate::durable_object!`], and route its parents with [`crate::route`].
@@ -131,7 +131,7 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
     async fn on_detached_finish(
         &self,
         host: &AgentHost<Self>,
-        handler: &Value,
+        handler: &HandlerTag,
         run: &RunInfo,
         result: &RunResult,
     ) -> Result<(), Error> {

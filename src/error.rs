@@ -42,6 +42,10 @@ pub enum Error {
     Unavailable(String),
     /// The model failed.
     Model(ModelError),
+    /// A dispatch the engine turned away, writing nothing: over the concurrency cap (with
+    /// [`crate::Admission::Reject`]), a run id of another class, an option detached runs do not
+    /// take. Dispatching again can succeed once the cause is gone.
+    Refused(String),
     /// The work was cancelled; the reason.
     Cancelled(String),
     /// The agent's own declaration is wrong: its tools fail their checks, a binding is missing.
@@ -65,6 +69,7 @@ impl fmt::Display for Error {
             | Self::NotFound(m)
             | Self::Storage(m)
             | Self::Unavailable(m)
+            | Self::Refused(m)
             | Self::Cancelled(m)
             | Self::Config(m)
             | Self::Failed(m) => f.write_str(m),

@@ -456,9 +456,9 @@ pub use routing::RequestUrl;
 pub use tools::{AgentTool, Tool, ToolContext, Tools};
 pub use types::{
     Admission, AgentClass, AgentToolChunk, AgentToolFailure, AgentToolOptions, ClearFilter, DetachedHandle,
-    DetachedOptions, EventDelivery, InterruptedReason, Milestone, MilestoneMode, OnMilestones, Progress,
-    ProgressSnapshot, RecoveryAttempt, RecoveryPolicy, Retention, RunInfo, RunInspection, RunOptions, RunResult,
-    RunStatus, ScheduledTask, DEFAULT_NOTIFY_SOURCE,
+    DetachedOptions, EventDelivery, HandlerTag, InterruptedReason, Milestone, MilestoneMode, OnMilestones, Progress,
+    ProgressSnapshot, RecoveryAttempt, RecoveryPolicy, Retention, RunInfo, RunInspection, RunOptions, RunOutcome,
+    RunResult, RunStatus, ScheduledTask, DEFAULT_NOTIFY_SOURCE,
 };
 
 /// The fixed limits (see `docs/security.md`); the adjustable ones are
@@ -479,7 +479,7 @@ pub mod limits {
 pub mod prelude {
     pub use crate::{
         Agent, AgentHost, AgentTool, AgentToolOptions, CancelToken, DetachedOptions, Error, Progress, RunOptions,
-        RunResult, RunStatus, Tool, ToolContext, Tools, Turn, TurnOutput,
+        RunOutcome, RunResult, RunStatus, Tool, ToolContext, Tools, Turn, TurnOutput,
     };
 }
 

@@ -9,7 +9,7 @@ use std::cell::{Cell, RefCell};
 use agent_tools::model::ModelMessage;
 use agent_tools::prelude::*;
 use agent_tools::testing::{Client, ObjectRef, ScriptedModel, Step, World};
-use agent_tools::{DetachedHandle, EventDelivery, Milestone, OnMilestones, RunInfo};
+use agent_tools::{DetachedHandle, EventDelivery, HandlerTag, Milestone, OnMilestones, RunInfo};
 use serde_json::{json, Value};
 
 // ----- the agents ---------------------------------------------------------------------------
@@ -55,11 +55,11 @@ impl Agent for Desk {
     async fn on_detached_finish(
         &self,
         _host: &AgentHost<Self>,
-        handler: &Value,
+        handler: &HandlerTag,
         run: &RunInfo,
         result: &RunResult,
     ) -> Result<(), Error> {
-        self.delivered.borrow_mut().push((handler.clone(), run.run_id.clone(), result.clone()));
+        self.delivered.borrow_mut().push((handler.as_json().clone(), run.run_id.clone(), result.clone()));
         Ok(())
     }
 }
@@ -136,7 +136,9 @@ fn run<P: Agent, C: Agent>(world: &World, parent: &str, options: RunOptions) -> 
 /// Dispatches a detached `Writer` run from parent `P`'s object `parent`.
 fn detach<P: Agent>(world: &World, parent: &str, options: RunOptions, detached: DetachedOptions) -> DetachedHandle {
     let host = world.host::<P>(parent);
-    let handle = world.block_on(async move { host.run_agent_tool_detached::<Writer>(options, detached).await });
+    let handle = world
+        .block_on(async move { host.run_agent_tool_detached::<Writer>(options, detached).await })
+        .expect("dispatched");
     assert_eq!(handle.status, RunStatus::Running, "dispatched: {handle:?}");
     handle
 }
@@ -320,7 +322,7 @@ fn on_finish_takes_precedence_over_notify() {
     let desk = ScriptedModel::new();
     let writer = ScriptedModel::new().step(Step::new().text("A draft."));
     let world = worker().model::<Desk>(desk.clone()).model::<Writer>(writer);
-    let detached = DetachedOptions::default().on_finish(json!("drafts")).notify();
+    let detached = DetachedOptions::default().on_finish("drafts").notify();
     detach::<Desk>(&world, "ed", RunOptions::new(json!("a draft")).run_id("f1"), detached);
     world.settle();
     let host = world.host::<Desk>("ed");
@@ -513,4 +515,31 @@ fn a_reattach_follows_a_streaming_child_past_any_fixed_time() {
     assert!(followed > 25 * 60_000, "followed for {followed} ms");
     let result = world.host::<Desk>("kai").inspect_agent_tool_run(&run.run_id).and_then(|i| i.result);
     assert_eq!(result.and_then(|r| r.summary), Some(answer));
+}
+
+/// A detached dispatch that starts nothing is an `Err`, not a handle to look into: a terminal
+/// delivery is refused (the seed's "not supported for detached runs"), a tag that does not
+/// serialize is invalid, and neither leaves a row.
+#[test]
+fn a_refused_detached_dispatch_is_an_error_and_writes_nothing() {
+    let world = worker();
+    let host = world.host::<Desk>("re");
+    let terminal = RunOptions::new(json!("x")).run_id("t1").event_delivery(EventDelivery::Terminal);
+    let refused = world.block_on({
+        let host = host.clone();
+        async move { host.run_agent_tool_detached::<Writer>(terminal, DetachedOptions::default()).await }
+    });
+    match refused {
+        Err(Error::Refused(why)) => assert!(why.contains("not supported for detached runs"), "{why}"),
+        other => panic!("a refusal: {other:?}"),
+    }
+    // A map with non-string keys has no JSON form.
+    let tag: std::collections::HashMap<(u8, u8), u8> = [((1, 2), 3)].into();
+    let options = RunOptions::new(json!("x")).run_id("t2");
+    let invalid = world.block_on({
+        let host = host.clone();
+        async move { host.run_agent_tool_detached::<Writer>(options, DetachedOptions::default().on_finish(&tag)).await }
+    });
+    assert!(matches!(&invalid, Err(Error::Invalid(why)) if why.contains("on_finish tag")), "{invalid:?}");
+    assert!(host.agent_tool_runs().is_empty(), "nothing written");
 }

@@ -7,8 +7,8 @@ use std::time::Duration;
 use agent_tools::prelude::*;
 use agent_tools::sql::Value as SqlValue;
 use agent_tools::{
-    Admission, CancelToken, ClearFilter, EventDelivery, OnMilestones, ProgressSnapshot, Refusal, RunInfo, RunStatus,
-    ScheduledTask,
+    Admission, CancelToken, ClearFilter, EventDelivery, HandlerTag, OnMilestones, ProgressSnapshot, Refusal, RunInfo,
+    RunStatus, ScheduledTask,
 };
 use agent_tools::{Env, HttpRequest};
 use futures::future::join_all;
@@ -178,20 +178,19 @@ impl Agent for Assistant {
     async fn on_detached_finish(
         &self,
         host: &AgentHost<Self>,
-        handler: &Value,
+        handler: &HandlerTag,
         run: &RunInfo,
         result: &RunResult,
     ) -> Result<(), Error> {
-        match serde_json::from_value::<DemoHandler>(handler.clone()) {
-            Ok(DemoHandler::Record) => {
+        match handler.decode::<DemoHandler>()? {
+            DemoHandler::Record => {
                 log_hook(host, &run.run_id, "detached", Some(result.status));
                 Ok(())
             }
-            Ok(DemoHandler::Failing) => {
+            DemoHandler::Failing => {
                 log_hook(host, &run.run_id, "detached-attempt", Some(result.status));
                 Err("the failing handler always fails".into())
             }
-            Err(e) => Err(format!("unknown handler {handler}: {e}").into()),
         }
     }
 
@@ -201,7 +200,9 @@ impl Agent for Assistant {
             Ok(research) => {
                 let options = RunOptions::new(json!({ "query": research.topic, "words": 6, "delayMs": 10 }))
                     .run_id(research.run_id);
-                host.run_agent_tool_detached::<Researcher>(options, DetachedOptions::default()).await;
+                if let Err(e) = host.run_agent_tool_detached::<Researcher>(options, DetachedOptions::default()).await {
+                    host.log_error(&format!("demo: the scheduled research was refused: {e}"));
+                }
             }
             Err(e) => host.log_error(&format!("demo: {e}")),
         }
@@ -528,16 +529,12 @@ const DISPATCH_SHAPE: &str = "{agent: \"Researcher\"|\"Summarizer\", input, runI
 async fn dispatch(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, Error> {
     let args: DispatchArgs = rpc_arg("dispatch", DISPATCH_SHAPE, arg)?;
     args.agent.check_input(&args.input)?;
-    let options = RunOptions {
-        input: args.input,
-        run_id: args.run_id,
-        parent_tool_call_id: args.parent_tool_call_id,
-        display_order: args.display_order.map(i64::from),
-        input_preview: args.input_preview,
-        display: args.display,
-        event_delivery: args.event_delivery,
-        signal: None,
-    };
+    let mut options = RunOptions::new(args.input).event_delivery(args.event_delivery);
+    options.run_id = args.run_id;
+    options.parent_tool_call_id = args.parent_tool_call_id;
+    options.display_order = args.display_order.map(i64::from);
+    options.input_preview = args.input_preview;
+    options.display = args.display;
     let detached = match args.detached {
         None | Some(Value::Null) | Some(Value::Bool(false)) => None,
         Some(Value::Bool(true)) => Some(DetachedOptions::default()),
@@ -548,11 +545,18 @@ async fn dispatch(host: &AgentHost<Assistant>, arg: Value) -> Result<Value, Erro
             serde_json::to_value(run_awaited(host, args.agent, options).await).map_err(|e| Error::Failed(e.to_string()))
         }
         Some(detached) => {
+            let run_id = options.run_id.clone();
             let handle = match args.agent {
                 Child::Researcher => host.run_agent_tool_detached::<Researcher>(options, detached).await,
                 Child::Summarizer => host.run_agent_tool_detached::<Summarizer>(options, detached).await,
             };
-            serde_json::to_value(handle).map_err(|e| Error::Failed(e.to_string()))
+            match handle {
+                Ok(handle) => serde_json::to_value(handle).map_err(|e| Error::Failed(e.to_string())),
+                // Over RPC, a refusal is the TypeScript SDK's handle with status `error`.
+                Err(e) => Ok(
+                    json!({ "runId": run_id, "agentType": format!("{:?}", args.agent), "status": "error", "error": e.to_string() }),
+                ),
+            }
         }
     }
 }
@@ -577,7 +581,7 @@ fn detached_options(d: DetachedArgs) -> Result<DetachedOptions, Error> {
     };
     let mut options = DetachedOptions::default();
     if let Some(tag) = d.on_finish {
-        options = options.on_finish(serde_json::to_value(tag).map_err(|e| Error::Failed(e.to_string()))?);
+        options = options.on_finish(&tag);
     }
     if notify {
         options = options.notify();

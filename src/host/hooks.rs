@@ -156,7 +156,8 @@ impl<A: Agent> Hooks for Parts<A> {
     ) -> LocalFuture<'a, Result<(), String>> {
         let host = self.typed(host);
         Box::pin(async move {
-            host.parts.agent.on_detached_finish(&host, handler, run, result).await.map_err(|e| e.to_string())
+            let handler = crate::types::HandlerTag(handler.clone());
+            host.parts.agent.on_detached_finish(&host, &handler, run, result).await.map_err(|e| e.to_string())
         })
     }
 

@@ -283,6 +283,7 @@ mod tests {
             max_budget: Some(std::time::Duration::from_millis(1000)),
             no_progress_budget: Some(std::time::Duration::from_millis(0)),
             on_milestones: Some(OnMilestones { names: vec!["m".into()], mode: MilestoneMode::React }),
+            invalid_tag: None,
         };
         detached(&db, "r", &options, 100);
         let run = Registry::new(&db).get("r").unwrap().unwrap();

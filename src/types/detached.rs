@@ -55,7 +55,11 @@ pub const DEFAULT_NOTIFY_SOURCE: &str = "detached-agent-tool";
 /// // Tell the chat when it finishes; the model answers.
 /// let notify = DetachedOptions::default().notify();
 /// // Or hand the outcome to a handler of the app's own (any serializable tag).
-/// let handler = DetachedOptions::default().on_finish(serde_json::json!("importDone"));
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// enum Handler {
+///     ImportDone,
+/// }
+/// let handler = DetachedOptions::default().on_finish(&Handler::ImportDone);
 /// # let _ = (notify, handler);
 /// ```
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -65,6 +69,8 @@ pub struct DetachedOptions {
     /// kept in SQL and handed back to `Agent::on_detached_finish`. It survives eviction, and
     /// takes precedence over `notify`.
     pub on_finish: Option<Value>,
+    /// Why the tag given to [`Self::on_finish`] did not serialize: the dispatch is refused.
+    pub(crate) invalid_tag: Option<String>,
     /// Inject a chat message when the run finishes, and run a model turn on it.
     pub notify: bool,
     /// The `metadata.source` of the messages `notify` and `on_milestones` inject (default
@@ -81,9 +87,15 @@ pub struct DetachedOptions {
 
 /// The options as a chain, from `DetachedOptions::default()`.
 impl DetachedOptions {
-    /// Sets [`Self::on_finish`]: the outcome goes to `Agent::on_detached_finish` with this tag.
-    pub fn on_finish(mut self, tag: Value) -> Self {
-        self.on_finish = Some(tag);
+    /// Sets [`Self::on_finish`]: the outcome goes to `Agent::on_detached_finish` with this tag
+    /// (any serializable value, typically an enum of the app's handlers), which
+    /// [`HandlerTag::decode`] turns back into its type. A tag that does not serialize refuses
+    /// the dispatch.
+    pub fn on_finish<T: Serialize + ?Sized>(mut self, tag: &T) -> Self {
+        match serde_json::to_value(tag) {
+            Ok(tag) => self.on_finish = Some(tag),
+            Err(e) => self.invalid_tag = Some(format!("the on_finish tag does not serialize: {e}")),
+        }
         self
     }
 
@@ -118,6 +130,27 @@ impl DetachedOptions {
     }
 }
 
+/// The tag a detached run was dispatched with ([`DetachedOptions::on_finish`]), as
+/// [`crate::Agent::on_detached_finish`] gets it back: kept in SQL as JSON, so it survives
+/// eviction and deploys.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HandlerTag(pub(crate) Value);
+
+impl HandlerTag {
+    /// The tag as the type it was given as. `Err` for a tag of another type (one a previous
+    /// version of the Worker stored, say): returned from the hook, it is retried and then
+    /// dead-lettered.
+    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, crate::Error> {
+        serde_json::from_value(self.0.clone())
+            .map_err(|e| crate::Error::Invalid(format!("unknown detached handler {}: {e}", self.0)))
+    }
+
+    /// The tag as JSON.
+    pub fn as_json(&self) -> &Value {
+        &self.0
+    }
+}
+
 /// What a detached dispatch returns at once.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -127,9 +160,28 @@ pub struct DetachedHandle {
     pub run_id: String,
     /// Child class.
     pub agent_type: String,
-    /// `running`, or `error` when the dispatch itself was refused.
+    /// `running`, or the status a known run id already ended with.
     pub status: RunStatus,
     /// Why it was refused.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    enum Handler {
+        ImportDone { batch: u32 },
+    }
+
+    #[test]
+    fn a_handler_tag_comes_back_as_its_type() {
+        let options = DetachedOptions::default().on_finish(&Handler::ImportDone { batch: 7 });
+        let tag = HandlerTag(options.on_finish.clone().expect("a tag"));
+        assert_eq!(tag.decode::<Handler>(), Ok(Handler::ImportDone { batch: 7 }));
+        let other = HandlerTag(serde_json::json!("retired"));
+        assert!(matches!(other.decode::<Handler>(), Err(crate::Error::Invalid(why)) if why.contains("\"retired\"")));
+    }
 }

@@ -203,6 +203,42 @@ pub struct RunResult {
     pub child_still_running: Option<bool>,
 }
 
+/// A run's outcome, by its terminal state ([`RunResult::outcome`]). New states may come in a
+/// minor version: match with a wildcard arm.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum RunOutcome<'a> {
+    /// The child finished its work.
+    Completed {
+        /// Its summary.
+        summary: &'a str,
+        /// Its structured output, when it has one.
+        output: Option<&'a Value>,
+    },
+    /// The run failed (the child's turn, its model, a refused dispatch).
+    Error {
+        /// Why, safe to surface.
+        error: &'a str,
+    },
+    /// The run was cancelled.
+    Aborted {
+        /// The reason given.
+        reason: Option<&'a str>,
+    },
+    /// The parent stopped waiting without a logical outcome; dispatching the same run id again
+    /// can succeed.
+    Interrupted {
+        /// The machine-readable cause.
+        reason: Option<InterruptedReason>,
+        /// The human-readable one.
+        error: Option<&'a str>,
+        /// Whether the child was still working when the parent stopped waiting.
+        child_still_running: Option<bool>,
+    },
+    /// Not finished (a detached run's state, read while it runs).
+    Live(RunStatus),
+}
+
 /// What an agent tool returns to the model when its run does not complete (the TypeScript
 /// SDK's `AgentToolFailure`): `{"ok":false,"status","error","retryable","reason"?,"childStillRunning"?}`.
 /// `retryable` is true only for `interrupted`.
@@ -276,6 +312,37 @@ impl RunResult {
             error: Some(error.into()),
             reason: None,
             child_still_running: None,
+        }
+    }
+
+    /// The outcome as one of its states, each with what it carries: match on it instead of
+    /// reading the optional fields.
+    ///
+    /// ```
+    /// use agent_tools::{RunOutcome, RunResult};
+    ///
+    /// fn report(result: &RunResult) -> String {
+    ///     match result.outcome() {
+    ///         RunOutcome::Completed { summary, .. } => format!("done: {summary}"),
+    ///         RunOutcome::Interrupted { reason, .. } => format!("interrupted ({reason:?}); retry it"),
+    ///         RunOutcome::Aborted { reason } => format!("cancelled: {}", reason.unwrap_or("no reason")),
+    ///         RunOutcome::Error { error } => format!("failed: {error}"),
+    ///         _ => "still running".into(),
+    ///     }
+    /// }
+    /// ```
+    pub fn outcome(&self) -> RunOutcome<'_> {
+        let error = self.error.as_deref();
+        match self.status {
+            RunStatus::Completed => {
+                RunOutcome::Completed { summary: self.summary.as_deref().unwrap_or(""), output: self.output.as_ref() }
+            }
+            RunStatus::Error => RunOutcome::Error { error: error.unwrap_or("agent tool run error") },
+            RunStatus::Aborted => RunOutcome::Aborted { reason: error },
+            RunStatus::Interrupted => {
+                RunOutcome::Interrupted { reason: self.reason, error, child_still_running: self.child_still_running }
+            }
+            status => RunOutcome::Live(status),
         }
     }
 
@@ -507,6 +574,28 @@ mod tests {
         let typed = interrupted.failure().unwrap();
         assert!(typed.retryable);
         assert_eq!(serde_json::from_value::<AgentToolFailure>(interrupted.for_model()).unwrap(), typed);
+    }
+
+    #[test]
+    fn the_outcome_is_the_state_with_what_it_carries() {
+        let mut done = result(RunStatus::Completed);
+        done.summary = Some("text".into());
+        done.output = Some(json!({"k": 1}));
+        assert_eq!(done.outcome(), RunOutcome::Completed { summary: "text", output: Some(&json!({"k": 1})) });
+        assert_eq!(result(RunStatus::Error).outcome(), RunOutcome::Error { error: "boom" });
+        assert_eq!(result(RunStatus::Aborted).outcome(), RunOutcome::Aborted { reason: Some("boom") });
+        let mut interrupted = result(RunStatus::Interrupted);
+        interrupted.reason = Some(InterruptedReason::NoProgress);
+        interrupted.child_still_running = Some(true);
+        assert_eq!(
+            interrupted.outcome(),
+            RunOutcome::Interrupted {
+                reason: Some(InterruptedReason::NoProgress),
+                error: Some("boom"),
+                child_still_running: Some(true)
+            }
+        );
+        assert_eq!(result(RunStatus::Running).outcome(), RunOutcome::Live(RunStatus::Running));
     }
 
     #[test]

@@ -102,8 +102,10 @@ impl Agent for Planner {
             return json_error(400, "expected {\"query\": string}");
         };
         let options = RunOptions::new(json!({ "query": topic.query }));
-        let handle = host.run_agent_tool_detached::<Researcher>(options, DetachedOptions::default()).await;
-        json_response(202, &handle)
+        match host.run_agent_tool_detached::<Researcher>(options, DetachedOptions::default()).await {
+            Ok(handle) => json_response(202, &handle),
+            Err(refused) => json_error(503, refused.to_string()), // over the cap, say: nothing started
+        }
     }
 }
 

@@ -38,39 +38,42 @@ impl<A: Agent> AgentHost<A> {
     /// `runAgentTool` with `detached`); the run goes on in the background and its outcome is
     /// delivered durably (see [`DetachedOptions`]). No caller's signal reaches it: cancel it with
     /// [`AgentHost::cancel_agent_tool`]. A known run id returns its state and never starts a
-    /// second child.
+    /// second child. `Err` when nothing was started: [`Error::Refused`] when the engine turned
+    /// the dispatch away (the TypeScript SDK's handle with status `error`), [`Error::Invalid`]
+    /// for a malformed run id or a tag that does not serialize, [`Error::Config`] for a child
+    /// class with no binding.
     ///
     /// ```
     /// use agent_tools::prelude::*;
-    /// use agent_tools::{OnMilestones, RunInfo};
+    /// use agent_tools::{HandlerTag, OnMilestones, RunInfo};
     /// use std::time::Duration;
-    /// use serde_json::{json, Value};
+    /// use serde_json::Value;
     ///
     /// #[derive(serde::Serialize, serde::Deserialize)]
     /// enum Handler {
     ///     ImportDone,
     /// }
     ///
-    /// async fn start_import(host: &AgentHost<Assistant>, input: Value) -> String {
+    /// async fn start_import(host: &AgentHost<Assistant>, input: Value) -> Result<String, Error> {
     ///     let detached = DetachedOptions::default()
-    ///         .on_finish(json!(Handler::ImportDone)) // delivered to on_detached_finish, durably
+    ///         .on_finish(&Handler::ImportDone) // delivered to on_detached_finish, durably
     ///         .max_budget(Duration::from_secs(60 * 60))
     ///         .on_milestones(OnMilestones::narrate(["sources-gathered"]));
-    ///     let handle = host.run_agent_tool_detached::<Researcher>(RunOptions::new(input), detached).await;
-    ///     handle.run_id // at once; the handle's status is "running", or "error" if the dispatch was refused
+    ///     let handle = host.run_agent_tool_detached::<Researcher>(RunOptions::new(input), detached).await?;
+    ///     Ok(handle.run_id) // at once; the run goes on in the background
     /// }
     ///
     /// impl Agent for Assistant {
     ///     async fn on_detached_finish(
     ///         &self,
     ///         _host: &AgentHost<Self>,
-    ///         handler: &Value,
+    ///         handler: &HandlerTag,
     ///         run: &RunInfo,
     ///         result: &RunResult,
     ///     ) -> Result<(), Error> {
-    ///         match serde_json::from_value(handler.clone()) {
-    ///             Ok(Handler::ImportDone) => Ok(println!("{} ended {:?}", run.run_id, result.status)),
-    ///             Err(e) => Err(format!("unknown handler {handler}: {e}").into()), // retried, then dead-lettered
+    ///         match handler.decode()? {
+    ///             // An Err (a tag this version does not know) is retried, then dead-lettered.
+    ///             Handler::ImportDone => Ok(println!("{} ended {:?}", run.run_id, result.status)),
     ///         }
     ///     }
     /// }
@@ -85,8 +88,15 @@ impl<A: Agent> AgentHost<A> {
         &self,
         options: RunOptions,
         detached: DetachedOptions,
-    ) -> DetachedHandle {
-        self.host.dispatch_detached(ChildRef::of::<C>(), options, detached).await
+    ) -> Result<DetachedHandle, Error> {
+        if let Some(problem) = &detached.invalid_tag {
+            return Err(Error::Invalid(problem.clone()));
+        }
+        let handle = self.host.dispatch_detached(ChildRef::of::<C>(), options, detached).await;
+        match handle.error {
+            Some(problem) => Err(Error::Refused(problem)),
+            None => Ok(handle),
+        }
     }
 
     /// Cancels a run: the child stops its turn, the run ends `aborted`, and a caller waiting on
