@@ -106,3 +106,26 @@ fn a_child_clear_asked_again_waits_its_retry_interval() {
     assert_eq!(asked(100 + CHILD_CLEAR_RETRY_MS - 1), 0);
     assert_eq!(asked(100 + CHILD_CLEAR_RETRY_MS), 1, "its interval passed: asked again");
 }
+
+/// A child that never confirms its clear is asked again up to [`MAX_CHILD_CLEAR_ATTEMPTS`]
+/// times, then given up with an event: not sooner, and never forgotten silently.
+#[test]
+fn a_child_clear_is_given_up_after_its_attempts_and_not_before() {
+    let (db, engine) = engine(AgentToolOptions::default());
+    Registry::new(&db).owe_child_clear("gone", "Researcher", "Assistant/p/gone", 0).unwrap();
+    let (mut asked, mut given_up) = (0, None);
+    for round in 0..MAX_CHILD_CLEAR_ATTEMPTS + 5 {
+        for action in engine.retry_child_clears(&db, round * CHILD_CLEAR_RETRY_MS).unwrap() {
+            match action {
+                ParentAction::ClearChild { .. } => asked += 1,
+                ParentAction::Observe(EventType::ChildClearFailed, detail) => {
+                    given_up = Some(detail["attempts"].clone())
+                }
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(asked, MAX_CHILD_CLEAR_ATTEMPTS, "asked again exactly as often as allowed");
+    assert_eq!(given_up, Some(json!(MAX_CHILD_CLEAR_ATTEMPTS)), "then given up, with an event");
+    assert_eq!(Registry::new(&db).child_clears_pending().unwrap(), 0);
+}

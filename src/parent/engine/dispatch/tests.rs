@@ -188,3 +188,67 @@ fn a_run_id_of_another_class_is_refused_whatever_its_state() {
         assert_eq!(Registry::new(&db).get("r").unwrap(), before, "nothing written");
     }
 }
+
+/// The alarm a dispatch arms: the backbone's first beat for a detached run (the cadence starts
+/// over), the recovery alarm for an awaited one; no warning while few detached runs are live.
+#[test]
+fn a_dispatch_arms_the_alarm_its_kind_needs() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let alarms = |actions: &[ParentAction]| -> Vec<i64> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                ParentAction::ArmAlarm { at } => Some(*at),
+                _ => None,
+            })
+            .collect()
+    };
+    let (_, awaited_actions) = engine.dispatch(&db, awaited(new_run("a", &json!(1))), json!(1), 1_000);
+    assert_eq!(alarms(&awaited_actions), [1_000 + 10_000], "the recovery alarm");
+
+    engine.quiet_ticks = 3; // a quiet backbone: its next beat is two minutes away
+    let detached = Dispatch { new: new_run("d", &json!(1)), detached: Some(Default::default()), abandoned: None };
+    let (_, detached_actions) = engine.dispatch(&db, detached, json!(1), 2_000);
+    assert_eq!(alarms(&detached_actions), [2_000 + 5_000], "a new detached run: the cadence starts over");
+    let warned =
+        detached_actions.iter().any(|a| matches!(a, ParentAction::Observe(EventType::DetachedLiveCountWarning, _)));
+    assert!(!warned, "one live detached run is no crowd");
+}
+
+/// The child is asked for terminal-only delivery exactly when the run was dispatched so.
+#[test]
+fn the_start_asks_for_terminal_delivery_only_when_dispatched_so() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let terminal_only = |actions: &[ParentAction]| {
+        actions.iter().find_map(|a| match a {
+            ParentAction::StartChild { request, .. } => Some(request.terminal_only),
+            _ => None,
+        })
+    };
+    let (_, full) = engine.dispatch(&db, awaited(new_run("f", &json!(1))), json!(1), 10);
+    assert_eq!(terminal_only(&full), Some(false));
+    let mut new = new_run("t", &json!(1));
+    new.event_delivery = EventDelivery::Terminal;
+    let (_, terminal) = engine.dispatch(&db, awaited(new), json!(1), 10);
+    assert_eq!(terminal_only(&terminal), Some(true));
+}
+
+/// The size limits take input and display of exactly their size, and refuse one byte more.
+#[test]
+fn the_size_limits_are_inclusive() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let string_of = |json_bytes: usize| json!("x".repeat(json_bytes - 2)); // the quotes count
+    let input = string_of(MAX_INPUT_BYTES);
+    let (admitted, _) = engine.dispatch(&db, awaited(new_run("in", &input)), input.clone(), 10);
+    assert_eq!(admitted_name(&admitted), "driving");
+    let input = string_of(MAX_INPUT_BYTES + 1);
+    let (admitted, _) = engine.dispatch(&db, awaited(new_run("in+1", &input)), input, 10);
+    assert_eq!(admitted_name(&admitted), "refused");
+
+    let mut new = new_run("disp", &json!(1));
+    new.display = Some(string_of(MAX_DISPLAY_BYTES));
+    assert_eq!(admitted_name(&engine.dispatch(&db, awaited(new), json!(1), 10).0), "driving");
+    let mut new = new_run("disp+1", &json!(1));
+    new.display = Some(string_of(MAX_DISPLAY_BYTES + 1));
+    assert_eq!(admitted_name(&engine.dispatch(&db, awaited(new), json!(1), 10).0), "refused");
+}

@@ -1,7 +1,7 @@
 use super::*;
 use crate::parent::engine::testing::*;
 use crate::protocol::tail::{ChunkKind, RunOutcome, TailLine};
-use crate::types::DetachedOptions;
+use crate::types::{DetachedOptions, Retention};
 
 fn end(gen: u64, id: &str) -> ParentEvent {
     let outcome =
@@ -243,4 +243,118 @@ fn a_row_past_the_recovery_deadline_is_watched_for_its_late_result() {
     let actions = engine.alarm(&db, later);
     let actions = late_completion(&mut engine, &db, &actions, later + 1);
     assert!(observed(&actions).contains(&EventType::LateResult), "{actions:?}");
+}
+
+/// When the alarm fires next, for each reason it has: live runs (the recovery alarm), the
+/// oldest finished run coming of age (never sooner than a second), a child owing a clear, and
+/// the backbone's cadence for detached runs; the soonest wins, and with no reason, no alarm.
+#[test]
+fn the_next_alarm_is_the_soonest_of_its_reasons() {
+    use std::time::Duration;
+    const NOW: i64 = 1_000_000;
+    let next = |setup: &dyn Fn(&rusqlite::Connection, &mut ParentEngine), retention: Retention| {
+        let options = AgentToolOptions { retention, ..AgentToolOptions::default() };
+        let (db, mut engine) = engine(options);
+        setup(&db, &mut engine);
+        let armed: Vec<i64> = engine
+            .next_alarm(&db, NOW)
+            .unwrap()
+            .iter()
+            .filter_map(|a| match a {
+                ParentAction::ArmAlarm { at } => Some(*at - NOW),
+                _ => None,
+            })
+            .collect();
+        assert!(armed.len() <= 1, "one alarm: {armed:?}");
+        armed.first().copied()
+    };
+    let finished_at = |at: i64| {
+        move |db: &rusqlite::Connection, _: &mut ParentEngine| {
+            let registry = Registry::new(db);
+            registry.insert(&new_run("f", &json!(1)), at - 10).unwrap();
+            registry.finish("f", &Terminal::Completed { summary: "s".into(), output: None }, at).unwrap();
+        }
+    };
+    let two_seconds = Retention { max_runs: None, max_age: Some(Duration::from_secs(2)) };
+    let detached = |quiet: usize| {
+        move |db: &rusqlite::Connection, engine: &mut ParentEngine| {
+            let dispatch =
+                Dispatch { new: new_run("d", &json!(1)), detached: Some(Default::default()), abandoned: None };
+            engine.dispatch(db, dispatch, json!(1), 10);
+            engine.quiet_ticks = quiet;
+        }
+    };
+
+    assert_eq!(next(&|_, _| {}, Retention::default()), None, "nothing to wake for");
+    let live = |db: &rusqlite::Connection, _: &mut ParentEngine| {
+        Registry::new(db).insert(&new_run("l", &json!(1)), 5).unwrap();
+    };
+    assert_eq!(next(&live, Retention::default()), Some(10_000), "live runs: the recovery alarm");
+    assert_eq!(next(&finished_at(NOW - 500), two_seconds), Some(1_500), "when the oldest run comes of age");
+    assert_eq!(next(&finished_at(NOW - 1_900), two_seconds), Some(1_000), "never sooner than a second");
+    assert_eq!(next(&finished_at(NOW - 500), Retention::forever()), None, "no age limit: no alarm for age");
+    let owing = |db: &rusqlite::Connection, _: &mut ParentEngine| {
+        Registry::new(db).owe_child_clear("gone", "Child", "Parent/p/gone", NOW).unwrap();
+    };
+    assert_eq!(next(&owing, Retention::default()), Some(CHILD_CLEAR_RETRY_MS), "a clear owed");
+    let watched = |db: &rusqlite::Connection, _: &mut ParentEngine| {
+        let registry = Registry::new(db);
+        registry.insert(&new_run("w", &json!(1)), NOW - 100).unwrap();
+        let given_up = Terminal::Interrupted {
+            error: "no progress".into(),
+            reason: Some(InterruptedReason::NoProgress),
+            child_still_running: Some(true),
+        };
+        registry.finish("w", &given_up, NOW - 50).unwrap();
+    };
+    assert_eq!(next(&watched, Retention::forever()), Some(5_000), "a child watched for its late result: the cadence");
+    assert_eq!(
+        next(&detached(0), Retention::default()),
+        Some(5_000),
+        "the backbone's first beat, before the recovery alarm"
+    );
+    assert_eq!(
+        next(&detached(3), Retention::default()),
+        Some(10_000),
+        "a quiet backbone: the recovery alarm is sooner"
+    );
+}
+
+/// The backbone's cadence slows while its passes change nothing and starts over when one does.
+#[test]
+fn the_backbone_slows_while_nothing_changes_and_starts_over_when_something_does() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    started(&db, &mut engine, "calm", Some(DetachedOptions::default()));
+    engine.alarm(&db, 1_000);
+    engine.alarm(&db, 2_000);
+    assert_eq!(engine.quiet_ticks, 2, "two passes that changed nothing");
+    let budget = DetachedOptions { max_budget: Some(std::time::Duration::from_millis(100)), ..Default::default() };
+    started(&db, &mut engine, "spent", Some(budget));
+    engine.quiet_ticks = 2;
+    engine.alarm(&db, 3_000);
+    assert_eq!(Registry::new(&db).get("spent").unwrap().unwrap().status, RunStatus::Interrupted);
+    assert_eq!(engine.quiet_ticks, 0, "a pass that gave a run up changed something");
+}
+
+/// A recovery pass after a restart lines up the live runs nobody drives, and nothing else: not
+/// a finished run, not one this instance already drives.
+#[test]
+fn a_recovery_pass_takes_only_the_live_undriven_runs() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    started(&db, &mut engine, "orphan", None);
+    let registry = Registry::new(&db);
+    registry.insert(&new_run("done", &json!(1)), 5).unwrap();
+    registry.finish("done", &Terminal::Completed { summary: "s".into(), output: None }, 6).unwrap();
+    let mut restarted = ParentEngine::new("Parent", AgentToolOptions::default(), 2);
+    assert!(matches!(
+        restarted.dispatch(&db, awaited(new_run("fresh", &json!(1))), json!(1), 50).0,
+        Admitted::Driving(_)
+    ));
+    let actions = restarted.wake(&db, 100);
+    assert!(gen_of(&actions, "inspect", "orphan").is_some(), "{actions:?}");
+    assert!(gen_of(&actions, "inspect", "done").is_none() && gen_of(&actions, "inspect", "fresh").is_none());
+    let pass = restarted.pass.as_ref().expect("a pass under way");
+    let mut lined_up: Vec<&str> = pass.queue.iter().map(String::as_str).collect();
+    lined_up.extend(pass.current.as_ref().map(|(id, _)| id.as_str()));
+    assert_eq!(lined_up, ["orphan"]);
 }
