@@ -49,6 +49,7 @@ fn a_recovery_pass_inspects_each_undriven_run_and_seals_those_past_its_deadline(
     assert!(engine.wake(&db, 101).is_empty(), "once");
     let mut inspected = Vec::new();
     let mut rows = Vec::new();
+    let mut complete = None;
     // No child answers: each inspection times out on the engine's own deadline, one after
     // another, until the pass's deadline seals the rest without asking. Each row is reported
     // once the pass is done with it, with the status it ends in, its reason and the time since
@@ -64,13 +65,21 @@ fn a_recovery_pass_inspects_each_undriven_run_and_seals_those_past_its_deadline(
             }
             _ => None,
         }));
-        if observed(&actions).contains(&EventType::RecoveryComplete) {
+        if let Some(ParentAction::Observe(_, summary)) =
+            actions.iter().find(|a| matches!(a, ParentAction::Observe(EventType::RecoveryComplete, _)))
+        {
+            complete = Some(summary.clone());
             break;
         }
         let due = engine.poll_timeout().expect("an inspection under way");
         actions = engine.handle_timeout(&db, due);
     }
     assert_eq!(inspected, ["a", "b", "c"], "one at a time, until the deadline");
+    assert_eq!(
+        complete,
+        Some(json!({ "runs": 4, "finalized": 4, "reattached": 0 })),
+        "the pass's summary counts every row it sealed"
+    );
     let row = |id: &str, reason: &str| (json!(id), json!("interrupted"), json!(reason));
     assert_eq!(
         rows,
@@ -357,4 +366,60 @@ fn a_recovery_pass_takes_only_the_live_undriven_runs() {
     let mut lined_up: Vec<&str> = pass.queue.iter().map(String::as_str).collect();
     lined_up.extend(pass.current.as_ref().map(|(id, _)| id.as_str()));
     assert_eq!(lined_up, ["orphan"]);
+}
+
+/// A recovery pass gives an awaited run its re-attach window (a detached run has its own
+/// budgets instead), and skips a row concluded while it waited in the queue.
+#[test]
+fn a_recovery_pass_windows_awaited_runs_and_skips_rows_concluded_meanwhile() {
+    let window = std::time::Duration::from_millis(5_000);
+    let options = AgentToolOptions { reattach_max_window: Some(window), ..AgentToolOptions::default() };
+    let (db, mut engine) = engine(options.clone());
+    started(&db, &mut engine, "awaited", None);
+    started(&db, &mut engine, "queued", None);
+    started(&db, &mut engine, "detached", Some(DetachedOptions::default()));
+    let mut engine = ParentEngine::new("Parent", options, 2);
+    let actions = engine.wake(&db, 100);
+    assert_eq!(engine.drivers["awaited"].window_end, Some(100 + 5_000));
+    assert_eq!(engine.drivers["detached"].window_end, None, "a detached run is bounded by its budgets");
+    assert!(gen_of(&actions, "inspect", "awaited").is_some(), "{actions:?}");
+
+    // `queued` is cancelled while it waits for its turn; when its turn comes it is not asked.
+    engine.cancel(&db, "queued", None, 101);
+    let mut inspected = Vec::new();
+    let mut actions = actions;
+    while !observed(&actions).contains(&EventType::RecoveryComplete) {
+        let due = engine.poll_timeout().expect("an inspection under way");
+        actions = engine.handle_timeout(&db, due);
+        inspected.extend(actions.iter().filter_map(|a| match a {
+            ParentAction::InspectChild { run_id, .. } => Some(run_id.clone()),
+            _ => None,
+        }));
+    }
+    assert!(!inspected.contains(&"queued".to_owned()), "a concluded row is not inspected: {inspected:?}");
+    assert_eq!(Registry::new(&db).get("queued").unwrap().unwrap().status, RunStatus::Aborted);
+}
+
+/// A row concluded while it waited for its turn is not sealed again when its turn comes after
+/// the pass's deadline: no deadline event, not counted as finalized by the pass.
+#[test]
+fn a_row_concluded_in_the_queue_is_not_sealed_at_the_deadline() {
+    let (db, mut engine) = restarted_with_live_runs(["a", "b"]);
+    engine.wake(&db, 100);
+    engine.cancel(&db, "b", None, 101);
+    let actions = engine.handle_timeout(&db, 100 + RECOVERY_DEADLINE_MS + 1);
+    let deadline_rows: Vec<&Value> = actions
+        .iter()
+        .filter_map(|a| match a {
+            ParentAction::Observe(EventType::RecoveryDeadline, payload) => Some(&payload["runId"]),
+            _ => None,
+        })
+        .collect();
+    assert!(!deadline_rows.contains(&&json!("b")), "{actions:?}");
+    let complete = actions.iter().find_map(|a| match a {
+        ParentAction::Observe(EventType::RecoveryComplete, summary) => Some(summary.clone()),
+        _ => None,
+    });
+    assert_eq!(complete, Some(json!({ "runs": 2, "finalized": 1, "reattached": 0 })));
+    assert_eq!(Registry::new(&db).get("b").unwrap().unwrap().status, RunStatus::Aborted);
 }
