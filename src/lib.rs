@@ -407,6 +407,70 @@ mod public_api_tests {
         }
     }
 
+    /// No call of the public API fails with a bare `String`: the files that hold public items
+    /// (the crate root's re-exports and public modules) declare no `pub fn` and no trait method
+    /// whose result's error is `String` (the crate's `Error` instead).
+    #[test]
+    fn the_public_api_fails_with_the_crate_error() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let public = [
+            "agent.rs",
+            "tools.rs",
+            "error.rs",
+            "cancel.rs",
+            "routing.rs",
+            "sql.rs",
+            "observability.rs",
+            "llm/mod.rs",
+            "llm/openai.rs",
+            "llm/offline.rs",
+            "platform/model.rs",
+            "platform/route.rs",
+            "types/run.rs",
+            "types/options.rs",
+            "types/detached.rs",
+            "host/core.rs",
+            "host/io.rs",
+            "host/child/turn.rs",
+            "host/parent/dispatch.rs",
+            "host/parent/sub_agent.rs",
+            "testing/world.rs",
+            "testing/client.rs",
+            "testing/model.rs",
+            "testing/sim.rs",
+        ];
+        let mut signatures = 0;
+        for file in public {
+            let text = std::fs::read_to_string(src.join(file)).expect(file);
+            // The bodies of public traits (`pub trait X … {` to the `}` that closes it at the
+            // start of a line): their methods are public whatever they are prefixed with.
+            let traits: Vec<(usize, usize)> = text
+                .match_indices("\npub trait ")
+                .map(|(start, _)| (start, text[start..].find("\n}").map_or(text.len(), |e| start + e)))
+                .collect();
+            // A signature runs from `fn` to its body or its `;`.
+            for (at, _) in text.match_indices("fn ") {
+                let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+                let head = text[line_start..at].trim();
+                let public_fn = head.starts_with("pub") && !head.starts_with("pub(");
+                let in_trait = traits.iter().any(|&(start, end)| (start..end).contains(&at));
+                let trait_method = in_trait && (head.is_empty() || head == "async");
+                if !public_fn && !trait_method {
+                    continue;
+                }
+                let end = text[at..].find(['{', ';']).map_or(text.len(), |e| at + e);
+                let signature: String = text[at..end].split_whitespace().collect::<Vec<_>>().join(" ");
+                signatures += 1;
+                let Some((_, result)) = signature.split_once("-> ") else { continue };
+                assert!(
+                    !(result.contains("Result<") && result.trim_end().ends_with(", String>")),
+                    "{file}: a public signature fails with String: {signature}"
+                );
+            }
+        }
+        assert!(signatures > 150, "the public signatures were read ({signatures})");
+    }
+
     /// The demo is built as another Worker would be: it names only public items.
     #[test]
     fn the_demo_uses_the_public_api_only() {
