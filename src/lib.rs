@@ -11,8 +11,8 @@
 //! A parent and a child with one agent tool, and the Worker entry:
 //!
 //! ```
-//! use agent_tools::prelude::*;
-//! use worker::{event, Context, Env, Request, Response};
+//! use agent_tools::prelude::*; // hooks take `agent_tools::Env`, which it brings in
+//! use worker::{event, Context, Request, Response};
 //!
 //! /// The child: researches one topic (a chat agent; one Durable Object per run).
 //! #[derive(Default)]
@@ -47,7 +47,7 @@
 //! agent_tools::durable_object!(Researcher);
 //!
 //! #[event(fetch)]
-//! async fn fetch(req: Request, env: Env, _ctx: Context) -> worker::Result<Response> {
+//! async fn fetch(req: Request, env: worker::Env, _ctx: Context) -> worker::Result<Response> {
 //!     agent_tools::route::<Assistant>(req, &env).await // children are reached only through it
 //! }
 //! # fn main() {}
@@ -539,11 +539,15 @@ pub mod limits {
     pub use crate::protocol::tail::MAX_TAIL_LINE_BYTES;
 }
 
-/// What an agent author needs: `use agent_tools::prelude::*;`.
+/// What an agent author needs: `use agent_tools::prelude::*;` brings in the trait and its host,
+/// tools, the types every hook signature names (`Env`, `HttpRequest`, `RunInfo`, `HandlerTag`,
+/// …), the settings and the run's options and results.
 pub mod prelude {
     pub use crate::{
-        Agent, AgentHost, AgentTool, AgentToolOptions, CancelToken, DetachedOptions, Error, Progress, RunOptions,
-        RunOutcome, RunResult, RunStatus, Tool, ToolContext, Tools, Turn, TurnOutput,
+        Admission, Agent, AgentClass, AgentHost, AgentTool, AgentToolOptions, CancelToken, ClearFilter,
+        DetachedHandle, DetachedOptions, Env, Error, HandlerTag, HttpRequest, HttpResponse, Milestone, OnMilestones,
+        Progress, ProgressSnapshot, Refusal, Retention, RunInfo, RunOptions, RunOutcome, RunResult, RunStatus,
+        ScheduledTask, Tool, ToolContext, Tools, Turn, TurnOutput,
     };
 }
 

@@ -49,12 +49,11 @@ fn a_recovery_pass_inspects_each_undriven_run_and_seals_those_past_its_deadline(
     assert!(engine.wake(&db, 101).is_empty(), "once");
     let mut inspected = Vec::new();
     let mut rows = Vec::new();
-    let mut complete = None;
     // No child answers: each inspection times out on the engine's own deadline, one after
     // another, until the pass's deadline seals the rest without asking. Each row is reported
     // once the pass is done with it, with the status it ends in, its reason and the time since
     // the pass began.
-    loop {
+    let complete = loop {
         inspected.extend(actions.iter().filter_map(|a| match a {
             ParentAction::InspectChild { run_id, .. } => Some(run_id.clone()),
             _ => None,
@@ -68,12 +67,11 @@ fn a_recovery_pass_inspects_each_undriven_run_and_seals_those_past_its_deadline(
         if let Some(ParentAction::Observe(_, summary)) =
             actions.iter().find(|a| matches!(a, ParentAction::Observe(EventType::RecoveryComplete, _)))
         {
-            complete = Some(summary.clone());
-            break;
+            break Some(summary.clone());
         }
         let due = engine.poll_timeout().expect("an inspection under way");
         actions = engine.handle_timeout(&db, due);
-    }
+    };
     assert_eq!(inspected, ["a", "b", "c"], "one at a time, until the deadline");
     assert_eq!(
         complete,
