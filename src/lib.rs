@@ -544,10 +544,10 @@ pub mod limits {
 /// …), the settings and the run's options and results.
 pub mod prelude {
     pub use crate::{
-        Admission, Agent, AgentClass, AgentHost, AgentTool, AgentToolOptions, CancelToken, ClearFilter,
-        DetachedHandle, DetachedOptions, Env, Error, HandlerTag, HttpRequest, HttpResponse, Milestone, OnMilestones,
-        Progress, ProgressSnapshot, Refusal, Retention, RunInfo, RunOptions, RunOutcome, RunResult, RunStatus,
-        ScheduledTask, Tool, ToolContext, Tools, Turn, TurnOutput,
+        Admission, Agent, AgentClass, AgentHost, AgentTool, AgentToolOptions, CancelToken, ClearFilter, DetachedHandle,
+        DetachedOptions, Env, Error, HandlerTag, HttpRequest, HttpResponse, Milestone, OnMilestones, Progress,
+        ProgressSnapshot, Refusal, Retention, RunInfo, RunOptions, RunOutcome, RunResult, RunStatus, ScheduledTask,
+        Tool, ToolContext, Tools, Turn, TurnOutput,
     };
 }
 
