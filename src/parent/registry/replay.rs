@@ -145,9 +145,10 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
             return Ok(());
         }
         for run_id in std::mem::take(&mut cursor.open) {
-            let Some(run) = self.get(&run_id)? else { continue };
-            let sent = cursor.sent.get(&run_id).copied().unwrap_or(-1);
+            // An open run was passed, so its `started` frame at least was sent.
+            let (Some(run), Some(&sent)) = (self.get(&run_id)?, cursor.sent.get(&run_id)) else { continue };
             if run.next_seq <= sent + 1 {
+                // Nothing new: not a frame read.
                 continue;
             }
             let mut frames: Vec<EventFrame> = self

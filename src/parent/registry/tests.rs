@@ -598,3 +598,204 @@ fn an_inspection_has_the_result_the_latest_signal_and_the_milestones() {
     assert_eq!(seen.milestones.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), ["m"]);
     assert_eq!(seen.result.map(|r| r.summary), Some(Some("done".into())));
 }
+
+#[test]
+fn the_drill_in_gate_knows_a_run_only_under_its_own_type() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    reg.insert(&new_run("r"), 1).unwrap();
+    assert!(reg.has_run("Researcher", "r").unwrap());
+    assert!(!reg.has_run("Summarizer", "r").unwrap(), "a guessed type is refused");
+    assert!(!reg.has_run("Researcher", "guessed").unwrap(), "a guessed id is refused");
+}
+
+#[test]
+fn a_run_started_at_the_cut_off_is_not_older_than_it() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    reg.insert(&new_run("at"), 60).unwrap();
+    reg.insert(&new_run("before"), 59).unwrap();
+    let ids: Vec<String> = reg.matching(None, Some(60)).unwrap().into_iter().map(|r| r.run_id).collect();
+    assert_eq!(ids, ["before"]);
+}
+
+#[test]
+fn reruns_count_the_superseded_chunks_only() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    reg.insert(&new_run("r"), 1).unwrap();
+    let superseded = Forward { kind: ChunkKind::Superseded, body: "{\"type\":\"data-agent-superseded\"}", replay: None };
+    reg.append("r", &[stored("{}"), stored("{}")], Some(1), 2).unwrap();
+    assert_eq!(reg.get("r").unwrap().unwrap().reruns, 0);
+    reg.append("r", &[stored("{}"), superseded, stored("{}")], Some(4), 3).unwrap();
+    assert_eq!(reg.get("r").unwrap().unwrap().reruns, 1);
+}
+
+#[test]
+fn a_milestone_after_a_progress_in_one_batch_replaces_it_and_before_it_does_not() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    let progress = Forward { kind: ChunkKind::Progress, body: "{\"type\":\"data-agent-progress\"}", replay: None };
+    let milestone = Forward { kind: ChunkKind::Milestone, body: "{\"type\":\"data-agent-milestone\"}", replay: None };
+    reg.insert(&new_run("after"), 1).unwrap();
+    reg.append("after", &[progress, milestone], Some(1), 2).unwrap();
+    assert_eq!(reg.get("after").unwrap().unwrap().progress, None, "the milestone is the latest signal");
+    reg.insert(&new_run("before"), 1).unwrap();
+    reg.append("before", &[milestone, progress], Some(1), 2).unwrap();
+    let kept = reg.get("before").unwrap().unwrap().progress;
+    assert_eq!(kept, Some((2, progress.body.to_owned())), "the later progress is kept, at its own sequence");
+}
+
+#[test]
+fn a_batch_without_a_cursor_leaves_the_tail_position_alone() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    reg.insert(&new_run("r"), 1).unwrap();
+    reg.append("r", &[stored("{}")], None, 2).unwrap();
+    assert_eq!(reg.get("r").unwrap().unwrap().child_cursor, -1, "a re-attach still tails from the start");
+    reg.append("r", &[stored("{}")], Some(3), 3).unwrap();
+    reg.append("r", &[stored("{}")], None, 4).unwrap();
+    assert_eq!(reg.get("r").unwrap().unwrap().child_cursor, 3);
+}
+
+#[test]
+fn a_replay_page_sends_no_more_than_its_budget() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    reg.insert(&new_run("r"), 1).unwrap();
+    reg.append("r", &[stored("{\"n\":1}"), stored("{\"n\":2}"), stored("{\"n\":3}")], Some(2), 2).unwrap();
+    reg.finish("r", &Terminal::Completed { summary: "s".into(), output: None }, 3).unwrap();
+    let mut cursor = ReplayCursor::default();
+    let mut pages: Vec<Vec<i64>> = Vec::new();
+    loop {
+        let mut page = Vec::new();
+        let more = reg
+            .replay_page(&mut cursor, 1, &mut |f: EventFrame| {
+                page.push(f.sequence);
+                true
+            })
+            .unwrap();
+        pages.push(page);
+        if !more {
+            break;
+        }
+    }
+    assert!(pages.iter().all(|p| p.len() <= 1), "{pages:?}");
+    assert_eq!(pages.concat(), [0, 1, 2, 3, 4], "{pages:?}");
+}
+
+/// Counts the statements that read a run's frames.
+struct CountFrameReads {
+    db: rusqlite::Connection,
+    reads: std::cell::Cell<usize>,
+}
+
+impl Sql for CountFrameReads {
+    fn exec(&self, sql: &str, params: &[crate::store::Value]) -> Result<Vec<crate::store::Row>, StoreError> {
+        if sql.starts_with("SELECT") && sql.contains("FROM agent_tool_frames") {
+            self.reads.set(self.reads.get() + 1);
+        }
+        self.db.exec(sql, params)
+    }
+
+    fn batch(&self, sql: &str) -> Result<(), StoreError> {
+        self.db.batch(sql)
+    }
+
+    fn atomically(&self, work: &mut dyn FnMut() -> Result<(), StoreError>) -> Result<(), StoreError> {
+        self.db.atomically(work)
+    }
+}
+
+/// Replays every run to `got` a page at a time until the pages are done (`replay_rest` not
+/// yet called).
+fn replay_pages<S: Sql + ?Sized>(reg: &Registry<'_, S>, cursor: &mut ReplayCursor, got: &mut Vec<(i64, String)>) {
+    let mut send = |f: EventFrame| {
+        got.push((f.sequence, serde_json::to_value(&f.event).unwrap()["kind"].as_str().unwrap_or("chunk").to_owned()));
+        true
+    };
+    while reg.replay_page(cursor, 1, &mut send).unwrap() {}
+}
+
+fn replay_the_rest<S: Sql + ?Sized>(reg: &Registry<'_, S>, cursor: &mut ReplayCursor) -> Vec<(i64, String)> {
+    let mut got = Vec::new();
+    reg.replay_rest(cursor, &mut |f: EventFrame| {
+        got.push((f.sequence, serde_json::to_value(&f.event).unwrap()["kind"].as_str().unwrap_or("chunk").to_owned()));
+        true
+    })
+    .unwrap();
+    got
+}
+
+#[test]
+fn the_catch_up_reads_no_frames_of_a_run_that_did_not_grow() {
+    let db = CountFrameReads { db: registry_db(), reads: 0.into() };
+    let reg = Registry::new(&db);
+    reg.insert(&new_run("r"), 1).unwrap();
+    reg.append("r", &[stored("{}"), stored("{}")], Some(1), 2).unwrap();
+    let mut cursor = ReplayCursor::default();
+    replay_pages(&reg, &mut cursor, &mut Vec::new());
+    db.reads.set(0);
+    assert_eq!(replay_the_rest(&reg, &mut cursor), []);
+    assert_eq!(db.reads.get(), 0, "the run's next sequence says it has nothing new");
+    reg.append("r", &[stored("{}")], Some(2), 3).unwrap();
+    let mut cursor = ReplayCursor::default();
+    replay_pages(&reg, &mut cursor, &mut Vec::new());
+    reg.append("r", &[stored("{}")], Some(3), 4).unwrap();
+    db.reads.set(0);
+    assert_eq!(replay_the_rest(&reg, &mut cursor).len(), 1);
+    assert!(db.reads.get() > 0);
+}
+
+#[test]
+fn the_catch_up_sends_a_new_progress_and_never_the_one_sent() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    let progress = Forward { kind: ChunkKind::Progress, body: "{\"type\":\"data-agent-progress\"}", replay: None };
+    reg.insert(&new_run("r"), 1).unwrap();
+    reg.append("r", &[stored("{}"), progress], Some(1), 2).unwrap(); // chunk 1, progress 2
+    let mut cursor = ReplayCursor::default();
+    let mut passed = Vec::new();
+    replay_pages(&reg, &mut cursor, &mut passed);
+    assert_eq!(passed.iter().map(|(s, _)| *s).collect::<Vec<_>>(), [0, 1, 2], "the progress was the last sent");
+    reg.append("r", &[stored("{}")], Some(2), 3).unwrap(); // chunk 3; the snapshot is still progress 2
+    assert_eq!(replay_the_rest(&reg, &mut cursor).iter().map(|(s, _)| *s).collect::<Vec<_>>(), [3]);
+
+    let mut cursor = ReplayCursor::default();
+    replay_pages(&reg, &mut cursor, &mut Vec::new());
+    reg.append("r", &[progress], Some(3), 4).unwrap(); // progress 4
+    assert_eq!(replay_the_rest(&reg, &mut cursor).iter().map(|(s, _)| *s).collect::<Vec<_>>(), [4]);
+}
+
+#[test]
+fn the_catch_up_sends_a_terminal_that_was_replaced_meanwhile_and_then_its_repair() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    reg.insert(&new_run("r"), 1).unwrap();
+    reg.mark_running("r").unwrap();
+    reg.append("r", &[stored("{}")], Some(0), 2).unwrap();
+    let mut cursor = ReplayCursor::default();
+    replay_pages(&reg, &mut cursor, &mut Vec::new());
+    // While the socket drained: the run was given up on, then its late result came.
+    let lost = Terminal::Interrupted {
+        error: "silent".into(),
+        reason: Some(InterruptedReason::NoProgress),
+        child_still_running: Some(true),
+    };
+    reg.finish("r", &lost, 3).unwrap();
+    reg.finish("r", &Terminal::Completed { summary: "late".into(), output: None }, 4).unwrap();
+    let rest = replay_the_rest(&reg, &mut cursor);
+    assert_eq!(rest, [(2, "interrupted".to_owned()), (3, "finished".to_owned())], "as live clients saw them");
+}
+
+#[test]
+fn a_child_clear_is_owed_until_the_child_says_it_cleared() {
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    assert_eq!(reg.child_clear_owed("r").unwrap(), None);
+    reg.owe_child_clear("r", "RESEARCHER", "run-r", 1).unwrap();
+    assert_eq!(reg.child_clear_owed("r").unwrap(), Some(("RESEARCHER".into(), "run-r".into())));
+    assert_eq!(reg.child_clear_owed("other").unwrap(), None);
+    reg.child_cleared("r").unwrap();
+    assert_eq!(reg.child_clear_owed("r").unwrap(), None);
+}
