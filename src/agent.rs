@@ -161,6 +161,33 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
         true
     }
 
+    /// Whether a chat turn that a restart cut short (a deploy, a crash, an eviction, a panic) is
+    /// continued from its last kept step (the TypeScript SDK's `onChatRecovery`). Asked once per
+    /// continuation while [`AgentToolOptions::max_recovery_attempts`] allows one; a
+    /// [`crate::ChatRecovery::Decline`] ends the turn with an error part that gives its reason.
+    /// The default continues.
+    ///
+    /// ```
+    /// # use agent_tools::prelude::*;
+    /// # #[derive(Default)] pub struct Assistant;
+    /// # agent_tools::durable_object!(Assistant, unchecked);
+    /// use agent_tools::{ChatRecovery, InterruptedTurn};
+    /// impl Agent for Assistant {
+    ///     // A turn cut while it was sending mail is left to the user.
+    ///     fn on_chat_recovery(&self, turn: &InterruptedTurn) -> ChatRecovery {
+    ///         match turn.pending_tools.iter().any(|t| t == "send_mail") {
+    ///             true => ChatRecovery::Decline("interrupted while sending mail: check your outbox".into()),
+    ///             false => ChatRecovery::Continue,
+    ///         }
+    ///     }
+    /// }
+    /// # fn main() {}
+    /// ```
+    fn on_chat_recovery(&self, turn: &crate::InterruptedTurn) -> crate::ChatRecovery {
+        let _ = turn;
+        crate::ChatRecovery::Continue
+    }
+
     /// The chat message a `notify` run injects when it finishes (empty: none). The default is
     /// the TypeScript SDK's wording.
     fn format_detached_completion(&self, run: &RunInfo, result: &RunResult) -> String {

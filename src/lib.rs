@@ -519,10 +519,10 @@ pub use platform::route::{route, Routes};
 pub use routing::RequestUrl;
 pub use tools::{AgentTool, Tool, ToolContext, Tools};
 pub use types::{
-    Admission, AgentClass, AgentToolChunk, AgentToolFailure, AgentToolOptions, ClearFilter, DetachedHandle,
-    DetachedOptions, EventDelivery, HandlerTag, InterruptedReason, Milestone, MilestoneMode, OnMilestones, Progress,
-    ProgressSnapshot, RecoveryAttempt, RecoveryPolicy, Retention, RunInfo, RunInspection, RunOptions, RunOutcome,
-    RunResult, RunStatus, ScheduledTask, DEFAULT_NOTIFY_SOURCE,
+    Admission, AgentClass, AgentToolChunk, AgentToolFailure, AgentToolOptions, ChatRecovery, ClearFilter,
+    DetachedHandle, DetachedOptions, EventDelivery, HandlerTag, InterruptedReason, InterruptedTurn, Milestone,
+    MilestoneMode, OnMilestones, Progress, ProgressSnapshot, RecoveryAttempt, RecoveryPolicy, Retention, RunInfo,
+    RunInspection, RunOptions, RunOutcome, RunResult, RunStatus, ScheduledTask, DEFAULT_NOTIFY_SOURCE,
 };
 
 /// The fixed limits (see `docs/security.md`); the adjustable ones are

@@ -66,6 +66,15 @@ pub trait Tool<A: Agent>: 'static {
     fn description(&self) -> &str;
     /// Runs one call. An `Err` reaches the model as the failure envelope, with its message.
     async fn execute(&self, ctx: &ToolContext<'_, A>, input: Self::Input) -> Result<Self::Output, Error>;
+
+    /// Whether a call that a restart cut short (started, no result kept) may simply run again
+    /// when the chat turn is continued: `true` for a tool without side effects (a lookup, a
+    /// computation). The default, `false`, gives the model an "interrupted" result instead
+    /// (`{"ok":false,"status":"interrupted",…,"retryable":true}`), so a tool that sends, pays or
+    /// writes is never repeated behind anyone's back.
+    fn repeatable(&self) -> bool {
+        false
+    }
 }
 
 /// What a [`Tool`] sees of the turn that called it.
@@ -106,6 +115,7 @@ use crate::host::LocalFuture;
 /// A [`Tool`] with its types erased, so tools of different types share one list.
 pub(crate) trait DynTool<A: Agent> {
     fn spec(&self) -> ToolSpec;
+    fn repeatable(&self) -> bool;
     fn call<'a>(&'a self, ctx: &'a ToolContext<'a, A>, input: Value) -> LocalFuture<'a, Result<Value, String>>;
 }
 
@@ -121,6 +131,10 @@ impl<A: Agent, T: Tool<A>> DynTool<A> for Erased<T> {
             description: self.tool.description().to_owned(),
             input_schema: self.schema.clone(),
         }
+    }
+
+    fn repeatable(&self) -> bool {
+        self.tool.repeatable()
     }
 
     fn call<'a>(&'a self, ctx: &'a ToolContext<'a, A>, input: Value) -> LocalFuture<'a, Result<Value, String>> {

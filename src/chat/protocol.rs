@@ -153,6 +153,14 @@ pub enum ChatFrame {
     },
     /// `cf_agent_error`: a frame that could not be used (the socket stays open).
     Error(String),
+    /// `cf_agent_chat_recovering`: a turn a restart cut short is being continued (`true`), or
+    /// no longer (`false`).
+    Recovering {
+        /// The turn's request id.
+        id: String,
+        /// Whether it is.
+        recovering: bool,
+    },
 }
 
 impl ChatFrame {
@@ -224,6 +232,9 @@ impl ChatFrame {
                 json!({ "type": "cf_agent_stream_resume_none", "reason": "idle", "probeId": probe_id }).to_string()
             }
             Self::Error(problem) => json!({ "type": "cf_agent_error", "error": problem }).to_string(),
+            Self::Recovering { id, recovering } => {
+                json!({ "type": "cf_agent_chat_recovering", "recovering": recovering, "id": id }).to_string()
+            }
         }
     }
 }
@@ -327,6 +338,18 @@ impl ChatState {
         let frame = ChatFrame::Resuming { id: active.request_id.clone(), probe_id: None };
         self.resuming.insert(connection.to_owned());
         vec![ChatOutput::Send { to: connection.to_owned(), frame }]
+    }
+
+    /// Offers the active stream again to `connections` (a continuation's: what they showed of
+    /// it changed), as to a connection that just opened: each acknowledges to get its replay.
+    pub fn offer_stream(&mut self, connections: &[String]) -> Vec<ChatOutput> {
+        let fresh: Vec<&String> = connections.iter().filter(|c| !self.resuming.contains(*c)).collect();
+        fresh.into_iter().flat_map(|c| self.on_connect(c)).collect()
+    }
+
+    /// Whether the turn of `request_id` waits for the one before it.
+    pub fn is_waiting(&self, request_id: &str) -> bool {
+        self.waiting.contains_key(request_id)
     }
 
     /// A connection closed.

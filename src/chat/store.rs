@@ -6,7 +6,8 @@ use serde_json::Value;
 use crate::protocol::tail::ChunkKind;
 use crate::store::{Sql, StoreError, Value as V};
 
-/// The chat's tables. Safe to run on every activation.
+/// The chat's tables (with a turn's journal and the messages held while a turn is open: see
+/// [`crate::chat::journal`]). Safe to run on every activation.
 pub const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS chat_messages (
   id TEXT PRIMARY KEY,
@@ -28,6 +29,34 @@ CREATE TABLE IF NOT EXISTS chat_stream_chunks (
   body TEXT NOT NULL,
   PRIMARY KEY (stream_id, idx)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS chat_turns (
+  request_id TEXT PRIMARY KEY,
+  message_id TEXT NOT NULL,
+  ord INTEGER NOT NULL,
+  attempts INTEGER NOT NULL DEFAULT 1,
+  started_at INTEGER NOT NULL,
+  log_keep INTEGER NOT NULL DEFAULT -1
+);
+CREATE TABLE IF NOT EXISTS chat_turn_steps (
+  request_id TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  text TEXT NOT NULL,
+  calls_json TEXT NOT NULL,
+  PRIMARY KEY (request_id, step)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS chat_turn_results (
+  request_id TEXT NOT NULL,
+  call_id TEXT NOT NULL,
+  output_json TEXT NOT NULL,
+  error TEXT,
+  PRIMARY KEY (request_id, call_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS chat_held_messages (
+  id TEXT PRIMARY KEY,
+  seq INTEGER NOT NULL,
+  message_json TEXT NOT NULL,
+  created_at INTEGER NOT NULL
+);
 ";
 
 /// The largest message kept (Durable Object SQL rows hold up to 2 MB).
@@ -78,6 +107,18 @@ impl<'a, S: Sql + ?Sized> Messages<'a, S> {
              VALUES (?, (SELECT COALESCE(MAX(ord) + 1, 0) FROM chat_messages), ?, ?) \
              ON CONFLICT (id) DO UPDATE SET message_json = excluded.message_json",
             &[V::from(id), V::from(message.to_string()), V::Int(now)],
+        )?;
+        Ok(())
+    }
+
+    /// Inserts a message at `ord` (a turn's place, kept from its start), or replaces the
+    /// message with its id in place.
+    pub fn upsert_at(&self, message: &Value, ord: i64, now: i64) -> Result<(), StoreError> {
+        let id = message.get("id").and_then(Value::as_str).unwrap_or_default();
+        self.sql.exec(
+            "INSERT INTO chat_messages (id, ord, message_json, created_at) VALUES (?, ?, ?, ?) \
+             ON CONFLICT (id) DO UPDATE SET message_json = excluded.message_json",
+            &[V::from(id), V::Int(ord), V::from(message.to_string()), V::Int(now)],
         )?;
         Ok(())
     }
@@ -230,6 +271,13 @@ impl<'a, S: Sql + ?Sized> StreamLog<'a, S> {
         Ok(())
     }
 
+    /// Drops the chunks of `stream` after index `keep` (a continuation replaces them).
+    pub fn truncate_after(&self, stream: &str, keep: i64) -> Result<(), StoreError> {
+        self.sql
+            .exec("DELETE FROM chat_stream_chunks WHERE stream_id = ? AND idx > ?", &[V::from(stream), V::Int(keep)])?;
+        Ok(())
+    }
+
     /// Deletes a stream.
     pub fn delete(&self, stream: &str) -> Result<(), StoreError> {
         self.sql.exec("DELETE FROM chat_stream_chunks WHERE stream_id = ?", &[V::from(stream)])?;
@@ -291,7 +339,12 @@ impl<'a, S: Sql + ?Sized> OpenStreams<'a, S> {
     /// attempt of its turn, each after a `superseded` marker: the message is the last
     /// attempt's. Returns the recovered messages.
     pub fn recover(&self, now: i64) -> Result<Vec<Value>, StoreError> {
-        let open = self.sql.exec("SELECT stream_id, message_id FROM chat_open_streams ORDER BY started_at", &[])?;
+        // A client's turn has a journal, and is continued from it instead.
+        let open = self.sql.exec(
+            "SELECT stream_id, message_id FROM chat_open_streams \
+             WHERE stream_id NOT IN (SELECT request_id FROM chat_turns) ORDER BY started_at",
+            &[],
+        )?;
         let mut recovered = Vec::new();
         for row in &open {
             let (Some(stream_id), Some(message_id)) = (row.text(0), row.text(1)) else { continue };

@@ -10,6 +10,7 @@ use std::collections::{HashMap, HashSet};
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::{json, Value};
 
+use crate::chat::journal::{interrupted_result, Continuation, Redo, ToolResult};
 pub use crate::llm::Model;
 use crate::llm::{ModelError, ModelEvent, ModelMessage, ModelRequest, ToolCall, ToolSpec};
 
@@ -27,6 +28,14 @@ pub trait ToolBox {
     fn call_id_taken(&self, id: &str) -> bool {
         let _ = id;
         false
+    }
+
+    /// What a turn's continuation does with a call of tool `name` that was started and has no
+    /// result: run it again only if that is safe (default: give the model an "interrupted"
+    /// result).
+    fn redo(&self, name: &str) -> Redo {
+        let _ = name;
+        Redo::Interrupted
     }
 }
 
@@ -61,6 +70,8 @@ pub trait DynToolBox {
     fn execute_boxed<'a>(&'a self, call: &'a ToolCall, order: usize) -> LocalBoxFuture<'a, Result<Value, String>>;
     /// [`ToolBox::call_id_taken`].
     fn call_id_taken_dyn(&self, id: &str) -> bool;
+    /// [`ToolBox::redo`].
+    fn redo_dyn(&self, name: &str) -> Redo;
 }
 
 impl<T: ToolBox> DynToolBox for T {
@@ -72,6 +83,9 @@ impl<T: ToolBox> DynToolBox for T {
     }
     fn call_id_taken_dyn(&self, id: &str) -> bool {
         self.call_id_taken(id)
+    }
+    fn redo_dyn(&self, name: &str) -> Redo {
+        self.redo(name)
     }
 }
 
@@ -132,6 +146,36 @@ pub struct TurnOptions {
     pub message_id: String,
     /// The most model steps it takes.
     pub max_steps: usize,
+    /// Whether the turn streams its `start` chunk (a continuation whose log kept it does not).
+    pub emit_start: bool,
+    /// Where a turn cut short goes on from (its journal's [`Continuation`]), or `None` for a
+    /// new turn.
+    pub resume: Option<Continuation>,
+}
+
+#[cfg(test)]
+impl TurnOptions {
+    /// A new turn writing `message_id`, at most `max_steps` model steps.
+    pub fn new(message_id: impl Into<String>, max_steps: usize) -> Self {
+        Self { message_id: message_id.into(), max_steps, emit_start: true, resume: None }
+    }
+}
+
+/// Keeps what a turn has done as it happens (the journal of [`crate::chat::journal`]); each
+/// call comes in the same synchronous step as the chunk it accounts for.
+pub trait Record {
+    /// The model finished step `step` with `text` and `calls`.
+    fn step(&self, step: usize, text: &str, calls: &[ToolCall]);
+    /// Call `call_id` has its result.
+    fn result(&self, call_id: &str, result: &ToolResult);
+}
+
+/// Keeps nothing: an agent-tool run's turn, which its run's own recovery heals.
+pub struct NoRecord;
+
+impl Record for NoRecord {
+    fn step(&self, _: usize, _: &str, _: &[ToolCall]) {}
+    fn result(&self, _: &str, _: &ToolResult) {}
 }
 
 /// How a turn ended.
@@ -148,20 +192,87 @@ pub enum TurnOutcome {
     Failed(String),
 }
 
-/// Runs a turn over `history`, streaming `UIMessageChunk`s through `emit`.
+/// Runs calls of one step at once (a call that must not run again gets its "interrupted"
+/// result at once), streaming and recording each result as it comes. Returns the results in
+/// the order of `calls`.
+async fn run_calls(
+    tools: &dyn DynToolBox,
+    calls: &[(ToolCall, Redo)],
+    emit: &dyn Fn(Value),
+    record: &dyn Record,
+) -> Vec<Value> {
+    let mut results: Vec<Option<Value>> = vec![None; calls.len()];
+    let mut running: FuturesUnordered<_> = calls
+        .iter()
+        .enumerate()
+        .map(|(order, (call, redo))| async move {
+            let result = match redo {
+                Redo::Run => match tools.execute_boxed(call, order).await {
+                    Ok(output) => ToolResult::Output(output),
+                    Err(error) => ToolResult::Error(error),
+                },
+                Redo::Interrupted => interrupted_result(&call.name),
+            };
+            (order, result)
+        })
+        .collect();
+    while let Some((order, result)) = running.next().await {
+        let call = &calls[order].0;
+        match &result {
+            ToolResult::Output(output) => {
+                emit(json!({ "type": "tool-output-available", "toolCallId": call.id, "output": output }))
+            }
+            ToolResult::Error(error) => {
+                emit(json!({ "type": "tool-output-error", "toolCallId": call.id, "errorText": error }))
+            }
+        }
+        record.result(&call.id, &result);
+        results[order] = Some(result.for_model());
+    }
+    results.into_iter().map(|r| r.unwrap_or(Value::Null)).collect()
+}
+
+/// Runs a turn over `history`, streaming `UIMessageChunk`s through `emit` and keeping each
+/// finished step and each result through `record`. With [`TurnOptions::resume`] it goes on
+/// from where a cut turn's journal left it: the calls without a result first, then the next
+/// model step.
 pub async fn run_turn(
     model: &dyn DynModel,
     tools: &dyn DynToolBox,
     history: Vec<ModelMessage>,
     options: &TurnOptions,
     emit: &dyn Fn(Value),
+    record: &dyn Record,
 ) -> TurnOutcome {
     let specs = tools.specs_dyn();
-    let mut ids = CallIds::new(&history);
     let mut messages = history;
-    emit(json!({ "type": "start", "messageId": options.message_id }));
+    if options.emit_start {
+        emit(json!({ "type": "start", "messageId": options.message_id }));
+    }
     let mut finish_reason = String::from("stop");
-    for step in 0..options.max_steps.max(1) {
+    let mut first = 0;
+    if let Some(resume) = &options.resume {
+        messages.extend(resume.messages.iter().cloned());
+        first = resume.next_step;
+        if resume.answered {
+            emit(json!({ "type": "finish-step" }));
+            emit(json!({ "type": "finish", "finishReason": finish_reason }));
+            return TurnOutcome::Completed { finish_reason, steps: first };
+        }
+        let outputs = run_calls(tools, &resume.pending, emit, record).await;
+        for ((call, _), output) in resume.pending.iter().zip(outputs) {
+            messages.push(ModelMessage::Tool { call_id: call.id.clone(), name: call.name.clone(), output });
+        }
+        if let Some(reason) = &resume.refused {
+            emit(json!({ "type": "error", "errorText": reason }));
+            return TurnOutcome::Failed(reason.clone());
+        }
+        if first > 0 {
+            emit(json!({ "type": "finish-step" }));
+        }
+    }
+    let mut ids = CallIds::new(&messages);
+    for step in first..options.max_steps.max(1) {
         emit(json!({ "type": "start-step" }));
         let text_id = format!("text-{step}");
         let mut text = String::new();
@@ -212,37 +323,29 @@ pub async fn run_turn(
             emit(json!({ "type": "error", "errorText": message }));
             return TurnOutcome::Failed(message);
         }
-        if calls.is_empty() && failed_calls.is_empty() {
+        let all_calls: Vec<ToolCall> = calls.iter().chain(failed_calls.iter().map(|(c, _)| c)).cloned().collect();
+        record.step(step, &text, &all_calls);
+        for (call, error) in &failed_calls {
+            record.result(&call.id, &ToolResult::Error(error.clone()));
+        }
+        if all_calls.is_empty() {
             emit(json!({ "type": "finish-step" }));
             emit(json!({ "type": "finish", "finishReason": finish_reason }));
             return TurnOutcome::Completed { finish_reason, steps: step + 1 };
         }
-        let mut results: Vec<(String, Value)> = failed_calls.iter().map(|(c, e)| (c.id.clone(), json!(e))).collect();
-        let mut running: FuturesUnordered<_> = calls
-            .iter()
-            .enumerate()
-            .map(|(order, call)| async move { (call, tools.execute_boxed(call, order).await) })
-            .collect();
-        while let Some((call, outcome)) = running.next().await {
-            let output = match outcome {
-                Ok(output) => {
-                    emit(json!({ "type": "tool-output-available", "toolCallId": call.id, "output": output }));
-                    output
-                }
-                Err(error) => {
-                    emit(json!({ "type": "tool-output-error", "toolCallId": call.id, "errorText": error }));
-                    json!(format!("Error: {error}"))
-                }
-            };
-            results.push((call.id.clone(), output));
-        }
-        drop(running);
+        let to_run: Vec<(ToolCall, Redo)> = calls.into_iter().map(|c| (c, Redo::Run)).collect();
+        let outputs = run_calls(tools, &to_run, emit, record).await;
         emit(json!({ "type": "finish-step" }));
-        let all_calls: Vec<ToolCall> = calls.iter().cloned().chain(failed_calls.into_iter().map(|(c, _)| c)).collect();
-        messages.push(ModelMessage::Assistant { text, tool_calls: all_calls.clone() });
-        for call in &all_calls {
-            let output = results.iter().find(|(id, _)| id == &call.id).map(|(_, o)| o.clone()).unwrap_or(Value::Null);
+        messages.push(ModelMessage::Assistant { text, tool_calls: all_calls });
+        for ((call, _), output) in to_run.iter().zip(outputs) {
             messages.push(ModelMessage::Tool { call_id: call.id.clone(), name: call.name.clone(), output });
+        }
+        for (call, error) in failed_calls {
+            messages.push(ModelMessage::Tool {
+                call_id: call.id,
+                name: call.name,
+                output: json!(format!("Error: {error}")),
+            });
         }
     }
     emit(json!({ "type": "finish", "finishReason": finish_reason }));
@@ -347,9 +450,9 @@ mod tests {
             builder.borrow_mut().apply(&v);
             chunks.borrow_mut().push(v);
         };
-        let options = TurnOptions { message_id: "msg-1".into(), max_steps };
-        let outcome =
-            futures::executor::block_on(run_turn(model, tools, vec![ModelMessage::User(user.into())], &options, &emit));
+        let options = TurnOptions::new("msg-1", max_steps);
+        let history = vec![ModelMessage::User(user.into())];
+        let outcome = futures::executor::block_on(run_turn(model, tools, history, &options, &emit, &NoRecord));
         let message = builder.borrow().message();
         (outcome, chunks.into_inner(), message)
     }

@@ -6,20 +6,25 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use futures::future::{select, Either};
-use futures::lock::Mutex;
+use std::sync::Arc;
+
+use futures::lock::{Mutex, OwnedMutexGuard};
 use serde_json::Value;
 
 use super::io::{Io, Socket};
 use crate::cancel::CancelToken;
 use crate::chat::convert::to_model_messages;
+use crate::chat::journal::{self, Continuation, Held, Journal, OpenTurn, ToolResult};
 use crate::chat::message::MessageBuilder;
 pub use crate::chat::protocol::ChatEnd;
 use crate::chat::protocol::{ActiveStream, ChatFrame, ChatMessage, ChatOutput, ChatState};
 use crate::chat::store::{Messages, OpenStreams, StreamLog};
-use crate::chat::turn::{run_turn, DynModel, DynToolBox, TurnOptions, TurnOutcome};
+use crate::chat::turn::{run_turn, DynModel, DynToolBox, NoRecord, Record, TurnOptions, TurnOutcome};
+use crate::llm::ToolCall;
 use crate::protocol::rpc::{self, ClientFrame, FrameError, RpcRequest, RpcResponse};
 use crate::protocol::tail::ChunkKind;
 use crate::store::{Sql, StoreError};
+use crate::types::{ChatRecovery, InterruptedTurn};
 
 /// What a client frame asks of the host, once the chat has handled its own frames.
 #[derive(Debug)]
@@ -65,6 +70,44 @@ pub struct TurnSpec<'a> {
     pub flush: &'a dyn Fn(),
     /// The cancel token of the turn.
     pub cancel: CancelToken,
+    /// A client's turn is kept in the journal as it goes (`None`: an agent-tool run's turn,
+    /// which its run's recovery heals).
+    pub durable: Option<Durable<'a>>,
+}
+
+/// The right to run the next turn, taken ahead ([`Chat::claim_slot`]).
+pub struct TurnSlot(OwnedMutexGuard<()>);
+
+/// How a durable turn is kept.
+pub struct Durable<'a> {
+    /// The stream log's last index so far.
+    pub last_index: &'a dyn Fn() -> i64,
+    /// The journal's turn and where it goes on, for a continuation.
+    pub resume: Option<(OpenTurn, Continuation)>,
+    /// The turn slot, when the caller took it ahead.
+    pub slot: Option<TurnSlot>,
+}
+
+/// The journal as a running turn writes it: each record names the log's last index, so a
+/// continuation keeps the chunks it accounts for and drops the rest.
+struct Keeper<'a> {
+    chat: &'a Chat,
+    request_id: &'a str,
+    last_index: &'a dyn Fn() -> i64,
+}
+
+impl Record for Keeper<'_> {
+    fn step(&self, step: usize, text: &str, calls: &[ToolCall]) {
+        let kept = Journal::new(self.chat.sql()).step(self.request_id, step, text, calls, (self.last_index)());
+        if let Err(e) = kept {
+            self.chat.failed("turn's journal", &e);
+        }
+    }
+    fn result(&self, call_id: &str, result: &ToolResult) {
+        if let Err(e) = Journal::new(self.chat.sql()).result(self.request_id, call_id, result, (self.last_index)()) {
+            self.chat.failed("turn's journal", &e);
+        }
+    }
 }
 
 /// The chat of one agent: its state machine, the running turn's cancel token, and the lock
@@ -73,7 +116,9 @@ pub struct Chat {
     io: Rc<dyn Io>,
     state: RefCell<ChatState>,
     running: RefCell<Option<(String, CancelToken)>>,
-    turns: Mutex<()>,
+    /// The request id of the turn being continued after a restart, if one is.
+    recovering: RefCell<Option<String>>,
+    turns: Arc<Mutex<()>>,
     /// Request ids a client may not use (they name streams the host writes itself).
     reserved: Option<fn(&dyn Sql, &str) -> bool>,
 }
@@ -95,8 +140,9 @@ impl Drop for RunningGuard<'_> {
 
 impl Chat {
     /// The chat over this agent's SQL (its tables are the host's to create: see
-    /// `host::migrate`). A turn that a restart cut short is saved as the partial message it had
-    /// streamed.
+    /// `host::migrate`). An agent-tool run's turn that a restart cut short is saved as the
+    /// partial message it had streamed (its run's recovery runs it again); a client's turn is
+    /// continued from its journal instead ([`Chat::continue_turn`]).
     pub fn new(io: Rc<dyn Io>) -> Self {
         if let Err(e) = OpenStreams::new(io.sql()).recover(io.now()) {
             io.log(&format!("agent-tools: recovering interrupted chat streams failed: {e}"), true);
@@ -105,7 +151,8 @@ impl Chat {
             io,
             state: RefCell::new(ChatState::default()),
             running: RefCell::new(None),
-            turns: Mutex::new(()),
+            recovering: RefCell::new(None),
+            turns: Arc::new(Mutex::new(())),
             reserved: None,
         }
     }
@@ -185,6 +232,48 @@ impl Chat {
         *self.running.borrow_mut() = None;
     }
 
+    /// Takes the turn slot now, if it is free (a new instance's continuation goes before any
+    /// turn a client asks for in the same event).
+    pub fn claim_slot(&self) -> Option<TurnSlot> {
+        self.turns.try_lock_owned().map(TurnSlot)
+    }
+
+    /// Tells every client whether the turn of `request_id` is being recovered
+    /// (`cf_agent_chat_recovering`, which the stock client shows as `isRecovering`).
+    fn broadcast_recovering(&self, request_id: &str, recovering: bool) {
+        if !recovering {
+            self.recovering.borrow_mut().take();
+        }
+        let frame = ChatFrame::Recovering { id: request_id.to_owned(), recovering };
+        let output = self.state.borrow().broadcast(frame, None);
+        self.carry_out(vec![output]);
+    }
+
+    /// Ends a turn whose journal could not begin (nothing of it streamed).
+    fn end_unbegun(&self, spec: &TurnSpec<'_>, problem: String) -> (Value, ChatEnd) {
+        let end = ChatEnd::Error(problem);
+        let reserved = |id: &str| self.is_reserved(id);
+        let ended = self.state.borrow_mut().turn_ends(
+            self.sql(),
+            &spec.request_id,
+            &end,
+            spec.sender.as_deref(),
+            spec.fresh_stream,
+            &reserved,
+        );
+        match ended {
+            Ok(outputs) => drop(self.carry_out(outputs)),
+            Err(e) => self.failed("turn's end", &e),
+        }
+        (Value::Null, end)
+    }
+
+    /// Whether the turn of `request_id` runs here or waits for its time.
+    pub fn is_live(&self, request_id: &str) -> bool {
+        self.running.borrow().as_ref().is_some_and(|(id, _)| id == request_id)
+            || self.state.borrow().is_waiting(request_id)
+    }
+
     /// The transcript.
     pub fn messages(&self) -> Vec<Value> {
         Messages::new(self.sql()).list().unwrap_or_else(|e| {
@@ -237,6 +326,9 @@ impl Chat {
     /// The frames a chat client gets first: `cf_agent_stream_resuming` while a stream is active
     /// (the connection then gets no live chunks until it acknowledges).
     pub fn on_connect(&self, socket: &dyn Socket) {
+        if let Some(id) = self.recovering.borrow().clone() {
+            socket.send(&ChatFrame::Recovering { id, recovering: true }.to_json());
+        }
         for output in self.state.borrow_mut().on_connect(&socket.id()) {
             if let ChatOutput::Send { frame, .. } = output {
                 socket.send(&frame.to_json());
@@ -285,7 +377,7 @@ impl Chat {
     }
 
     /// Runs the turn a chat client asked for: a fresh stream under its request id, each chunk
-    /// stored, then sent to the clients.
+    /// stored, then sent to the clients; the turn kept in the journal as it goes.
     #[allow(clippy::too_many_arguments)]
     pub async fn run_client_turn(
         &self,
@@ -296,7 +388,85 @@ impl Chat {
         model: &dyn DynModel,
         tools: &dyn DynToolBox,
     ) -> ChatEnd {
-        let next = std::cell::Cell::new(0_i64);
+        self.client_turn(request_id, sender, system, max_steps, model, tools, None).await
+    }
+
+    /// Continues a turn that a restart cut short (its journal's `turn`): one attempt more, the
+    /// log cut back to what the journal accounts for, the clients told it is recovering and
+    /// offered the stream again, then `decide` (the agent's [`crate::Agent::on_chat_recovery`])
+    /// says whether it goes on; past `max_attempts` continuations it does not.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn continue_turn(
+        &self,
+        turn: OpenTurn,
+        system: Option<String>,
+        max_steps: usize,
+        model: &dyn DynModel,
+        tools: &dyn DynToolBox,
+        max_attempts: u32,
+        decide: &dyn Fn(&InterruptedTurn) -> ChatRecovery,
+        slot: Option<TurnSlot>,
+    ) -> ChatEnd {
+        let request_id = turn.request_id.clone();
+        let sql = self.sql();
+        let begun = Journal::new(sql).next_attempt(&request_id).and_then(|turn| {
+            StreamLog::new(sql).truncate_after(&request_id, turn.log_keep)?;
+            let steps = Journal::new(sql).steps(&request_id)?;
+            let results = Journal::new(sql).results(&request_id)?;
+            Ok((turn, steps, results))
+        });
+        let (turn, steps, results) = match begun {
+            Ok(begun) => begun,
+            Err(e) => {
+                // Tried again by the next instance (the journal is unchanged, or one attempt on).
+                self.failed("turn's continuation", &e);
+                return ChatEnd::Error(e.to_string());
+            }
+        };
+        let plan = journal::plan(&steps, &results, |name| tools.redo_dyn(name));
+        let interrupted = InterruptedTurn {
+            request_id: request_id.clone(),
+            attempt: turn.attempts as u32 - 1,
+            partial_text: steps.iter().map(|s| s.text.as_str()).collect::<Vec<_>>().join(""),
+            pending_tools: plan.pending.iter().map(|(c, _)| c.name.clone()).collect(),
+        };
+        let refusal = match journal::exhausted(turn.attempts, max_attempts) {
+            Some(reason) => Some(reason),
+            None => match decide(&interrupted) {
+                ChatRecovery::Continue => None,
+                ChatRecovery::Decline(reason) => Some(reason),
+            },
+        };
+        let plan = match refusal {
+            None => plan,
+            // Ended, not continued: every call left open gets its "interrupted" result, so no tool
+            // part stays open, then the turn ends with the reason.
+            Some(reason) => Continuation {
+                pending: plan.pending.into_iter().map(|(c, _)| (c, journal::Redo::Interrupted)).collect(),
+                refused: Some(reason),
+                ..plan
+            },
+        };
+        self.client_turn(&request_id, None, system, max_steps, model, tools, Some((turn, plan, slot))).await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn client_turn(
+        &self,
+        request_id: &str,
+        sender: Option<String>,
+        system: Option<String>,
+        max_steps: usize,
+        model: &dyn DynModel,
+        tools: &dyn DynToolBox,
+        resume: Option<(OpenTurn, Continuation, Option<TurnSlot>)>,
+    ) -> ChatEnd {
+        let first = resume.as_ref().map_or(0, |(turn, _, _)| turn.log_keep + 1);
+        let (resume, slot) = match resume {
+            Some((turn, plan, slot)) => (Some((turn, plan)), slot),
+            None => (None, None),
+        };
+        let next = std::cell::Cell::new(first);
         let emit = |body: String| {
             let index = next.get();
             match StreamLog::new(self.sql()).append(request_id, index, ChunkKind::Stored, &body) {
@@ -309,7 +479,8 @@ impl Chat {
         };
         let spec = TurnSpec {
             request_id: request_id.to_owned(),
-            fresh_stream: true,
+            // A continuation keeps what its log holds.
+            fresh_stream: resume.is_none(),
             replay_after: -1,
             sender,
             system,
@@ -317,6 +488,7 @@ impl Chat {
             emit: &emit,
             flush: &|| {},
             cancel: CancelToken::new(),
+            durable: Some(Durable { last_index: &|| next.get() - 1, resume, slot }),
         };
         self.run(spec, model, tools).await.1
     }
@@ -324,9 +496,13 @@ impl Chat {
     /// Runs one turn over the transcript (after any turn already running), streaming through
     /// `spec.emit`, then persists the assistant message, sends the transcript to the other
     /// clients and the final frame to all. Returns the assistant message and the outcome.
-    pub async fn run(&self, spec: TurnSpec<'_>, model: &dyn DynModel, tools: &dyn DynToolBox) -> (Value, ChatEnd) {
+    pub async fn run(&self, mut spec: TurnSpec<'_>, model: &dyn DynModel, tools: &dyn DynToolBox) -> (Value, ChatEnd) {
         self.state.borrow_mut().turn_waits(&spec.request_id, spec.sender.clone());
-        let _turn = self.turns.lock().await;
+        let slot = spec.durable.as_mut().and_then(|d| d.slot.take());
+        let _turn = match slot {
+            Some(TurnSlot(slot)) => slot,
+            None => self.turns.clone().lock_owned().await,
+        };
         let begun =
             self.state.borrow_mut().turn_begins(self.sql(), &spec.request_id, spec.replay_after, spec.fresh_stream);
         match begun {
@@ -343,20 +519,72 @@ impl Chat {
         }
         *self.running.borrow_mut() = Some((spec.request_id.clone(), spec.cancel.clone()));
         let _running = RunningGuard { chat: self, request_id: spec.request_id.clone() };
-        let history = to_model_messages(spec.system.as_deref(), &self.messages());
+        if spec.durable.as_ref().is_some_and(|d| d.resume.is_some()) {
+            // Every client is told, and offered the stream from its start: what it showed of the
+            // cut step goes, the continuation follows.
+            *self.recovering.borrow_mut() = Some(spec.request_id.clone());
+            self.broadcast_recovering(&spec.request_id, true);
+            let connections: Vec<String> = self.io.sockets().iter().map(|s| s.id()).collect();
+            let outputs = self.state.borrow_mut().offer_stream(&connections);
+            self.carry_out(outputs);
+        }
         let now = self.io.now();
-        let message_id = format!("assistant_{now}_{}", self.io.random_id().chars().take(8).collect::<String>());
+        let new_id = || format!("assistant_{now}_{}", self.io.random_id().chars().take(8).collect::<String>());
+        let (durable, resume) = match &mut spec.durable {
+            Some(d) => (Some(d.last_index), d.resume.take()),
+            None => (None, None),
+        };
+        // A durable turn takes its place in the transcript now, in the journal.
+        let turn = match (&resume, durable) {
+            (Some((turn, _)), _) => Some(turn.clone()),
+            (None, Some(_)) => match Journal::new(self.sql()).begin(&spec.request_id, &new_id(), now) {
+                Ok(turn) => Some(turn),
+                Err(e) => {
+                    self.failed("turn", &e);
+                    return self.end_unbegun(&spec, e.to_string());
+                }
+            },
+            (None, None) => None,
+        };
+        let message_id = turn.as_ref().map_or_else(new_id, |t| t.message_id.clone());
+        // The history: the conversation before the turn (not its own message, were it saved).
+        let before: Vec<Value> =
+            self.messages().into_iter().filter(|m| m.get("id").and_then(Value::as_str) != Some(&message_id)).collect();
+        let history = to_model_messages(spec.system.as_deref(), &before);
         if let Err(e) = OpenStreams::new(self.sql()).open(&spec.request_id, &spec.request_id, &message_id, now) {
             self.failed("stream", &e);
         }
-        let builder = RefCell::new(MessageBuilder::new(message_id.clone()));
+        // A continuation's message is rebuilt from the chunks its log kept.
+        let mut builder = MessageBuilder::new(message_id.clone());
+        let kept = resume.as_ref().map_or(-1, |(turn, _)| turn.log_keep);
+        if kept >= 0 {
+            match StreamLog::new(self.sql()).page_after(&spec.request_id, -1, kept + 1) {
+                Ok(chunks) => {
+                    for chunk in chunks.iter().filter_map(|c| serde_json::from_str::<Value>(&c.body).ok()) {
+                        builder.apply(&chunk);
+                    }
+                }
+                Err(e) => self.failed("stream", &e),
+            }
+        }
+        let builder = RefCell::new(builder);
         let emit = |chunk: Value| {
             builder.borrow_mut().apply(&chunk);
             (spec.emit)(chunk.to_string());
         };
-        let options = TurnOptions { message_id, max_steps: spec.max_steps };
+        let keeper = durable.map(|last_index| Keeper { chat: self, request_id: &spec.request_id, last_index });
+        let record: &dyn Record = match &keeper {
+            Some(keeper) => keeper,
+            None => &NoRecord,
+        };
+        let options = TurnOptions {
+            message_id,
+            max_steps: spec.max_steps,
+            emit_start: kept < 0,
+            resume: resume.map(|(_, plan)| plan),
+        };
         let end = {
-            let turn = run_turn(model, tools, history, &options, &emit);
+            let turn = run_turn(model, tools, history, &options, &emit, record);
             let stop = spec.cancel.cancelled();
             futures::pin_mut!(turn, stop);
             match select(turn, stop).await {
@@ -374,22 +602,33 @@ impl Chat {
             }
         };
         (spec.flush)();
-        let message = builder.borrow().message();
-        if let Err(e) = Messages::new(self.sql())
-            .upsert(&message, self.io.now())
-            .and_then(|_| OpenStreams::new(self.sql()).close(&spec.request_id))
-        {
+        let mut message = builder.borrow().message();
+        if let (Some(_), ChatEnd::Error(reason)) = (&turn, &end) {
+            // A reload shows why the turn ended (the stream's error is not a part).
+            message["metadata"]["error"] = Value::String(reason.clone());
+        }
+        let now = self.io.now();
+        let saved = match &turn {
+            // In its place, its journal gone and the messages held meanwhile after it: one step.
+            Some(turn) => Messages::new(self.sql())
+                .upsert_at(&message, turn.ord, now)
+                .and_then(|()| Journal::new(self.sql()).end(&spec.request_id))
+                .and_then(|()| Held::new(self.sql()).release(now)),
+            None => Messages::new(self.sql()).upsert(&message, now).map(|()| 0),
+        }
+        .and_then(|released| OpenStreams::new(self.sql()).close(&spec.request_id).map(|()| released));
+        let released = saved.unwrap_or_else(|e| {
             self.failed("assistant message", &e);
+            0
+        });
+        if turn.as_ref().is_some_and(|t| t.attempts > 1) {
+            self.broadcast_recovering(&spec.request_id, false);
         }
         let reserved = |id: &str| self.is_reserved(id);
-        let ended = self.state.borrow_mut().turn_ends(
-            self.sql(),
-            &spec.request_id,
-            &end,
-            spec.sender.as_deref(),
-            spec.fresh_stream,
-            &reserved,
-        );
+        // Messages that waited for the turn join every client's transcript, the sender's too.
+        let sender = if released > 0 { None } else { spec.sender.as_deref() };
+        let ended =
+            self.state.borrow_mut().turn_ends(self.sql(), &spec.request_id, &end, sender, spec.fresh_stream, &reserved);
         match ended {
             Ok(outputs) => drop(self.carry_out(outputs)),
             Err(e) => self.failed("turn's end", &e),

@@ -22,6 +22,7 @@ use super::io::{
 };
 use crate::agent::{Agent, SubAgent};
 use crate::cancel::CancelToken;
+use crate::chat::journal::Journal;
 use crate::child::engine::{ChildEngine, SubscriberId};
 use crate::child::runs::ChildRuns;
 use crate::error::Error;
@@ -70,6 +71,11 @@ pub(crate) struct Core {
     pub(crate) alarm_at: Cell<Option<i64>>,
     /// Client sockets whose replay is still going out (not in the live broadcast yet).
     pub(crate) catching_up: RefCell<HashSet<String>>,
+    /// Whether this instance looked for chat turns a restart cut short (once, at its first
+    /// event).
+    pub(crate) chat_recovery: Cell<bool>,
+    /// How many times a cut chat turn is continued at most.
+    pub(crate) chat_recovery_attempts: u32,
     /// Serializes [`Host::arm_alarm_at`].
     pub(crate) alarm_lock: futures::lock::Mutex<()>,
     // ----- the child role
@@ -101,6 +107,10 @@ impl<A: Agent> Clone for AgentHost<A> {
 /// class of the Worker runs. Clone is cheap (a shared handle).
 #[derive(Clone)]
 pub(crate) struct Host(pub(crate) Rc<Core>);
+
+/// How often the alarm looks in while a chat turn is open: a turn a restart cut short is
+/// continued within this time even when no client comes back.
+pub(crate) const CHAT_WATCH_MS: i64 = 5_000;
 
 /// Frames a replay sends before it lets the socket drain.
 const REPLAY_PAGE: usize = 1024;
@@ -282,6 +292,8 @@ impl Host {
             timer_at: Cell::new(None),
             timer_gen: Cell::new(0),
             alarm_at: Cell::new(None),
+            chat_recovery: Cell::new(false),
+            chat_recovery_attempts: options.max_recovery_attempts,
             alarm_lock: futures::lock::Mutex::new(()),
             catching_up: RefCell::new(HashSet::new()),
             turns: RefCell::new(HashMap::new()),
@@ -558,6 +570,10 @@ impl Host {
             return;
         }
         self.0.alarm_at.set(None);
+        self.recover_chat_turns();
+        if matches!(Journal::new(self.sql()).any_open(), Ok(true)) {
+            self.watch_chat_turn().await;
+        }
         // With no registry there is nothing to recover, deliver or clear.
         if self.0.parent_tables.get() {
             let actions = self.0.parent.borrow_mut().alarm(self.sql(), self.now());
@@ -637,8 +653,42 @@ impl Host {
         }
     }
 
+    /// The first event of a fresh instance continues the chat turns a restart cut short (in
+    /// the background, each before any turn a client asks for now).
+    pub(crate) fn recover_chat_turns(&self) {
+        if self.0.chat_recovery.replace(true) {
+            return;
+        }
+        let open = match Journal::new(self.sql()).open() {
+            Ok(open) => open,
+            Err(e) => {
+                // Tried again at the next event (the alarm is armed while a turn is open).
+                self.0.chat_recovery.set(false);
+                return self.storage_failed("chat recovery", &e);
+            }
+        };
+        for turn in open.into_iter().filter(|t| !self.0.chat.is_live(&t.request_id)) {
+            let slot = self.0.chat.claim_slot();
+            let host = self.clone();
+            let max = self.0.chat_recovery_attempts;
+            self.spawn(async move {
+                let request_id = turn.request_id.clone();
+                host.watch_chat_turn().await;
+                host.hooks().continue_chat_turn(&host, turn, max, slot).await;
+                host.0.turn_runs.borrow_mut().remove(&request_id);
+            });
+        }
+    }
+
+    /// Keeps the alarm armed within [`CHAT_WATCH_MS`] while a chat turn is open, so a turn that
+    /// a restart cuts is continued even when no client comes back.
+    pub(crate) async fn watch_chat_turn(&self) {
+        self.arm_alarm_at(self.now() + CHAT_WATCH_MS).await;
+    }
+
     /// The first event of a fresh instance starts recovery once (in the background).
     pub(crate) fn ensure_recovery(&self) {
+        self.recover_chat_turns();
         // An object with no registry has no runs to recover.
         if self.0.parent_tables.get() {
             let actions = self.0.parent.borrow_mut().wake(self.sql(), self.now());

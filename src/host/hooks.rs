@@ -14,6 +14,7 @@ use super::io::{HttpRequest, HttpResponse};
 use super::tools::HostTools;
 use crate::agent::{Agent, Refusal, SubAgent};
 use crate::cancel::CancelToken;
+use crate::chat::turn::DynModel;
 use crate::observability::ObservabilityEvent;
 use crate::tools::Tools;
 use crate::types::{Milestone, ProgressSnapshot, RunInfo, RunResult, ScheduledTask};
@@ -75,6 +76,14 @@ pub(crate) trait Hooks {
         request_id: String,
         sender: Option<String>,
     ) -> LocalFuture<'static, ()>;
+    /// Continues a chat turn that a restart cut short, from its journal.
+    fn continue_chat_turn(
+        self: Rc<Self>,
+        host: &Host,
+        turn: crate::chat::journal::OpenTurn,
+        max_attempts: u32,
+        slot: Option<super::chat::TurnSlot>,
+    ) -> LocalFuture<'static, ()>;
     /// Runs an agent-tool run's turn ([`Agent::run`]).
     fn run(
         self: Rc<Self>,
@@ -84,6 +93,28 @@ pub(crate) trait Hooks {
         attempt: i64,
         cancel: CancelToken,
     ) -> LocalFuture<'static, Result<TurnOutput, String>>;
+}
+
+/// The model of an agent's chat turns: the test kit's scripted one, else the agent's own.
+enum ChatModel<'a> {
+    Scripted(Rc<dyn DynModel>),
+    Own(Box<dyn DynModel + 'a>),
+}
+
+impl ChatModel<'_> {
+    fn get(&self) -> &dyn DynModel {
+        match self {
+            Self::Scripted(model) => &**model,
+            Self::Own(model) => &**model,
+        }
+    }
+}
+
+fn chat_model<A: Agent>(host: &AgentHost<A>) -> Result<ChatModel<'_>, crate::llm::ModelError> {
+    if let Some(model) = host.host.0.io.model() {
+        return Ok(ChatModel::Scripted(model));
+    }
+    Ok(ChatModel::Own(Box::new(host.parts.agent.model(host.host.0.io.env(), None)?)))
 }
 
 impl<A: Agent> Parts<A> {
@@ -195,15 +226,40 @@ impl<A: Agent> Hooks for Parts<A> {
             let agent = &host.parts.agent;
             let tools = HostTools { host: &host, request_id: &request_id, turn: None };
             let (system, max_steps) = (agent.system_prompt(), agent.max_steps());
-            if let Some(model) = core.io.model() {
-                core.chat.run_client_turn(&request_id, sender, system, max_steps, &*model, &tools).await;
-                return;
-            }
-            let model = match agent.model(core.io.env(), None) {
-                Ok(m) => m,
+            let model = match chat_model(&host) {
+                Ok(model) => model,
                 Err(e) => return core.chat.fail_request(&request_id, &e.to_string()),
             };
-            core.chat.run_client_turn(&request_id, sender, system, max_steps, &model, &tools).await;
+            core.chat.run_client_turn(&request_id, sender, system, max_steps, model.get(), &tools).await;
+        })
+    }
+
+    fn continue_chat_turn(
+        self: Rc<Self>,
+        host: &Host,
+        turn: crate::chat::journal::OpenTurn,
+        max_attempts: u32,
+        slot: Option<super::chat::TurnSlot>,
+    ) -> LocalFuture<'static, ()> {
+        let host = self.typed(host);
+        Box::pin(async move {
+            let core = &host.host.0;
+            let agent = &host.parts.agent;
+            let request_id = turn.request_id.clone();
+            let tools = HostTools { host: &host, request_id: &request_id, turn: None };
+            let (system, max_steps) = (agent.system_prompt(), agent.max_steps());
+            // A model that cannot be made now ends the turn with the reason, as a decline does.
+            let (model, problem) = match chat_model(&host) {
+                Ok(model) => (Some(model), None),
+                Err(e) => (None, Some(e.to_string())),
+            };
+            let offline = crate::llm::OfflineModel::default();
+            let model: &dyn DynModel = model.as_ref().map_or(&offline, |m| m.get());
+            let decide = |cut: &crate::InterruptedTurn| match &problem {
+                Some(problem) => crate::ChatRecovery::Decline(problem.clone()),
+                None => agent.on_chat_recovery(cut),
+            };
+            core.chat.continue_turn(turn, system, max_steps, model, &tools, max_attempts, &decide, slot).await;
         })
     }
 

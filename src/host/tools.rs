@@ -7,6 +7,7 @@ use serde_json::Value;
 use super::child::Turn;
 use super::core::{AgentHost, Host};
 use crate::agent::Agent;
+use crate::chat::journal::Redo;
 use crate::chat::turn::ToolBox;
 use crate::llm::{ToolCall, ToolSpec};
 use crate::tools::{Entry, ToolContext};
@@ -53,6 +54,15 @@ impl<A: Agent> ToolBox for HostTools<'_, A> {
         }
     }
 
+    fn redo(&self, name: &str) -> Redo {
+        match self.host.parts.tools.find(name) {
+            // The run is durable: its call re-attaches to it.
+            Some(Entry::Agent(_)) => Redo::Run,
+            Some(Entry::Server(tool)) if tool.repeatable() => Redo::Run,
+            _ => Redo::Interrupted,
+        }
+    }
+
     fn call_id_taken(&self, id: &str) -> bool {
         // Taken unless the registry says it is free (a failed read picks another id).
         !matches!(self.host.host.registry().get(&format!("agent-tool:{id}")), Ok(None))
@@ -62,6 +72,9 @@ impl<A: Agent> ToolBox for HostTools<'_, A> {
 impl Host {
     /// Runs the chat turn a client asked for, with the agent's model and tools.
     pub(crate) async fn run_chat_turn(&self, request_id: String, sender: Option<String>) {
+        // If the turn is cut, the alarm continues it.
+        let host = self.clone();
+        self.spawn(async move { host.watch_chat_turn().await });
         self.hooks().run_chat_turn(self, request_id.clone(), sender).await;
         self.0.turn_runs.borrow_mut().remove(&request_id);
     }

@@ -38,6 +38,11 @@ struct Response {
     builder: Option<MessageBuilder>,
     error: Option<String>,
     done: bool,
+    /// Acknowledged a resume: live frames are not its until the replay is complete.
+    replaying: bool,
+    /// The replay starts the message afresh (the stock client replaces the message with the
+    /// stream's id).
+    fresh: bool,
 }
 
 /// What a client's socket delivers to, and what it keeps.
@@ -56,6 +61,9 @@ pub(crate) struct Inbox {
     /// The client closed it itself: it stays closed.
     closed_by_client: Cell<bool>,
     reconnects: Cell<usize>,
+    /// The server says a turn a restart cut short is being continued
+    /// (`cf_agent_chat_recovering`, the stock client's `isRecovering`).
+    recovering: Cell<bool>,
     // ----- the contract, checked frame by frame
     /// Each `(run, sequence)`'s event, as first seen.
     named: RefCell<HashMap<(String, i64), String>>,
@@ -82,6 +90,7 @@ impl Inbox {
             closed: RefCell::new(None),
             closed_by_client: Cell::new(false),
             reconnects: Cell::new(0),
+            recovering: Cell::new(false),
             named: RefCell::new(HashMap::new()),
             terminal: RefCell::new(HashMap::new()),
             violation: RefCell::new(None),
@@ -93,12 +102,33 @@ impl Inbox {
         *self.closed.borrow_mut() = None;
         // A new connection gets the replay again; its terminal frames are tracked afresh.
         self.terminal.borrow_mut().clear();
-        let queued = self.outbox.take();
-        if let (false, Some(world)) = (queued.is_empty(), self.world.upgrade()) {
-            for text in queued {
-                world.send_frame(socket.clone(), text);
-            }
+        let Some(world) = self.world.upgrade() else { return };
+        // As the stock chat hook does on every (re)connect: ask whether a stream goes on.
+        let probe =
+            json!({ "type": "cf_agent_stream_resume_request", "probeId": format!("probe-{}", self.reconnects.get()) });
+        world.send_frame(socket.clone(), probe.to_string());
+        for text in self.outbox.take() {
+            world.send_frame(socket.clone(), text);
         }
+    }
+
+    /// A stream goes on (`cf_agent_stream_resuming`): the stock client acknowledges once and
+    /// rebuilds the response from the replay that follows (the message with the stream's id
+    /// is replaced, never appended to).
+    fn resuming(&self, frame: &Value) {
+        let Some(id) = frame.get("id").and_then(Value::as_str) else { return };
+        let socket = self.socket.borrow().clone();
+        let (Some(socket), Some(world)) = (socket, self.world.upgrade()) else { return };
+        let mut responses = self.responses.borrow_mut();
+        let response = responses.entry(id.to_owned()).or_default();
+        if response.replaying {
+            // Offered twice (on connect and in answer to the probe): acknowledged once.
+            return;
+        }
+        response.replaying = true;
+        response.fresh = true;
+        drop(responses);
+        world.send_frame(socket, json!({ "type": "cf_agent_stream_resume_ack", "id": id }).to_string());
     }
 
     pub(crate) fn refused(&self, code: u16, reason: &str) {
@@ -149,6 +179,10 @@ impl Inbox {
                 }
             }
             Some("cf_agent_use_chat_response") => self.response(&frame),
+            Some("cf_agent_stream_resuming") => self.resuming(&frame),
+            Some("cf_agent_chat_recovering") => {
+                self.recovering.set(frame.get("recovering") == Some(&Value::Bool(true)))
+            }
             Some("rpc") => {
                 let id = frame.get("id").and_then(Value::as_str).unwrap_or_default().to_owned();
                 if frame.get("success") == Some(&Value::Bool(false)) {
@@ -204,6 +238,18 @@ impl Inbox {
         let Some(id) = frame.get("id").and_then(Value::as_str) else { return };
         let mut responses = self.responses.borrow_mut();
         let response = responses.entry(id.to_owned()).or_default();
+        let replay = frame.get("replay") == Some(&Value::Bool(true));
+        if response.replaying && !replay {
+            // A live frame that crossed the acknowledgement: the replay brings it.
+            return;
+        }
+        if replay && frame.get("replayComplete") == Some(&Value::Bool(true)) {
+            response.replaying = false;
+            return;
+        }
+        if replay && std::mem::take(&mut response.fresh) {
+            *response = Response { replaying: true, ..Response::default() };
+        }
         let body = frame.get("body").and_then(Value::as_str).unwrap_or_default();
         if frame.get("error") == Some(&Value::Bool(true)) {
             response.error = Some(body.to_owned());
@@ -216,6 +262,11 @@ impl Inbox {
         }
         if frame.get("done") == Some(&Value::Bool(true)) {
             response.done = true;
+            response.replaying = false;
+            // The stock client stops showing "recovering" with any end but a recovering one.
+            if frame.get("outcome").and_then(Value::as_str) != Some("recovering") {
+                self.recovering.set(false);
+            }
         }
     }
 
@@ -406,7 +457,13 @@ impl Client {
         self.inbox.closed.borrow().clone()
     }
 
-    /// How many times the client reconnected.
+    /// Whether the server says a chat turn that a restart cut short is being continued (the
+    /// stock client's `isRecovering`).
+    pub fn is_recovering(&self) -> bool {
+        self.inbox.recovering.get()
+    }
+
+    /// How many times the client reconnected by itself.
     pub fn reconnects(&self) -> usize {
         self.inbox.reconnects.get()
     }

@@ -137,6 +137,16 @@ impl Hooks for Watched {
         self.inner.clone().run_chat_turn(host, request_id, sender)
     }
 
+    fn continue_chat_turn(
+        self: Rc<Self>,
+        host: &Host,
+        turn: crate::chat::journal::OpenTurn,
+        max_attempts: u32,
+        slot: Option<crate::host::chat::TurnSlot>,
+    ) -> LocalFuture<'static, ()> {
+        self.inner.clone().continue_chat_turn(host, turn, max_attempts, slot)
+    }
+
     fn run(
         self: Rc<Self>,
         host: &Host,

@@ -35,7 +35,8 @@ pub enum RecoveryPolicy {
     Seal,
 }
 
-/// [`AgentToolOptions::max_recovery_attempts`] unless an agent sets it.
+/// [`AgentToolOptions::max_recovery_attempts`] unless an agent sets it (for a child run's turn
+/// and for a chat turn alike).
 pub const DEFAULT_MAX_RECOVERY_ATTEMPTS: u32 = 3;
 
 /// A child run whose turn a restart cut short, as [`crate::Agent::should_keep_recovering`] sees
@@ -51,6 +52,39 @@ pub struct RecoveryAttempt {
     /// Chunks the run has streamed so far, every attempt together: the work a re-run would
     /// repeat, and a runaway's measure.
     pub chunks: u64,
+}
+
+/// A chat turn that a restart (a deploy, a crash, an eviction, a panic) cut short, as
+/// [`crate::Agent::on_chat_recovery`] sees it before it is continued.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct InterruptedTurn {
+    /// The chat request id of the turn.
+    pub request_id: String,
+    /// The continuation this would be (from 1).
+    pub attempt: u32,
+    /// The text of the model steps the turn finished before it was cut.
+    pub partial_text: String,
+    /// The tools the last step called that have no result yet (an agent tool re-attaches to
+    /// its run; any other tool runs again only if it is [`crate::Tool::repeatable`]).
+    pub pending_tools: Vec<String>,
+}
+
+impl InterruptedTurn {
+    /// A cut turn (for an agent's own tests of its hook).
+    pub fn new(request_id: impl Into<String>, attempt: u32) -> Self {
+        Self { request_id: request_id.into(), attempt, partial_text: String::new(), pending_tools: Vec::new() }
+    }
+}
+
+/// What [`crate::Agent::on_chat_recovery`] decides for a cut chat turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ChatRecovery {
+    /// Continue it from its last kept step (the default).
+    Continue,
+    /// End it with an error part that says this, instead.
+    Decline(String),
 }
 
 /// What a dispatch over [`AgentToolOptions::max_concurrent`] does.

@@ -191,6 +191,7 @@ impl<A: Agent> Turn<A> {
             emit: &emit,
             flush: &|| self.host.host.child_flush_chunks(&self.run_id),
             cancel: self.cancel.clone(),
+            durable: None,
         };
         let (message, end) = inner.chat.run(spec, model, &tools).await;
         match end {

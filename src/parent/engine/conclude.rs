@@ -4,7 +4,6 @@
 use serde_json::{json, Value};
 
 use super::*;
-use crate::chat::store::Messages;
 use crate::parent::detached::{finish_due, give_up_due, Claim, FinishDue, MAX_ATTEMPTS};
 use crate::types::DEFAULT_NOTIFY_SOURCE;
 
@@ -250,7 +249,7 @@ impl ParentEngine {
             "id": notice.id, "role": notice.role(), "parts": [{ "type": "text", "text": text }],
             "metadata": notice.metadata(),
         });
-        if !Messages::new(sql).insert_new(&message, now)? {
+        if !crate::chat::journal::inject(sql, &message, now)? {
             return settle(self);
         }
         let mut actions = vec![ParentAction::Transcript];

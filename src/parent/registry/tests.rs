@@ -624,7 +624,8 @@ fn reruns_count_the_superseded_chunks_only() {
     let db = registry_db();
     let reg = Registry::new(&db);
     reg.insert(&new_run("r"), 1).unwrap();
-    let superseded = Forward { kind: ChunkKind::Superseded, body: "{\"type\":\"data-agent-superseded\"}", replay: None };
+    let superseded =
+        Forward { kind: ChunkKind::Superseded, body: "{\"type\":\"data-agent-superseded\"}", replay: None };
     reg.append("r", &[stored("{}"), stored("{}")], Some(1), 2).unwrap();
     assert_eq!(reg.get("r").unwrap().unwrap().reruns, 0);
     reg.append("r", &[stored("{}"), superseded, stored("{}")], Some(4), 3).unwrap();

@@ -1,0 +1,229 @@
+//! A parent's own chat turn survives a crash at any point: the kit crashes the parent between
+//! every two durable steps of a turn with two agent tools and an ordinary tool, and checks that
+//! the turn ends once, each result reaches the model once, nothing is lost, the stored message is
+//! what a reconnecting client shows, and no tool part is left open.
+
+use std::cell::Cell;
+
+use agent_tools::model::ModelRequest;
+use agent_tools::prelude::*;
+use agent_tools::testing::{ObjectRef, ScriptedModel, Step, World};
+use agent_tools::{ChatRecovery, InterruptedTurn};
+use serde_json::{json, Value};
+
+#[derive(Default)]
+pub struct Researcher;
+impl Agent for Researcher {}
+
+thread_local! {
+    /// How many times the ordinary tool ran (it is not safe to repeat).
+    static COUNTED: Cell<usize> = const { Cell::new(0) };
+    /// Whether the planner declines to continue a cut turn.
+    static DECLINE: Cell<bool> = const { Cell::new(false) };
+}
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct CountInput {
+    text: String,
+}
+
+struct Count;
+impl Tool<Planner> for Count {
+    type Input = CountInput;
+    type Output = usize;
+    fn name(&self) -> &str {
+        "count"
+    }
+    fn description(&self) -> &str {
+        "Counts words."
+    }
+    async fn execute(&self, ctx: &ToolContext<'_, Planner>, input: CountInput) -> Result<usize, Error> {
+        COUNTED.with(|c| c.set(c.get() + 1));
+        ctx.host().sleep(std::time::Duration::from_millis(30)).await;
+        Ok(input.text.split_whitespace().count())
+    }
+}
+
+#[derive(Default)]
+pub struct Planner;
+impl Agent for Planner {
+    fn tools(&self) -> Tools<Self> {
+        Tools::new().agent(AgentTool::of::<Researcher>("research", "Research a topic.")).tool(Count)
+    }
+    fn on_chat_recovery(&self, _turn: &InterruptedTurn) -> ChatRecovery {
+        match DECLINE.with(Cell::get) {
+            true => ChatRecovery::Decline("not continued by this agent".into()),
+            false => ChatRecovery::Continue,
+        }
+    }
+}
+
+agent_tools::durable_object!(Planner, unchecked);
+agent_tools::durable_object!(Researcher, unchecked);
+
+/// The planner's model: three calls in its first step, then one line per result, slowly (a
+/// request-driven script, so a step run again says the same).
+fn planner_model(request: &ModelRequest) -> Step {
+    let results: Vec<String> = request
+        .messages
+        .iter()
+        .filter_map(|m| match m {
+            agent_tools::model::ModelMessage::Tool { name, output, .. } => Some(format!("{name}={output}")),
+            _ => None,
+        })
+        .collect();
+    if results.is_empty() {
+        return Step::new()
+            .text("Looking.")
+            .tool_call("research", json!({ "query": "HTTP/3" }))
+            .tool_call("research", json!({ "query": "gRPC" }))
+            .tool_call("count", json!({ "text": "one two three" }));
+    }
+    Step::new().words(&format!("Found: {}", results.join(" ; ")), 10)
+}
+
+fn world() -> World {
+    COUNTED.with(|c| c.set(0));
+    World::new()
+        .route::<Planner>()
+        .agent::<Researcher>()
+        .model::<Planner>(ScriptedModel::new().otherwise(planner_model))
+        .model::<Researcher>(ScriptedModel::new().otherwise(|_| Step::new().words("notes on the topic", 20)))
+}
+
+fn text_of(message: &Value) -> String {
+    let parts = message["parts"].as_array().into_iter().flatten();
+    parts.filter(|p| p["type"] == "text").filter_map(|p| p["text"].as_str()).collect()
+}
+
+fn tool_parts(message: &Value) -> Vec<Value> {
+    message["parts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["type"].as_str().is_some_and(|t| t.starts_with("tool-")))
+        .cloned()
+        .collect()
+}
+
+/// The turn's invariants once it ended: one user and one assistant message, every tool part
+/// closed, each result in the final text once, the client's reply equal to the stored message.
+fn check_ended(world: &World, client: &agent_tools::testing::Client, request_id: &str, at: &str) -> Value {
+    assert!(world.run_until(|| client.reply(request_id).is_some_and(|r| r.done)), "{at}: the turn never ended");
+    world.settle();
+    let stored = world.get("/agents/planner/p/get-messages");
+    let messages: Vec<Value> = serde_json::from_slice(stored.body()).expect("messages");
+    let roles: Vec<&str> = messages.iter().map(|m| m["role"].as_str().unwrap_or("?")).collect();
+    assert_eq!(roles, ["user", "assistant"], "{at}: {messages:#?}");
+    let answer = &messages[1];
+    for part in tool_parts(answer) {
+        assert_ne!(part["state"], "input-available", "{at}: a tool part left open: {part:#}");
+        assert_ne!(part["state"], "input-streaming", "{at}: a tool part left open: {part:#}");
+    }
+    let reply = client.reply(request_id).expect("a reply");
+    assert_eq!(reply.message["parts"], answer["parts"], "{at}: the client shows what is stored");
+    assert!(!client.is_recovering(), "{at}: still shown as recovering");
+    answer.clone()
+}
+
+#[test]
+fn a_turn_crashed_at_every_step_ends_once_with_every_result() {
+    // How many events an uncrashed turn takes, to crash at each.
+    let (steps, baseline) = {
+        let world = world();
+        let client = world.connect("/agents/planner/p");
+        let start = world.steps();
+        let id = client.send_chat("Research HTTP/3 and gRPC, and count");
+        let answer = check_ended(&world, &client, &id, "no crash");
+        (world.steps() - start, text_of(&answer))
+    };
+    assert!(baseline.contains("research=\"notes on the topic\""), "{baseline}");
+    assert!(baseline.contains("count=3"), "{baseline}");
+    let mut continued = 0;
+    for crash_at in 1..steps {
+        let world = world();
+        let client = world.connect("/agents/planner/p");
+        let start = world.steps();
+        let id = client.send_chat("Research HTTP/3 and gRPC, and count");
+        world.run_until(|| world.steps() - start >= crash_at);
+        world.crash(&ObjectRef::of::<Planner>("p"));
+        let at = format!("crashed after {crash_at} of {steps} steps");
+        let answer = check_ended(&world, &client, &id, &at);
+        let text = text_of(&answer);
+        assert_eq!(text.matches("Found:").count(), 1, "{at}: glued: {text}");
+        assert_eq!(text.matches("research=").count(), 2, "{at}: {text}");
+        // The ordinary tool ran at most once; if it was cut, the model was told so.
+        let counted = COUNTED.with(Cell::get);
+        assert!(counted <= 1, "{at}: count ran {counted} times");
+        assert!(text.contains("count=3") || text.contains("interrupted") || counted == 0, "{at}: {text}");
+        if text != baseline {
+            continued += 1;
+        }
+    }
+    assert!(continued > 0, "some crash cut the ordinary tool, whose call the model was told was interrupted");
+}
+
+#[test]
+fn a_turn_cut_with_no_client_connected_is_continued_by_the_alarm() {
+    let world = world();
+    let client = world.connect("/agents/planner/p");
+    let id = client.send_chat("Research HTTP/3 and gRPC, and count");
+    world.advance(60);
+    client.close();
+    world.crash(&ObjectRef::of::<Planner>("p"));
+    // Nobody comes back: the alarm wakes the planner and the turn ends.
+    world.advance(60_000);
+    let stored = world.get("/agents/planner/p/get-messages");
+    let messages: Vec<Value> = serde_json::from_slice(stored.body()).expect("messages");
+    assert_eq!(messages.len(), 2, "{messages:#?}");
+    let text = text_of(&messages[1]);
+    assert_eq!(text.matches("research=").count(), 2, "{text}");
+    assert!(tool_parts(&messages[1]).iter().all(|p| p["state"] != "input-available"));
+    let _ = id;
+}
+
+#[test]
+fn a_declined_turn_ends_with_the_reason_and_closes_its_tool_parts() {
+    DECLINE.with(|d| d.set(true));
+    let world = world();
+    let client = world.connect("/agents/planner/p");
+    let id = client.send_chat("Research HTTP/3 and gRPC, and count");
+    world.advance(15);
+    world.crash(&ObjectRef::of::<Planner>("p"));
+    let ended = world.run_until(|| client.reply(&id).is_some_and(|r| r.done));
+    DECLINE.with(|d| d.set(false));
+    assert!(ended);
+    let reply = client.reply(&id).expect("a reply");
+    assert_eq!(reply.error.as_deref(), Some("not continued by this agent"));
+    world.settle();
+    let stored = world.get("/agents/planner/p/get-messages");
+    let messages: Vec<Value> = serde_json::from_slice(stored.body()).expect("messages");
+    assert_eq!(messages[1]["metadata"]["error"], "not continued by this agent");
+    let parts = tool_parts(&messages[1]);
+    assert_eq!(parts.len(), 3, "{messages:#?}");
+    assert!(parts.iter().all(|p| p["state"] == "output-available"), "{parts:#?}");
+    assert!(parts.iter().any(|p| p["output"]["status"] == "interrupted"), "{parts:#?}");
+    assert_eq!(text_of(&messages[1]).matches("Found:").count(), 0, "not continued: {:#}", messages[1]);
+}
+
+#[test]
+fn a_turn_that_crashes_its_instance_every_time_stops_after_the_bound() {
+    let world = world();
+    let client = world.connect("/agents/planner/p");
+    client.send_chat("Research HTTP/3 and gRPC, and count");
+    client.close();
+    let parent = ObjectRef::of::<Planner>("p");
+    world.advance(25);
+    // Each continuation begins with the alarm (no client) and is cut 25 ms in.
+    for _ in 0..5 {
+        world.crash(&parent);
+        world.advance(5_000);
+    }
+    world.settle();
+    let stored = world.get("/agents/planner/p/get-messages");
+    let messages: Vec<Value> = serde_json::from_slice(stored.body()).expect("messages");
+    assert_eq!(messages.len(), 2, "{messages:#?}");
+    let error = messages[1]["metadata"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("interrupted 4 times"), "{:#}", messages[1]);
+    assert!(tool_parts(&messages[1]).iter().all(|p| p["state"] == "output-available"));
+}
