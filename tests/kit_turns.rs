@@ -227,3 +227,33 @@ fn a_turn_that_crashes_its_instance_every_time_stops_after_the_bound() {
     assert!(error.contains("interrupted 4 times"), "{:#}", messages[1]);
     assert!(tool_parts(&messages[1]).iter().all(|p| p["state"] == "output-available"));
 }
+
+#[test]
+fn a_notice_that_comes_during_a_turn_is_shown_after_its_answer() {
+    let world = world();
+    let client = world.connect("/agents/planner/p");
+    let id = client.send_chat("Research HTTP/3 and gRPC, and count");
+    world.advance(5);
+    let host = world.host::<Planner>("p");
+    let detached = world.block_on(async move {
+        let options = RunOptions::new(json!("QUIC")).run_id("bg");
+        host.run_agent_tool_detached::<Researcher>(options, DetachedOptions::default().notify()).await
+    });
+    assert!(detached.is_ok(), "{detached:?}");
+    assert!(world.run_until(|| client.reply(&id).is_some_and(|r| r.done)));
+    world.settle();
+    let stored = world.get("/agents/planner/p/get-messages");
+    let messages: Vec<Value> = serde_json::from_slice(stored.body()).expect("messages");
+    let ids: Vec<&str> = messages.iter().map(|m| m["id"].as_str().unwrap_or("?")).collect();
+    let answer = ids.iter().position(|i| i.starts_with("assistant_")).expect("the answer");
+    let notice = ids.iter().position(|i| i.starts_with("detached-finish:")).expect("the notice");
+    assert_eq!(messages[0]["role"], "user");
+    assert_eq!(answer, 1, "the answer follows its question: {ids:?}");
+    assert!(notice > answer, "the notice comes after the answer: {ids:?}");
+    // Every client holds the same order.
+    let late = world.connect("/agents/planner/p");
+    world.settle();
+    let order = |m: &[Value]| m.iter().map(|m| m["id"].clone()).collect::<Vec<_>>();
+    assert_eq!(order(&late.messages()), order(&messages));
+    assert_eq!(order(&client.messages()), order(&messages));
+}
