@@ -20,6 +20,8 @@ thread_local! {
     static COUNTED: Cell<usize> = const { Cell::new(0) };
     /// Whether the planner declines to continue a cut turn.
     static DECLINE: Cell<bool> = const { Cell::new(false) };
+    /// Whether the ordinary tool panics.
+    static PANIC: Cell<bool> = const { Cell::new(false) };
 }
 
 #[derive(serde::Deserialize, schemars::JsonSchema)]
@@ -40,6 +42,9 @@ impl Tool<Planner> for Count {
     async fn execute(&self, ctx: &ToolContext<'_, Planner>, input: CountInput) -> Result<usize, Error> {
         COUNTED.with(|c| c.set(c.get() + 1));
         ctx.host().sleep(std::time::Duration::from_millis(30)).await;
+        if PANIC.with(Cell::get) {
+            panic!("boom in the count tool");
+        }
         Ok(input.text.split_whitespace().count())
     }
 }
@@ -256,4 +261,24 @@ fn a_notice_that_comes_during_a_turn_is_shown_after_its_answer() {
     let order = |m: &[Value]| m.iter().map(|m| m["id"].clone()).collect::<Vec<_>>();
     assert_eq!(order(&late.messages()), order(&messages));
     assert_eq!(order(&client.messages()), order(&messages));
+}
+
+#[test]
+fn a_panicking_tool_resets_the_instance_and_the_turn_goes_on_without_it() {
+    PANIC.with(|p| p.set(true));
+    let world = world();
+    let client = world.connect("/agents/planner/p");
+    let id = client.send_chat("Research HTTP/3 and gRPC, and count");
+    let ended = world.run_until(|| client.reply(&id).is_some_and(|r| r.done));
+    PANIC.with(|p| p.set(false));
+    assert!(ended, "the turn ended");
+    assert!(world.logs().iter().any(|l| l.text.contains("panicked (boom in the count tool)")));
+    // The client stayed connected (a reset keeps the sockets), was told, and got the rest.
+    assert_eq!(client.reconnects(), 0);
+    assert!(client.frames().iter().any(|f| f["type"] == "cf_agent_chat_recovering" && f["recovering"] == true));
+    let answer = check_ended(&world, &client, &id, "a panicking tool");
+    let text = text_of(&answer);
+    assert_eq!(text.matches("research=").count(), 2, "both runs' results reached the model: {text}");
+    assert!(text.contains("count={") && text.contains("interrupted"), "the model was told: {text}");
+    assert_eq!(COUNTED.with(Cell::get), 1, "the panicking tool was not run again");
 }

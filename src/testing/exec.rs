@@ -72,6 +72,9 @@ pub(crate) struct Exec {
     order: RefCell<Option<Rng>>,
     /// Tasks polled so far.
     pub(crate) polls: Cell<u64>,
+    /// A task of an object's that panicked, with its message (the world resets the Worker's
+    /// instance for it, as workerd does).
+    panicked: RefCell<Option<(Owner, String)>>,
 }
 
 struct Wake {
@@ -98,6 +101,7 @@ impl Exec {
             timers: RefCell::new(BTreeMap::new()),
             order: RefCell::new(order),
             polls: Cell::new(0),
+            panicked: RefCell::new(None),
         }
     }
 
@@ -169,9 +173,36 @@ impl Exec {
         let waker = futures::task::waker(Arc::new(Wake { id, ready: self.ready.clone() }));
         let mut cx = Context::from_waker(&waker);
         self.polls.set(self.polls.get() + 1);
-        if task.future.as_mut().poll(&mut cx).is_pending() {
-            self.tasks.borrow_mut().insert(id, task);
+        if task.owner == TEST {
+            // The test's own panics are the test's failures.
+            if task.future.as_mut().poll(&mut cx).is_pending() {
+                self.tasks.borrow_mut().insert(id, task);
+            }
+            return;
         }
+        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| task.future.as_mut().poll(&mut cx)));
+        match polled {
+            Ok(Poll::Pending) => {
+                self.tasks.borrow_mut().insert(id, task);
+            }
+            Ok(Poll::Ready(())) => {}
+            Err(payload) => {
+                let message = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".to_owned());
+                // Dropped without another poll: its object's memory is about to go.
+                let owner = task.owner;
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(task)));
+                self.panicked.borrow_mut().get_or_insert((owner, message));
+            }
+        }
+    }
+
+    /// The object task that panicked since the last call, if any.
+    pub(crate) fn take_panic(&self) -> Option<(Owner, String)> {
+        self.panicked.borrow_mut().take()
     }
 
     /// A future that resolves once the clock reaches now + `ms`.

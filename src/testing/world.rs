@@ -821,6 +821,22 @@ impl WorldInner {
         self.logs.borrow_mut().push(line);
     }
 
+    /// A panic in an object's code: as in workerd, the Worker's Wasm instance resets, so every
+    /// object loses its memory and running work (its storage, alarm and client sockets stay),
+    /// and the next event of each starts it again.
+    fn reset_instance(self: &Rc<Self>, owner: super::exec::Owner, message: &str) {
+        let keys: Vec<ObjectRef> = self.objects.borrow().keys().cloned().collect();
+        let culprit = keys.iter().find(|k| self.object(k).live.borrow().as_ref().is_some_and(|l| l.owner == owner));
+        if let Some(key) = culprit {
+            self.log(key, &format!("kit: panicked ({message}); the Worker's instance resets"), true);
+        }
+        for key in &keys {
+            if self.object(key).live.borrow().is_some() {
+                self.crash(key, false);
+            }
+        }
+    }
+
     fn crash(self: &Rc<Self>, key: &ObjectRef, close_sockets: bool) {
         let what = if close_sockets { "crashed" } else { "hibernated" };
         self.log(key, &format!("kit: {what}"), false);
@@ -899,6 +915,9 @@ impl WorldInner {
 
     /// After each step: the faults a seed injects, then the clients' invariants.
     fn after_step(self: &Rc<Self>) {
+        if let Some((owner, message)) = self.exec.take_panic() {
+            self.reset_instance(owner, &message);
+        }
         self.inject();
         for inbox in self.clients.borrow().iter().filter_map(Weak::upgrade) {
             if let Some(problem) = inbox.violation() {
