@@ -49,6 +49,65 @@ async fn tool_inputs_are_validated_and_tool_failures_reach_the_model_as_the_enve
     validation_and_failure_envelopes(Wrangler::Latest).await;
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn a_panicking_tool_resets_the_instance_and_the_turn_goes_on() {
+    panicking_tool(Wrangler::Pinned).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_panicking_tool_resets_the_instance_and_the_turn_goes_on_on_latest_wrangler() {
+    panicking_tool(Wrangler::Latest).await;
+}
+
+/// `word_count` panics (`PANIC_ON=boom`): workerd resets the Wasm instance; the turn is continued
+/// from its journal without that call's result (the model is told it was interrupted), the
+/// research run's result still reaches the model, and the client gets the end of its turn.
+async fn panicking_tool(wrangler: Wrangler) {
+    let worker = Worker::start_example_with(wrangler, &[("PANIC_ON", "boom")]).await;
+    let name = unique("panic");
+    let path = format!("/agents/planner/{name}");
+    let mut client = Client::connect(&worker.ws(&path)).await;
+    let request = client.chat("boom topic").await;
+    // Whatever the socket went through, the stock resume handshake gets the turn's end.
+    let deadline = std::time::Instant::now() + WAIT * 4;
+    let answer = loop {
+        let messages: Vec<Value> =
+            reqwest::get(worker.http(&format!("{path}/get-messages"))).await.unwrap().json().await.unwrap();
+        if messages.len() == 2 {
+            break messages[1].clone();
+        }
+        assert!(std::time::Instant::now() < deadline, "the turn did not go on:\n{}", worker.log_text());
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    };
+    let log = worker.log_text();
+    assert!(log.contains("panic"), "the tool panicked:\n{log}");
+    let text = answer["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["type"] == "text")
+        .map(|p| p["text"].as_str().unwrap())
+        .collect::<String>();
+    assert!(text.starts_with("Done. research: Done. fact_check: "), "{text}");
+    assert!(text.contains("word_count: {") && text.contains("interrupted"), "{text}");
+    let parts: Vec<&Value> = answer["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["type"].as_str().unwrap().starts_with("tool-"))
+        .collect();
+    assert!(parts.iter().all(|p| p["state"] == "output-available"), "{answer:#}");
+    // The client that sent it: still connected, it was told and offered the stream again; it
+    // acknowledges (as the stock client does) and gets the end of its turn.
+    let recovering = client.wait_for(WAIT, |f| f["type"] == "cf_agent_chat_recovering").await;
+    assert_eq!(recovering["recovering"], true, "{recovering}");
+    let offered = client.wait_for(WAIT, |f| f["type"] == "cf_agent_stream_resuming").await;
+    assert_eq!(offered["id"], request.as_str());
+    client.send_text(&json!({ "type": "cf_agent_stream_resume_ack", "id": request }).to_string()).await;
+    let done = client.chat_done(&request).await;
+    assert!(done.get("error").is_none(), "{done}");
+}
+
 async fn tools_beside_agent_tools_and_nested_children(wrangler: Wrangler) {
     let worker = Worker::start_example_on(wrangler).await;
     let name = unique("planner");

@@ -221,8 +221,14 @@ impl Worker {
     /// is the one that served it.
     #[allow(dead_code)] // the benchmark does not use it
     pub async fn start_example_on(wrangler: Wrangler) -> Worker {
+        Self::start_example_with(wrangler, &[]).await
+    }
+
+    /// [`Worker::start_example_on`] with `--var`s.
+    #[allow(dead_code)] // the benchmark does not use it
+    pub async fn start_example_with(wrangler: Wrangler, vars: &[(&str, &str)]) -> Worker {
         ensure_example_built();
-        Self::start_on_wrangler(wrangler, &example_config()).await
+        Self::start_on_wrangler(wrangler, &example_config(), vars).await
     }
 
     /// Starts the demo Worker with fresh state on `wrangler`, and checks that this wrangler is
@@ -230,13 +236,13 @@ impl Worker {
     #[allow(dead_code)] // the benchmark does not use it
     pub async fn start_demo_on(wrangler: Wrangler) -> Worker {
         ensure_built();
-        Self::start_on_wrangler(wrangler, &prebuilt_config()).await
+        Self::start_on_wrangler(wrangler, &prebuilt_config(), &[]).await
     }
 
-    async fn start_on_wrangler(wrangler: Wrangler, config: &Path) -> Worker {
+    async fn start_on_wrangler(wrangler: Wrangler, config: &Path, vars: &[(&str, &str)]) -> Worker {
         // wrangler's banner (`⛅️ wrangler 4.164.0`) names the version that runs.
         let banner = format!("wrangler {}", wrangler.version());
-        let worker = Self::spawn(wrangler.command(), config, &root(), None, &[], None).await;
+        let worker = Self::spawn(wrangler.command(), config, &root(), None, vars, None).await;
         let log = worker.log_text();
         assert!(log.contains(&banner), "no {banner:?} in the log of the {wrangler:?} wrangler:\n{log}");
         worker

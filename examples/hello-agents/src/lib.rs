@@ -72,7 +72,12 @@ impl Tool<Planner> for WordCount {
     fn description(&self) -> &str {
         "Counts the words of a text."
     }
-    async fn execute(&self, _ctx: &ToolContext<'_, Planner>, input: Text) -> Result<usize, Error> {
+    async fn execute(&self, ctx: &ToolContext<'_, Planner>, input: Text) -> Result<usize, Error> {
+        // A fault to watch a turn survive a panic: `--var PANIC_ON:boom`, then chat "boom" (the
+        // instance resets, the turn goes on without this call's result: docs/recovery.md).
+        if ctx.host().env().var("PANIC_ON").is_some_and(|word| input.text.contains(&word)) {
+            panic!("word_count: asked to panic on {:?}", input.text);
+        }
         let words = input.text.split_whitespace().filter(|w| w.chars().any(char::is_alphabetic)).count();
         if words == 0 {
             return Err(format!("no words in {:?}", input.text).into()); // the model gets the failure envelope
