@@ -445,56 +445,95 @@ async fn a_hung_child_times_recovery_out_per_run_and_as_a_whole() {
     }
 }
 
+/// Where the runtime is killed in the parent's own chat turn.
+#[derive(Debug, Clone, Copy)]
+enum KillAt {
+    /// At the turn's first frame, before or as the model calls its tools.
+    FirstFrame,
+    /// While both children stream.
+    ChildrenRunning,
+    /// While the parent's final answer streams.
+    FinalText,
+}
+
 /// The parent's own chat turn survives the runtime's death while its two children run: nobody
 /// connects after the restart, the alarm continues the turn, the children's results reach the
 /// model once each, and the stored answer has every tool part closed.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_runtime_continues_the_parents_own_turn() {
+    continue_after_kill(KillAt::ChildrenRunning).await;
+}
+
+/// The same, killed at the turn's very first frame.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runtime_killed_as_the_turn_begins_continues_it() {
+    continue_after_kill(KillAt::FirstFrame).await;
+}
+
+/// The same, killed while the parent's answer streams: the cut step runs again, its partial
+/// text replaced, not glued.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runtime_killed_during_the_final_text_continues_it_once() {
+    continue_after_kill(KillAt::FinalText).await;
+}
+
+async fn continue_after_kill(at: KillAt) {
     let mut worker = Worker::start_with(None, KILL_VARS).await;
     let _state = worker.take_temp().unwrap();
     let persist = worker.persist.clone();
     let name = unique("turn");
     let mut client = worker.client(&name).await;
-    client.chat("Research HTTP/3 and gRPC").await;
-    let mut run_ids: Vec<String> = Vec::new();
-    while run_ids.len() < 2 {
-        let frame = client.recv(WAIT).await.expect("two runs start");
-        if frame["event"]["kind"] == "started" {
-            run_ids.push(frame["event"]["runId"].as_str().unwrap().to_owned());
+    let request = client.chat("Research HTTP/3 and gRPC").await;
+    let is_chunk = |f: &Value, kind: &str| {
+        f["type"] == "cf_agent_use_chat_response"
+            && f["id"] == request.as_str()
+            && f["body"].as_str().is_some_and(|b| b.contains(&format!("\"type\":\"{kind}\"")))
+    };
+    match at {
+        KillAt::FirstFrame => {
+            client.wait_for(WAIT, |f| f["type"] == "cf_agent_use_chat_response" && f["id"] == request.as_str()).await;
         }
-    }
-    for run_id in &run_ids {
-        client.wait_deltas(run_id, 3).await;
+        KillAt::ChildrenRunning => {
+            let mut run_ids: Vec<String> = Vec::new();
+            while run_ids.len() < 2 {
+                let frame = client.recv(WAIT).await.expect("two runs start");
+                if frame["event"]["kind"] == "started" {
+                    run_ids.push(frame["event"]["runId"].as_str().unwrap().to_owned());
+                }
+            }
+            for run_id in &run_ids {
+                client.wait_deltas(run_id, 3).await;
+            }
+        }
+        KillAt::FinalText => {
+            client.wait_for(Duration::from_secs(60), |f| is_chunk(f, "text-delta")).await;
+        }
     }
     worker.kill();
 
     let worker = Worker::start_with(Some(&persist), KILL_VARS).await;
     let path = format!("/agents/assistant/{name}/get-messages");
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + Duration::from_secs(90);
     let answer = loop {
         let messages: Vec<Value> = reqwest::get(worker.http(&path)).await.unwrap().json().await.unwrap();
         if messages.len() == 2 {
             break messages[1].clone();
         }
-        assert!(Instant::now() < deadline, "the turn was not continued:\n{}", worker.log_text());
+        assert!(messages.len() < 2, "{at:?}: one question, one answer: {messages:#?}");
+        assert!(Instant::now() < deadline, "{at:?}: the turn was not continued:\n{}", worker.log_text());
         tokio::time::sleep(Duration::from_millis(300)).await;
     };
     let text = text_of(&answer);
-    assert_eq!(text.matches("Here is what I found").count(), 1, "one answer, not glued: {text}");
-    assert_eq!(text.matches("- HTTP/3:").count(), 1, "{text}");
-    assert_eq!(text.matches("- gRPC:").count(), 1, "{text}");
+    assert_eq!(text.matches("Here is what I found").count(), 1, "{at:?}: one answer, not glued: {text}");
+    assert_eq!(text.matches("- HTTP/3:").count(), 1, "{at:?}: {text}");
+    assert_eq!(text.matches("- gRPC:").count(), 1, "{at:?}: {text}");
     let tools: Vec<&Value> =
         answer["parts"].as_array().unwrap().iter().filter(|p| p["type"] == "tool-research").collect();
-    assert_eq!(tools.len(), 2, "{answer:#}");
-    assert!(tools.iter().all(|p| p["state"] == "output-available"), "{answer:#}");
+    assert_eq!(tools.len(), 2, "{at:?}: {answer:#}");
+    assert!(tools.iter().all(|p| p["state"] == "output-available"), "{at:?}: {answer:#}");
     // A client that connects now finds nothing streaming and the same answer.
     let mut late = Client::connect(&worker.ws(&format!("/agents/assistant/{name}"))).await;
     late.send_text(&json!({"type": "cf_agent_stream_resume_request", "probeId": "p"}).to_string()).await;
-    let none = loop {
-        let frame = late.recv(WAIT).await.expect("an answer to the probe");
-        if frame["type"].as_str().is_some_and(|t| t.starts_with("cf_agent_stream_")) {
-            break frame;
-        }
-    };
-    assert_eq!(none["type"], "cf_agent_stream_resume_none", "{none}");
+    let none = late.wait_for(WAIT, |f| f["type"].as_str().is_some_and(|t| t.starts_with("cf_agent_stream_"))).await;
+    assert_eq!(none["type"], "cf_agent_stream_resume_none", "{at:?}: {none}");
 }
