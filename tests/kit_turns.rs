@@ -7,7 +7,7 @@ use std::cell::Cell;
 
 use agent_tools::model::ModelRequest;
 use agent_tools::prelude::*;
-use agent_tools::testing::{ObjectRef, ScriptedModel, Step, World};
+use agent_tools::testing::{Faults, ObjectRef, ScriptedModel, Simulation, Step, World, DROPPED};
 use agent_tools::{ChatRecovery, InterruptedTurn};
 use serde_json::{json, Value};
 
@@ -281,4 +281,45 @@ fn a_panicking_tool_resets_the_instance_and_the_turn_goes_on_without_it() {
     assert_eq!(text.matches("research=").count(), 2, "both runs' results reached the model: {text}");
     assert!(text.contains("count={") && text.contains("interrupted"), "the model was told: {text}");
     assert_eq!(COUNTED.with(Cell::get), 1, "the panicking tool was not run again");
+}
+
+#[test]
+fn seeded_schedules_with_crashes_hibernations_and_drops_end_every_turn_once() {
+    let faults = Faults::none().crash(0.01).hibernate(0.01).drop_client(0.01).until_ms(3_000);
+    let injected = Simulation::new(|w| {
+        COUNTED.with(|c| c.set(0));
+        w.route::<Planner>()
+            .agent::<Researcher>()
+            .model::<Planner>(ScriptedModel::new().otherwise(planner_model))
+            .model::<Researcher>(ScriptedModel::new().otherwise(|_| Step::new().words("notes on the topic", 20)))
+    })
+    .faults(faults)
+    .schedules(150)
+    .check(|world| {
+        let stored = world.get("/agents/planner/p/get-messages");
+        let messages: Vec<Value> = serde_json::from_slice(stored.body()).map_err(|e| e.to_string())?;
+        let roles: Vec<&str> = messages.iter().map(|m| m["role"].as_str().unwrap_or("?")).collect();
+        if roles != ["user", "assistant"] {
+            return Err(format!("one question, one answer: {roles:?}"));
+        }
+        let text = text_of(&messages[1]);
+        let ended_with_error = messages[1]["metadata"]["error"].is_string();
+        if !ended_with_error && (text.matches("Found:").count() != 1 || text.matches("research=").count() != 2) {
+            return Err(format!("each result reached the model once, in one answer: {text}"));
+        }
+        if COUNTED.with(Cell::get) > 1 {
+            return Err("the ordinary tool ran twice".to_owned());
+        }
+        Ok(())
+    })
+    .run(|world| {
+        let client = world.connect("/agents/planner/p");
+        let id = client.send_chat("Research HTTP/3 and gRPC, and count");
+        // A message the connection took with it is said so; the user sends it again.
+        world.run_until(|| client.reply(&id).is_some_and(|r| r.done));
+        if client.reply(&id).and_then(|r| r.error).is_some_and(|e| e.starts_with(DROPPED)) {
+            client.send_chat("Research HTTP/3 and gRPC, and count");
+        }
+    });
+    assert!(injected > 0, "the schedules injected faults");
 }

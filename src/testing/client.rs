@@ -33,8 +33,13 @@ pub struct ChatReply {
     pub done: bool,
 }
 
+/// How a reply or an RPC answer that a dropped connection took with it begins.
+pub const DROPPED: &str = "the connection dropped";
+
 #[derive(Default)]
 struct Response {
+    /// Sent by this client (not a stream it only watches).
+    sent: bool,
     builder: Option<MessageBuilder>,
     error: Option<String>,
     done: bool,
@@ -55,6 +60,8 @@ pub(crate) struct Inbox {
     transcript: RefCell<Vec<Value>>,
     responses: RefCell<BTreeMap<String, Response>>,
     rpc: RefCell<HashMap<String, Result<Value, String>>>,
+    /// RPC calls sent and not answered yet.
+    calls: RefCell<std::collections::HashSet<String>>,
     /// Frames sent while the connection was down, sent when it is back (PartySocket's queue).
     outbox: RefCell<Vec<String>>,
     closed: RefCell<Option<(u16, String)>>,
@@ -86,6 +93,7 @@ impl Inbox {
             transcript: RefCell::new(Vec::new()),
             responses: RefCell::new(BTreeMap::new()),
             rpc: RefCell::new(HashMap::new()),
+            calls: RefCell::new(std::collections::HashSet::new()),
             outbox: RefCell::new(Vec::new()),
             closed: RefCell::new(None),
             closed_by_client: Cell::new(false),
@@ -127,6 +135,9 @@ impl Inbox {
         }
         response.replaying = true;
         response.fresh = true;
+        // A reply a drop had ended goes on: its stream is offered.
+        response.done = false;
+        response.error = None;
         drop(responses);
         world.send_frame(socket, json!({ "type": "cf_agent_stream_resume_ack", "id": id }).to_string());
     }
@@ -145,6 +156,13 @@ impl Inbox {
         if transcript.is_empty() {
             *transcript = messages;
         }
+    }
+
+    /// The chat replies that ended without an error, as this client assembled them.
+    pub(crate) fn finished_replies(&self) -> Vec<Value> {
+        let responses = self.responses.borrow();
+        let ended = responses.values().filter(|r| r.done && r.error.is_none() && !r.replaying);
+        ended.filter_map(|r| r.builder.as_ref().map(MessageBuilder::message)).collect()
     }
 
     /// The stock reducer's state.
@@ -248,7 +266,7 @@ impl Inbox {
             return;
         }
         if replay && std::mem::take(&mut response.fresh) {
-            *response = Response { replaying: true, ..Response::default() };
+            *response = Response { replaying: true, sent: response.sent, ..Response::default() };
         }
         let body = frame.get("body").and_then(Value::as_str).unwrap_or_default();
         if frame.get("error") == Some(&Value::Bool(true)) {
@@ -275,6 +293,16 @@ impl Inbox {
     /// the socket itself.
     pub(crate) fn closed(self: &Rc<Self>, code: u16, reason: &str) {
         *self.closed.borrow_mut() = Some((code, reason.to_owned()));
+        // What the connection took with it is never lost without a word: an RPC call without
+        // its answer fails; a chat request that got nothing back ends with an error (replaced by
+        // its stream if the agent did get it and offers it on reconnect).
+        for id in self.calls.take() {
+            self.rpc.borrow_mut().insert(id, Err(format!("{DROPPED} (code {code}): the call's answer was lost")));
+        }
+        for response in self.responses.borrow_mut().values_mut().filter(|r| r.sent && !r.done && r.builder.is_none()) {
+            response.error = Some(format!("{DROPPED} before the agent answered: send the message again"));
+            response.done = true;
+        }
         if self.closed_by_client.get() || (4000..5000).contains(&code) {
             return;
         }
@@ -394,6 +422,7 @@ impl Client {
         let body = json!({ "messages": messages, "trigger": "submit-message" }).to_string();
         let frame = json!({ "type": "cf_agent_use_chat_request", "id": request_id,
                             "init": { "method": "POST", "body": body } });
+        self.inbox.responses.borrow_mut().insert(request_id.clone(), Response { sent: true, ..Response::default() });
         self.send(&frame);
         request_id
     }
@@ -421,14 +450,24 @@ impl Client {
     }
 
     /// Calls the agent's RPC method `method` ([`crate::Agent::call`]) and waits for its answer:
-    /// a rejected call is an [`crate::Error::Failed`] with the message the client got.
+    /// a rejected call is an [`crate::Error::Failed`] with the message the client got; a call
+    /// whose answer a dropped connection lost, or that got none within the wait limit, an
+    /// [`crate::Error::Unavailable`].
     pub fn call(&self, method: &str, args: Vec<Value>) -> Result<Value, crate::Error> {
         let id = self.id("rpc");
+        self.inbox.calls.borrow_mut().insert(id.clone());
         self.send(&json!({ "type": "rpc", "id": id, "method": method, "args": args }));
         let inbox = self.inbox.clone();
         let done = self.world().run_until(&mut || inbox.rpc.borrow().contains_key(&id));
-        assert!(done, "no answer to the RPC call {method} within the wait limit");
-        self.inbox.rpc.borrow_mut().remove(&id).expect("an answer").map_err(crate::Error::Failed)
+        self.inbox.calls.borrow_mut().remove(&id);
+        if !done {
+            return Err(crate::Error::Unavailable(format!("no answer to the RPC call {method} within the wait limit")));
+        }
+        match self.inbox.rpc.borrow_mut().remove(&id) {
+            Some(Err(e)) if e.starts_with(DROPPED) => Err(crate::Error::Unavailable(e)),
+            Some(answer) => answer.map_err(crate::Error::Failed),
+            None => Err(crate::Error::Unavailable(format!("no answer to the RPC call {method}"))),
+        }
     }
 
     /// Closes the connection (code 1000); the client does not reconnect.

@@ -121,6 +121,7 @@ fn fail(seed: u64, problem: &str) -> ! {
 /// run's finish hook ran (exactly once when nothing crashed); every client connected to a
 /// parent holds the same state of its retained runs as a client that connects now.
 pub(crate) fn check_end(world: &World) -> Result<(), String> {
+    check_turns(world)?;
     for object in world.objects() {
         let Some((runs, frames, owed)) = world.with_sql(&object, |sql| {
             if !crate::parent::engine::has_tables(sql).unwrap_or(false) {
@@ -181,6 +182,51 @@ pub(crate) fn check_end(world: &World) -> Result<(), String> {
             }
         }
         late.close();
+    }
+    Ok(())
+}
+
+/// The chat's invariants once a world settled: no turn is left open and no injected message
+/// left waiting; no answer keeps a tool part open (`input-streaming`, `input-available`) but a
+/// partial a restart saved for a re-run; and each reply a client assembled is the stored message
+/// with its id.
+pub(crate) fn check_turns(world: &World) -> Result<(), String> {
+    for object in world.objects() {
+        let (open, held, messages) = world.with_sql(&object, |sql| {
+            let open = crate::chat::journal::Journal::new(sql).open()?;
+            let held = sql.one("SELECT count(*) FROM chat_held_messages", &[])?.and_then(|r| r.int(0)).unwrap_or(0);
+            Ok((open, held, crate::chat::store::Messages::new(sql).list()?))
+        })?;
+        if let Some(turn) = open.first() {
+            return Err(format!("{object}: chat turn {} is still open after the world settled", turn.request_id));
+        }
+        if held != 0 {
+            return Err(format!("{object}: {held} injected messages still wait for a turn"));
+        }
+        for message in &messages {
+            let meta = &message["metadata"];
+            if meta["interrupted"] == Value::Bool(true) || meta["superseded"] == Value::Bool(true) {
+                continue;
+            }
+            let parts = message["parts"].as_array().into_iter().flatten();
+            if let Some(open) = parts
+                .filter(|p| p["type"].as_str().is_some_and(|t| t.starts_with("tool-")))
+                .find(|p| matches!(p["state"].as_str(), Some("input-streaming" | "input-available")))
+            {
+                return Err(format!("{object}: message {} keeps a tool part open: {open}", message["id"]));
+            }
+        }
+        for client in world.clients_of(&object) {
+            for reply in client.finished_replies() {
+                let Some(stored) = messages.iter().find(|m| m["id"] == reply["id"]) else { continue };
+                if stored["parts"] != reply["parts"] {
+                    return Err(format!(
+                        "{object}: a client shows {} as {}, the store holds {}",
+                        reply["id"], reply["parts"], stored["parts"]
+                    ));
+                }
+            }
+        }
     }
     Ok(())
 }
