@@ -182,7 +182,7 @@ function App() {
     onOpen: () => setConnection("open"),
     onClose: () => setConnection("closed")
   });
-  const { messages, sendMessage, status, stop } = useAgentChat({ agent });
+  const { messages, sendMessage, status, stop, isRecovering } = useAgentChat({ agent });
   const tools = useAgentToolEvents({ agent });
   const [input, setInput] = useState("Research HTTP/3 and gRPC");
   const initialDrill = params.get("drill");
@@ -236,9 +236,14 @@ function App() {
       </header>
       <main className="chat">
         <Conversation messages={messages} tools={tools} agent={agent} onOpen={open} testid="messages" />
+        {isRecovering && (
+          <p className="recovering" data-testid="recovering">
+            The agent restarted; recovering this answer…
+          </p>
+        )}
         <form onSubmit={send} className="composer">
           <input data-testid="chat-input" value={input} onChange={(e) => setInput(e.target.value)} />
-          {status === "streaming" || status === "submitted" ? (
+          {status === "streaming" || status === "submitted" || isRecovering ? (
             <button type="button" data-testid="stop" onClick={stop}>
               Stop
             </button>

@@ -24,7 +24,8 @@ const browser = await chromium.launch({
   ]
 });
 const context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
-const name = `${scenario}-${Date.now()}`;
+// A scenario in two parts (before and after a restart of the Worker) shares its agent's name.
+const name = process.env.NAME || `${scenario}-${Date.now()}`;
 
 // What the pages did, for the report a failure prints: console lines, page errors and every
 // request with its timing (sent, response headers, finished or failed), in ms since the start.
@@ -152,6 +153,31 @@ async function assistantText(page) {
 }
 
 const scenarios = {
+  // Before the Worker is killed: a chat whose two researchers are streaming.
+  async "recover-start"() {
+    const page = await openApp();
+    await sendChat(page, "Research WebSockets and WebRTC");
+    await waitRuns(page, 2, "running", '[data-testid="tool-call"]');
+    await waitWords(page, 4, '[data-testid="tool-call"]');
+    await shot(page, "before-kill");
+  },
+
+  // After the restart, a reload while the turn is continued: "recovering", then the one answer.
+  async "recover-reload"() {
+    const page = await openApp();
+    await page.locator('[data-testid="recovering"]').waitFor({ timeout: TIMEOUT });
+    await shot(page, "recovering");
+    await page.locator('[data-testid="recovering"]').waitFor({ state: "detached", timeout: 90_000 });
+    await waitChatIdle(page);
+    await shot(page, "recovered");
+    const answer = await assistantText(page);
+    assert.equal(answer.split("Here is what I found").length, 2, `one answer, not glued: ${answer}`);
+    for (const topic of ["WebSockets", "WebRTC"]) assert.equal(answer.split(`- ${topic}:`).length, 2, answer);
+    const states = await page.locator('[data-testid="tool-call"] .tool-head .badge').allInnerTexts();
+    assert.deepEqual(states, ["output-available", "output-available"], "every tool part closed");
+    assert.equal(await page.locator('[data-testid="message-assistant"]').count(), 1, "one answer");
+  },
+
   // A chat message makes the offline model call two researchers; both timelines stream.
   async chat() {
     const page = await openApp();

@@ -10,14 +10,24 @@ use crate::harness::{root, Worker};
 const SCENARIO_LIMIT: Duration = Duration::from_secs(600);
 
 async fn scenario(name: &str, vars: &[(&str, &str)]) {
+    let worker = Worker::start_with(None, vars).await;
+    run_scenario(name, &worker, vars, None).await;
+}
+
+/// Runs scenario `name` of `tests/browser/run.mjs` against `worker`; with `agent`, on the agent of
+/// that name (a scenario in parts).
+async fn run_scenario(name: &str, worker: &Worker, vars: &[(&str, &str)], agent: Option<&str>) {
     let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
     assert!(
         std::path::Path::new(&chromium).exists(),
         "{chromium} is missing: run ./scripts/setup.sh (it installs Debian's chromium)"
     );
-    let worker = Worker::start_with(None, vars).await;
     let words = vars.iter().find(|(k, _)| *k == "OFFLINE_WORDS").map_or("24", |(_, v)| v);
-    let child = tokio::process::Command::new("node")
+    let mut command = tokio::process::Command::new("node");
+    if let Some(agent) = agent {
+        command.env("NAME", agent);
+    }
+    let child = command
         .arg(root().join("tests/browser/run.mjs"))
         .arg(name)
         .arg(worker.http(""))
@@ -43,6 +53,21 @@ async fn scenario(name: &str, vars: &[(&str, &str)]) {
 
 const QUICK: &[(&str, &str)] = &[("OFFLINE_WORDS", "12"), ("OFFLINE_DELAY_MS", "40")];
 const SLOW: &[(&str, &str)] = &[("OFFLINE_WORDS", "30"), ("OFFLINE_DELAY_MS", "80")];
+
+/// The runtime killed while a chat turn's children stream; after the restart a page that loads
+/// while the turn is continued shows "recovering", then the one answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_reload_during_recovery_shows_recovering_then_the_answer() {
+    const VARS: &[(&str, &str)] = &[("OFFLINE_WORDS", "60"), ("OFFLINE_DELAY_MS", "80")];
+    let mut worker = Worker::start_with(None, VARS).await;
+    let _state = worker.take_temp().unwrap();
+    let persist = worker.persist.clone();
+    let agent = crate::harness::unique("recover");
+    run_scenario("recover-start", &worker, VARS, Some(&agent)).await;
+    worker.kill();
+    let worker = Worker::start_with(Some(&persist), VARS).await;
+    run_scenario("recover-reload", &worker, VARS, Some(&agent)).await;
+}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_chat_message_streams_two_child_timelines() {
