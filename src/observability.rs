@@ -74,6 +74,14 @@ pub enum EventType {
     /// child}`. Its storage stays until it is cleared by hand.
     #[serde(rename = "agent_tool:retention:child_clear_failed")]
     ChildClearFailed,
+    /// A chat turn that a restart cut short is continued by this instance; payload
+    /// `{requestId, attempt}` (the continuation's number, from 1).
+    #[serde(rename = "agent_tool:chat:continue")]
+    ChatContinue,
+    /// A continued chat turn ended; payload `{requestId, outcome}` (`completed`, `error` with
+    /// `error`, or `aborted`).
+    #[serde(rename = "agent_tool:chat:continued")]
+    ChatContinued,
     /// `report_progress` was called outside a live run and ignored; payload `{runId, why}`.
     #[serde(rename = "agent_tool:progress:ignored")]
     ProgressIgnored,

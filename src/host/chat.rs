@@ -232,6 +232,11 @@ impl Chat {
         *self.running.borrow_mut() = None;
     }
 
+    /// A turn is asked for: it waits for its time (a cancel finds it from now on).
+    pub fn waits(&self, request_id: &str, sender: Option<String>) {
+        self.state.borrow_mut().turn_waits(request_id, sender);
+    }
+
     /// Takes the turn slot now, if it is free (a new instance's continuation goes before any
     /// turn a client asks for in the same event).
     pub fn claim_slot(&self) -> Option<TurnSlot> {

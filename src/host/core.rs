@@ -570,7 +570,7 @@ impl Host {
             return;
         }
         self.0.alarm_at.set(None);
-        self.recover_chat_turns();
+        self.recover_chat_turns(true);
         if matches!(Journal::new(self.sql()).any_open(), Ok(true)) {
             self.watch_chat_turn().await;
         }
@@ -654,9 +654,10 @@ impl Host {
     }
 
     /// The first event of a fresh instance continues the chat turns a restart cut short (in
-    /// the background, each before any turn a client asks for now).
-    pub(crate) fn recover_chat_turns(&self) {
-        if self.0.chat_recovery.replace(true) {
+    /// the background, each before any turn a client asks for now); the alarm looks again each
+    /// time (`always`), so an open turn that nothing in this instance runs is never left open.
+    pub(crate) fn recover_chat_turns(&self, always: bool) {
+        if self.0.chat_recovery.replace(true) && !always {
             return;
         }
         let open = match Journal::new(self.sql()).open() {
@@ -669,13 +670,27 @@ impl Host {
         };
         for turn in open.into_iter().filter(|t| !self.0.chat.is_live(&t.request_id)) {
             let slot = self.0.chat.claim_slot();
+            // Live from now on: a second look finds it taken.
+            self.0.chat.waits(&turn.request_id, None);
             let host = self.clone();
             let max = self.0.chat_recovery_attempts;
             self.spawn(async move {
                 let request_id = turn.request_id.clone();
                 host.watch_chat_turn().await;
-                host.hooks().continue_chat_turn(&host, turn, max, slot).await;
+                let begun = json!({ "requestId": request_id, "attempt": turn.attempts });
+                host.observe(crate::observability::EventType::ChatContinue, begun);
+                let end = host.hooks().continue_chat_turn(&host, turn, max, slot).await;
                 host.0.turn_runs.borrow_mut().remove(&request_id);
+                let mut ended = json!({ "requestId": request_id });
+                match end {
+                    super::chat::ChatEnd::Completed => ended["outcome"] = json!("completed"),
+                    super::chat::ChatEnd::Error(e) => {
+                        ended["outcome"] = json!("error");
+                        ended["error"] = json!(e);
+                    }
+                    super::chat::ChatEnd::Aborted(_) => ended["outcome"] = json!("aborted"),
+                }
+                host.observe(crate::observability::EventType::ChatContinued, ended);
             });
         }
     }
@@ -688,7 +703,7 @@ impl Host {
 
     /// The first event of a fresh instance starts recovery once (in the background).
     pub(crate) fn ensure_recovery(&self) {
-        self.recover_chat_turns();
+        self.recover_chat_turns(false);
         // An object with no registry has no runs to recover.
         if self.0.parent_tables.get() {
             let actions = self.0.parent.borrow_mut().wake(self.sql(), self.now());

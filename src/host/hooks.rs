@@ -83,7 +83,7 @@ pub(crate) trait Hooks {
         turn: crate::chat::journal::OpenTurn,
         max_attempts: u32,
         slot: Option<super::chat::TurnSlot>,
-    ) -> LocalFuture<'static, ()>;
+    ) -> LocalFuture<'static, super::chat::ChatEnd>;
     /// Runs an agent-tool run's turn ([`Agent::run`]).
     fn run(
         self: Rc<Self>,
@@ -240,7 +240,7 @@ impl<A: Agent> Hooks for Parts<A> {
         turn: crate::chat::journal::OpenTurn,
         max_attempts: u32,
         slot: Option<super::chat::TurnSlot>,
-    ) -> LocalFuture<'static, ()> {
+    ) -> LocalFuture<'static, super::chat::ChatEnd> {
         let host = self.typed(host);
         Box::pin(async move {
             let core = &host.host.0;
@@ -259,7 +259,7 @@ impl<A: Agent> Hooks for Parts<A> {
                 Some(problem) => crate::ChatRecovery::Decline(problem.clone()),
                 None => agent.on_chat_recovery(cut),
             };
-            core.chat.continue_turn(turn, system, max_steps, model, &tools, max_attempts, &decide, slot).await;
+            core.chat.continue_turn(turn, system, max_steps, model, &tools, max_attempts, &decide, slot).await
         })
     }
 

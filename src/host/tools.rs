@@ -72,9 +72,11 @@ impl<A: Agent> ToolBox for HostTools<'_, A> {
 impl Host {
     /// Runs the chat turn a client asked for, with the agent's model and tools.
     pub(crate) async fn run_chat_turn(&self, request_id: String, sender: Option<String>) {
-        // If the turn is cut, the alarm continues it.
-        let host = self.clone();
-        self.spawn(async move { host.watch_chat_turn().await });
+        // Armed before the turn runs any code of the agent's (a panic there resets the instance
+        // at once): if the turn is cut, the alarm continues it. The turn is waiting meanwhile, so
+        // a cancel already finds it.
+        self.0.chat.waits(&request_id, sender.clone());
+        self.watch_chat_turn().await;
         self.hooks().run_chat_turn(self, request_id.clone(), sender).await;
         self.0.turn_runs.borrow_mut().remove(&request_id);
     }

@@ -143,7 +143,7 @@ impl Hooks for Watched {
         turn: crate::chat::journal::OpenTurn,
         max_attempts: u32,
         slot: Option<crate::host::chat::TurnSlot>,
-    ) -> LocalFuture<'static, ()> {
+    ) -> LocalFuture<'static, crate::host::chat::ChatEnd> {
         self.inner.clone().continue_chat_turn(host, turn, max_attempts, slot)
     }
 

@@ -68,8 +68,12 @@ async fn panicking_tool(wrangler: Wrangler) {
     let path = format!("/agents/planner/{name}");
     let mut client = Client::connect(&worker.ws(&path)).await;
     let request = client.chat("boom topic").await;
-    // Whatever the socket went through, the stock resume handshake gets the turn's end.
+    // Nothing reaches the planner until its turn ended: the alarm alone continues it.
     let deadline = std::time::Instant::now() + WAIT * 4;
+    while !worker.log_text().contains("\"agent_tool:chat:continued\"") {
+        assert!(std::time::Instant::now() < deadline, "the turn was not continued:\n{}", worker.log_text());
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
     let answer = loop {
         let messages: Vec<Value> =
             reqwest::get(worker.http(&format!("{path}/get-messages"))).await.unwrap().json().await.unwrap();

@@ -512,6 +512,11 @@ async fn continue_after_kill(at: KillAt) {
     worker.kill();
 
     let worker = Worker::start_with(Some(&persist), KILL_VARS).await;
+    // Nothing reaches the parent until its turn ended: the alarm alone continues it.
+    let continued = wait_log(&worker, "agent_tool:chat:continued", 1).await;
+    assert_eq!(continued[0]["name"], name.as_str(), "{at:?}");
+    assert_eq!(continued[0]["payload"]["outcome"], "completed", "{at:?}: {continued:?}");
+    assert_eq!(log_events(&worker, "agent_tool:chat:continue")[0]["payload"]["attempt"], 1, "{at:?}");
     let path = format!("/agents/assistant/{name}/get-messages");
     let deadline = Instant::now() + Duration::from_secs(90);
     let answer = loop {
