@@ -254,6 +254,42 @@ impl Chat {
         self.carry_out(vec![output]);
     }
 
+    /// The message a turn writes, rebuilt from the first `kept + 1` chunks of its log (a
+    /// continuation's), or empty.
+    fn kept_message(&self, request_id: &str, message_id: &str, kept: i64) -> MessageBuilder {
+        let mut builder = MessageBuilder::new(message_id.to_owned());
+        if kept < 0 {
+            return builder;
+        }
+        match StreamLog::new(self.sql()).page_after(request_id, -1, kept + 1) {
+            Ok(chunks) => {
+                for chunk in chunks.iter().filter_map(|c| serde_json::from_str::<Value>(&c.body).ok()) {
+                    builder.apply(&chunk);
+                }
+            }
+            Err(e) => self.failed("stream", &e),
+        }
+        builder
+    }
+
+    /// Saves a turn's message, in one step: a durable turn's in its place, its journal gone and
+    /// the messages held meanwhile after it. Returns how many held messages joined.
+    fn save(&self, request_id: &str, turn: Option<&OpenTurn>, message: &Value) -> usize {
+        let now = self.io.now();
+        let saved = match turn {
+            Some(turn) => Messages::new(self.sql())
+                .upsert_at(message, turn.ord, now)
+                .and_then(|()| Journal::new(self.sql()).end(request_id))
+                .and_then(|()| Held::new(self.sql()).release(now)),
+            None => Messages::new(self.sql()).upsert(message, now).map(|()| 0),
+        }
+        .and_then(|released| OpenStreams::new(self.sql()).close(request_id).map(|()| released));
+        saved.unwrap_or_else(|e| {
+            self.failed("assistant message", &e);
+            0
+        })
+    }
+
     /// Ends a turn whose journal could not begin (nothing of it streamed).
     fn end_unbegun(&self, spec: &TurnSpec<'_>, problem: String) -> (Value, ChatEnd) {
         let end = ChatEnd::Error(problem);
@@ -559,19 +595,8 @@ impl Chat {
         if let Err(e) = OpenStreams::new(self.sql()).open(&spec.request_id, &spec.request_id, &message_id, now) {
             self.failed("stream", &e);
         }
-        // A continuation's message is rebuilt from the chunks its log kept.
-        let mut builder = MessageBuilder::new(message_id.clone());
         let kept = resume.as_ref().map_or(-1, |(turn, _)| turn.log_keep);
-        if kept >= 0 {
-            match StreamLog::new(self.sql()).page_after(&spec.request_id, -1, kept + 1) {
-                Ok(chunks) => {
-                    for chunk in chunks.iter().filter_map(|c| serde_json::from_str::<Value>(&c.body).ok()) {
-                        builder.apply(&chunk);
-                    }
-                }
-                Err(e) => self.failed("stream", &e),
-            }
-        }
+        let builder = self.kept_message(&spec.request_id, &message_id, kept);
         let builder = RefCell::new(builder);
         let emit = |chunk: Value| {
             builder.borrow_mut().apply(&chunk);
@@ -612,20 +637,7 @@ impl Chat {
             // A reload shows why the turn ended (the stream's error is not a part).
             message["metadata"]["error"] = Value::String(reason.clone());
         }
-        let now = self.io.now();
-        let saved = match &turn {
-            // In its place, its journal gone and the messages held meanwhile after it: one step.
-            Some(turn) => Messages::new(self.sql())
-                .upsert_at(&message, turn.ord, now)
-                .and_then(|()| Journal::new(self.sql()).end(&spec.request_id))
-                .and_then(|()| Held::new(self.sql()).release(now)),
-            None => Messages::new(self.sql()).upsert(&message, now).map(|()| 0),
-        }
-        .and_then(|released| OpenStreams::new(self.sql()).close(&spec.request_id).map(|()| released));
-        let released = saved.unwrap_or_else(|e| {
-            self.failed("assistant message", &e);
-            0
-        });
+        let released = self.save(&spec.request_id, turn.as_ref(), &message);
         if turn.as_ref().is_some_and(|t| t.attempts > 1) {
             self.broadcast_recovering(&spec.request_id, false);
         }
