@@ -323,3 +323,28 @@ fn seeded_schedules_with_crashes_hibernations_and_drops_end_every_turn_once() {
     });
     assert!(injected > 0, "the schedules injected faults");
 }
+
+#[test]
+fn a_message_sent_as_the_agent_comes_back_waits_for_the_cut_turn() {
+    let world = world();
+    let client = world.connect("/agents/planner/p");
+    let first = client.send_chat("Research HTTP/3 and gRPC, and count");
+    world.advance(120);
+    client.close();
+    world.crash(&ObjectRef::of::<Planner>("p"));
+    // The first event of the new instance is a second tab's message: the cut turn goes first.
+    let other = world.connect("/agents/planner/p");
+    let second = other.send_chat("Research QUIC and TLS, and count");
+    assert!(world.run_until(|| other.reply(&second).is_some_and(|r| r.done)));
+    world.settle();
+    let stored = world.get("/agents/planner/p/get-messages");
+    let messages: Vec<Value> = serde_json::from_slice(stored.body()).expect("messages");
+    let roles: Vec<&str> = messages.iter().map(|m| m["role"].as_str().unwrap_or("?")).collect();
+    assert_eq!(roles, ["user", "assistant", "user", "assistant"], "{messages:#?}");
+    for answer in [&messages[1], &messages[3]] {
+        let text = text_of(answer);
+        assert_eq!(text.matches("Found:").count(), 1, "{text}");
+        assert!(tool_parts(answer).iter().all(|p| p["state"] == "output-available"), "{answer:#}");
+    }
+    let _ = first;
+}

@@ -78,10 +78,11 @@ impl<'a, S: Sql + ?Sized> Journal<'a, S> {
     /// A turn begins writing `message_id`: its place in the transcript is taken now.
     pub fn begin(&self, request_id: &str, message_id: &str, now: i64) -> Result<OpenTurn, StoreError> {
         self.sql.exec(
-            "INSERT INTO chat_turns (request_id, message_id, ord, started_at) VALUES (?, ?, \
-             (SELECT COALESCE(MAX(o) + 1, 0) FROM (SELECT ord AS o FROM chat_messages \
-              UNION ALL SELECT ord FROM chat_turns)), ?) \
-             ON CONFLICT (request_id) DO NOTHING",
+            &format!(
+                "INSERT INTO chat_turns (request_id, message_id, ord, started_at) VALUES (?, ?, {}, ?) \
+                 ON CONFLICT (request_id) DO NOTHING",
+                crate::chat::store::NEXT_ORD
+            ),
             &[V::from(request_id), V::from(message_id), V::Int(now)],
         )?;
         self.get(request_id)?.ok_or_else(|| StoreError { message: format!("chat turn {request_id} vanished") })

@@ -59,6 +59,11 @@ CREATE TABLE IF NOT EXISTS chat_held_messages (
 );
 ";
 
+/// The next place at the end of the transcript: after every message and every place an open
+/// turn took for its answer (see [`crate::chat::journal`]).
+pub(crate) const NEXT_ORD: &str =
+    "(SELECT COALESCE(MAX(o) + 1, 0) FROM (SELECT ord AS o FROM chat_messages UNION ALL SELECT ord FROM chat_turns))";
+
 /// The largest message kept (Durable Object SQL rows hold up to 2 MB).
 pub const MAX_MESSAGE_BYTES: usize = 1_000_000;
 
@@ -103,9 +108,10 @@ impl<'a, S: Sql + ?Sized> Messages<'a, S> {
     pub fn upsert(&self, message: &Value, now: i64) -> Result<(), StoreError> {
         let id = message.get("id").and_then(Value::as_str).unwrap_or_default();
         self.sql.exec(
-            "INSERT INTO chat_messages (id, ord, message_json, created_at) \
-             VALUES (?, (SELECT COALESCE(MAX(ord) + 1, 0) FROM chat_messages), ?, ?) \
-             ON CONFLICT (id) DO UPDATE SET message_json = excluded.message_json",
+            &format!(
+                "INSERT INTO chat_messages (id, ord, message_json, created_at) VALUES (?, {NEXT_ORD}, ?, ?) \
+                 ON CONFLICT (id) DO UPDATE SET message_json = excluded.message_json"
+            ),
             &[V::from(id), V::from(message.to_string()), V::Int(now)],
         )?;
         Ok(())
@@ -127,9 +133,10 @@ impl<'a, S: Sql + ?Sized> Messages<'a, S> {
     pub fn insert_new(&self, message: &Value, now: i64) -> Result<bool, StoreError> {
         let id = message.get("id").and_then(Value::as_str).unwrap_or_default();
         let rows = self.sql.exec(
-            "INSERT INTO chat_messages (id, ord, message_json, created_at) \
-             VALUES (?, (SELECT COALESCE(MAX(ord) + 1, 0) FROM chat_messages), ?, ?) \
-             ON CONFLICT (id) DO NOTHING RETURNING 1",
+            &format!(
+                "INSERT INTO chat_messages (id, ord, message_json, created_at) VALUES (?, {NEXT_ORD}, ?, ?) \
+                 ON CONFLICT (id) DO NOTHING RETURNING 1"
+            ),
             &[V::from(id), V::from(message.to_string()), V::Int(now)],
         )?;
         Ok(!rows.is_empty())

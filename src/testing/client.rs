@@ -350,11 +350,15 @@ pub struct Client {
     world: Weak<WorldInner>,
     inbox: Rc<Inbox>,
     next_id: Cell<u64>,
+    /// This client's number in its world: ids it makes are unique across clients, as a
+    /// browser's random ids are.
+    tab: usize,
 }
 
 impl Client {
     pub(crate) fn new(world: Weak<WorldInner>, inbox: Rc<Inbox>) -> Self {
-        Self { world, inbox, next_id: Cell::new(1) }
+        let tab = world.upgrade().map_or(0, |w| w.clients.borrow().len());
+        Self { world, inbox, next_id: Cell::new(1), tab }
     }
 
     fn world(&self) -> Rc<WorldInner> {
@@ -364,7 +368,7 @@ impl Client {
     fn id(&self, prefix: &str) -> String {
         let n = self.next_id.get();
         self.next_id.set(n + 1);
-        format!("{prefix}-{n}")
+        format!("{prefix}-{}-{n}", self.tab)
     }
 
     /// Every frame received so far, parsed (a frame that is not JSON is a JSON string).
