@@ -16,8 +16,9 @@ pub struct Researcher;
 impl Agent for Researcher {}
 
 thread_local! {
-    /// How many times the ordinary tool ran (it is not safe to repeat).
+    /// How many times the ordinary tool ran (it is not safe to repeat), and returned.
     static COUNTED: Cell<usize> = const { Cell::new(0) };
+    static RETURNED: Cell<usize> = const { Cell::new(0) };
     /// Whether the planner declines to continue a cut turn.
     static DECLINE: Cell<bool> = const { Cell::new(false) };
     /// Whether the ordinary tool panics.
@@ -45,6 +46,7 @@ impl Tool<Planner> for Count {
         if PANIC.with(Cell::get) {
             panic!("boom in the count tool");
         }
+        RETURNED.with(|c| c.set(c.get() + 1));
         Ok(input.text.split_whitespace().count())
     }
 }
@@ -89,6 +91,7 @@ fn planner_model(request: &ModelRequest) -> Step {
 
 fn world() -> World {
     COUNTED.with(|c| c.set(0));
+    RETURNED.with(|c| c.set(0));
     World::new()
         .route::<Planner>()
         .agent::<Researcher>()
@@ -161,6 +164,10 @@ fn a_turn_crashed_at_every_step_ends_once_with_every_result() {
         let counted = COUNTED.with(Cell::get);
         assert!(counted <= 1, "{at}: count ran {counted} times");
         assert!(text.contains("count=3") || text.contains("interrupted") || counted == 0, "{at}: {text}");
+        // A result the tool returned was kept in the same step: the model got it, not "interrupted".
+        if RETURNED.with(Cell::get) == 1 {
+            assert!(text.contains("count=3"), "{at}: the kept result reached the model: {text}");
+        }
         if text != baseline {
             continued += 1;
         }
@@ -328,14 +335,12 @@ fn seeded_schedules_with_crashes_hibernations_and_drops_end_every_turn_once() {
 fn a_message_sent_as_the_agent_comes_back_waits_for_the_cut_turn() {
     let world = world();
     let client = world.connect("/agents/planner/p");
-    let first = client.send_chat("Research HTTP/3 and gRPC, and count");
+    client.send_chat("Research HTTP/3 and gRPC, and count");
     world.advance(120);
-    client.close();
-    world.crash(&ObjectRef::of::<Planner>("p"));
-    // The first event of the new instance is a second tab's message: the cut turn goes first.
-    let other = world.connect("/agents/planner/p");
-    let second = other.send_chat("Research QUIC and TLS, and count");
-    assert!(world.run_until(|| other.reply(&second).is_some_and(|r| r.done)));
+    // Evicted with its sockets kept: the new instance's first event is this client's next message.
+    world.hibernate(&ObjectRef::of::<Planner>("p"));
+    let second = client.send_chat("Research QUIC and TLS, and count");
+    assert!(world.run_until(|| client.reply(&second).is_some_and(|r| r.done)));
     world.settle();
     let stored = world.get("/agents/planner/p/get-messages");
     let messages: Vec<Value> = serde_json::from_slice(stored.body()).expect("messages");
@@ -346,5 +351,7 @@ fn a_message_sent_as_the_agent_comes_back_waits_for_the_cut_turn() {
         assert_eq!(text.matches("Found:").count(), 1, "{text}");
         assert!(tool_parts(answer).iter().all(|p| p["state"] == "output-available"), "{answer:#}");
     }
-    let _ = first;
+    // The second turn ran after the first ended: its model saw the first turn's results, so this
+    // script answered with them at once, calling no tool again.
+    assert!(tool_parts(&messages[3]).is_empty(), "{:#}", messages[3]);
 }
