@@ -355,3 +355,60 @@ fn a_message_sent_as_the_agent_comes_back_waits_for_the_cut_turn() {
     // script answered with them at once, calling no tool again.
     assert!(tool_parts(&messages[3]).is_empty(), "{:#}", messages[3]);
 }
+
+thread_local! {
+    /// Whether the researcher's model panics.
+    static CHILD_PANICS: Cell<bool> = const { Cell::new(false) };
+}
+
+#[test]
+fn a_child_whose_run_panics_every_time_still_ends_the_parents_turn() {
+    CHILD_PANICS.with(|p| p.set(true));
+    let world = World::new()
+        .route::<Planner>()
+        .agent::<Researcher>()
+        .model::<Planner>(ScriptedModel::new().otherwise(planner_model))
+        .model::<Researcher>(ScriptedModel::new().otherwise(|_| {
+            if CHILD_PANICS.with(Cell::get) {
+                panic!("the researcher's model panicked");
+            }
+            Step::new().words("notes on the topic", 20)
+        }));
+    let client = world.connect("/agents/planner/p");
+    let id = client.send_chat("Research HTTP/3 and gRPC, and count");
+    let ended = world.run_until(|| client.reply(&id).is_some_and(|r| r.done));
+    CHILD_PANICS.with(|p| p.set(false));
+    assert!(ended, "the turn ended");
+    world.settle();
+    assert!(world.logs().iter().any(|l| l.text.contains("panicked (the researcher's model panicked)")));
+    let stored = world.get("/agents/planner/p/get-messages");
+    let messages: Vec<Value> = serde_json::from_slice(stored.body()).expect("messages");
+    assert_eq!(messages.len(), 2, "{messages:#?}");
+    assert!(tool_parts(&messages[1]).iter().all(|p| p["state"] == "output-available"), "{:#}", messages[1]);
+    // Every run ended (never left running), each with a failure the model could read.
+    for run in world.host::<Planner>("p").agent_tool_runs() {
+        assert!(!run.status.is_live(), "{run:?}");
+    }
+}
+
+#[derive(Default)]
+pub struct Fragile;
+impl Agent for Fragile {
+    async fn on_request(&self, host: &AgentHost<Self>, req: HttpRequest) -> HttpResponse {
+        if req.uri().path().ends_with("/boom") {
+            panic!("on_request panicked");
+        }
+        host.default_response(&req)
+    }
+}
+agent_tools::durable_object!(Fragile, unchecked);
+
+#[test]
+fn a_panic_in_on_request_answers_that_request_with_an_error_and_the_agent_goes_on() {
+    let world = World::new().route::<Fragile>();
+    let answer = world.post("/agents/fragile/f/boom", &json!({}));
+    assert!(answer.status().is_server_error(), "{:?}", answer.status());
+    assert!(world.logs().iter().any(|l| l.text.contains("panicked (on_request panicked)")));
+    // The next request is served by a fresh instance.
+    assert_eq!(world.get("/agents/fragile/f").status(), 200);
+}
