@@ -40,6 +40,8 @@ pub const DROPPED: &str = "the connection dropped";
 struct Response {
     /// Sent by this client (not a stream it only watches).
     sent: bool,
+    /// The agent ended it (not a drop).
+    ended_by_server: bool,
     builder: Option<MessageBuilder>,
     error: Option<String>,
     done: bool,
@@ -265,6 +267,11 @@ impl Inbox {
             response.replaying = false;
             return;
         }
+        if response.done && response.ended_by_server && !replay {
+            // Checked at every step: a turn ends once (a replay of an ended stream may repeat it).
+            drop(responses);
+            return self.violated(format!("chat request {id} got a second end: {frame}"));
+        }
         if replay && std::mem::take(&mut response.fresh) {
             *response = Response { replaying: true, sent: response.sent, ..Response::default() };
         }
@@ -280,6 +287,7 @@ impl Inbox {
         }
         if frame.get("done") == Some(&Value::Bool(true)) {
             response.done = true;
+            response.ended_by_server = true;
             response.replaying = false;
             // The stock client stops showing "recovering" with any end but a recovering one.
             if frame.get("outcome").and_then(Value::as_str) != Some("recovering") {
