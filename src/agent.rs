@@ -92,6 +92,35 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
         host.default_response(&request)
     }
 
+    /// A client's `setState` (`cf_agent_state`) asks to make `next` this agent's state: `Err`
+    /// refuses it with a reason the client gets (`cf_agent_state_error`; its `onStateUpdateError`)
+    /// and nothing is stored. The default accepts any state.
+    ///
+    /// ```
+    /// # use agent_tools::prelude::*;
+    /// # #[derive(Default)] pub struct Assistant;
+    /// # agent_tools::durable_object!(Assistant, unchecked);
+    /// impl Agent for Assistant {
+    ///     fn validate_state_change(&self, next: &serde_json::Value) -> Result<(), Error> {
+    ///         match next["budget"].as_u64() {
+    ///             Some(1..=10) => Ok(()),
+    ///             _ => Err("the research budget is 1 to 10 runs".into()),
+    ///         }
+    ///     }
+    /// }
+    /// # fn main() {}
+    /// ```
+    fn validate_state_change(&self, next: &Value) -> Result<(), Error> {
+        let _ = next;
+        Ok(())
+    }
+
+    /// The state changed (the TypeScript SDK's `onStateChanged`): by the agent
+    /// ([`AgentHost::set_agent_state`]) or by a client, after every other client got it.
+    async fn on_state_changed(&self, host: &AgentHost<Self>, state: &Value, source: &crate::StateSource) {
+        let _ = (host, state, source);
+    }
+
     /// A task scheduled with [`AgentHost::schedule`] is due. Runs once per task (again after a
     /// crash before it returned).
     async fn on_schedule(&self, host: &AgentHost<Self>, task: crate::ScheduledTask) {

@@ -84,6 +84,7 @@ mod routing;
 mod schedule;
 mod schema;
 pub mod sql;
+mod state;
 mod store;
 #[cfg(all(any(test, feature = "testing"), not(target_arch = "wasm32")))]
 pub mod testing;
@@ -517,6 +518,7 @@ pub use host::{
 };
 pub use platform::route::{route, Routes};
 pub use routing::RequestUrl;
+pub use state::StateSource;
 pub use tools::{AgentTool, Tool, ToolContext, Tools};
 pub use types::{
     Admission, AgentClass, AgentToolChunk, AgentToolFailure, AgentToolOptions, ChatRecovery, ClearFilter,
@@ -537,6 +539,7 @@ pub mod limits {
     pub use crate::platform::route::MAX_BODY_BYTES;
     pub use crate::protocol::rpc::MAX_FRAME_BYTES;
     pub use crate::protocol::tail::MAX_TAIL_LINE_BYTES;
+    pub use crate::state::MAX_STATE_BYTES;
 }
 
 /// What an agent author needs: `use agent_tools::prelude::*;` brings in the trait and its host,

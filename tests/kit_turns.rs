@@ -412,3 +412,73 @@ fn a_panic_in_on_request_answers_that_request_with_an_error_and_the_agent_goes_o
     // The next request is served by a fresh instance.
     assert_eq!(world.get("/agents/fragile/f").status(), 200);
 }
+
+#[derive(Default)]
+pub struct Budgeted;
+impl Agent for Budgeted {
+    fn validate_state_change(&self, next: &Value) -> Result<(), Error> {
+        match next["budget"].as_u64() {
+            Some(1..=10) => Ok(()),
+            _ => Err("the research budget is 1 to 10 runs".into()),
+        }
+    }
+    async fn on_state_changed(&self, host: &AgentHost<Self>, state: &Value, source: &agent_tools::StateSource) {
+        let who = match source {
+            agent_tools::StateSource::Server => "server",
+            _ => "client",
+        };
+        host.log(&format!("state changed by the {who}: {state}"));
+    }
+    async fn call(&self, host: &AgentHost<Self>, method: &str, _args: Vec<Value>) -> Result<Value, Error> {
+        #[derive(Default, serde::Serialize, serde::Deserialize)]
+        struct State {
+            budget: u64,
+        }
+        match method {
+            "spend" => {
+                let mut state: State = host.agent_state()?;
+                state.budget = state.budget.saturating_sub(1);
+                host.set_agent_state(&state).await?;
+                Ok(json!(state.budget))
+            }
+            _ => Err(Error::NotFound(method.to_owned())),
+        }
+    }
+}
+agent_tools::durable_object!(Budgeted, unchecked);
+
+#[test]
+fn agent_state_is_validated_kept_broadcast_and_survives_a_restart() {
+    let world = World::new().route::<Budgeted>();
+    let tab = world.connect("/agents/budgeted/b");
+    let other = world.connect("/agents/budgeted/b");
+    assert_eq!(tab.state(), None, "never set: no state frame");
+    // A client's change: validated, kept, sent to the other tab, then the hook.
+    tab.set_state(&json!({ "budget": 3 }));
+    world.settle();
+    assert_eq!(other.state(), Some(json!({ "budget": 3 })));
+    assert!(world.logs().iter().any(|l| l.text == "state changed by the client: {\"budget\":3}"));
+    // A refused change: the sender hears why, nothing is kept, nobody else hears of it.
+    tab.set_state(&json!({ "budget": 99 }));
+    world.settle();
+    assert_eq!(tab.state_errors(), ["the research budget is 1 to 10 runs"]);
+    assert_eq!(other.state(), Some(json!({ "budget": 3 })));
+    // The agent's own change reaches every client.
+    assert_eq!(tab.call("spend", vec![]).expect("spent"), json!(2));
+    world.settle();
+    assert_eq!((tab.state(), other.state()), (Some(json!({ "budget": 2 })), Some(json!({ "budget": 2 }))));
+    // Kept across a restart, and sent right after the identity to a client that connects.
+    world.crash(&ObjectRef::of::<Budgeted>("b"));
+    let late = world.connect("/agents/budgeted/b");
+    world.settle();
+    assert_eq!(late.state(), Some(json!({ "budget": 2 })));
+    let frames = late.frames();
+    let identity = frames.iter().position(|f| f["type"] == "cf_agent_identity").expect("an identity");
+    assert_eq!(frames[identity]["stateFollows"], true);
+    assert_eq!(frames[identity + 1]["type"], "cf_agent_state", "the state follows the identity");
+    // A malformed frame is refused with a clear error, the socket stays open.
+    late.send(&json!({ "type": "cf_agent_state" }));
+    world.settle();
+    assert_eq!(late.state_errors(), ["cf_agent_state needs a \"state\""]);
+    assert!(late.is_open());
+}

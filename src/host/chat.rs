@@ -45,6 +45,8 @@ pub enum ChatAction {
         /// The request id.
         request_id: String,
     },
+    /// A client's `setState`: make this the agent's state.
+    State(Value),
 }
 
 /// How one turn runs.
@@ -387,6 +389,10 @@ impl Chat {
         };
         let reply = match frame {
             Ok(ClientFrame::Rpc(call)) => return ChatAction::Call(call),
+            Ok(ClientFrame::Other { kind, frame }) if kind == "cf_agent_state" => match frame.get("state") {
+                Some(state) => return ChatAction::State(state.clone()),
+                None => crate::state::error_frame("cf_agent_state needs a \"state\""),
+            },
             Ok(ClientFrame::Other { kind, frame }) => match ChatMessage::parse(&kind, &frame) {
                 Ok(None) => return ChatAction::Done,
                 Ok(Some(message)) => {

@@ -203,6 +203,45 @@ impl<A: Agent> AgentHost<A> {
         crate::types::time_of(self.host.now())
     }
 
+    /// This agent's state (the TypeScript SDK's `this.state`; [`AgentHost::state`] is the Durable
+    /// Object's), read as `S`: `S::default()` when
+    /// it was never set. A state that does not read as `S` is an [`Error::Invalid`].
+    ///
+    /// ```
+    /// # use agent_tools::prelude::*;
+    /// # #[derive(Default)] pub struct Assistant;
+    /// # impl Agent for Assistant {}
+    /// # agent_tools::durable_object!(Assistant, unchecked);
+    /// #[derive(Default, serde::Serialize, serde::Deserialize)]
+    /// struct Budget {
+    ///     runs: u32,
+    /// }
+    /// async fn spend(host: &AgentHost<Assistant>) -> Result<u32, Error> {
+    ///     let mut budget: Budget = host.agent_state()?;
+    ///     budget.runs = budget.runs.saturating_sub(1);
+    ///     host.set_agent_state(&budget).await?; // every client gets it (`onStateUpdate`)
+    ///     Ok(budget.runs)
+    /// }
+    /// # fn main() {}
+    /// ```
+    pub fn agent_state<S: serde::de::DeserializeOwned + Default>(&self) -> Result<S, Error> {
+        match crate::state::get(self.host.sql()).map_err(|e| Error::Storage(e.to_string()))? {
+            None => Ok(S::default()),
+            Some(state) => serde_json::from_value(state)
+                .map_err(|e| Error::Invalid(format!("the stored state does not read as the type asked for: {e}"))),
+        }
+    }
+
+    /// Sets this agent's state (the TypeScript SDK's `setState`): stored, sent to every client
+    /// as `cf_agent_state`, then [`Agent::on_state_changed`] runs with
+    /// [`crate::StateSource::Server`]. Not validated: [`Agent::validate_state_change`] guards
+    /// clients' changes.
+    pub async fn set_agent_state<S: serde::Serialize>(&self, state: &S) -> Result<(), Error> {
+        let state =
+            serde_json::to_value(state).map_err(|e| Error::Invalid(format!("the state does not serialize: {e}")))?;
+        self.host.set_state(state).await
+    }
+
     /// The chat transcript (`UIMessage` JSON, oldest first).
     pub fn messages(&self) -> Vec<Value> {
         self.host.messages()
@@ -501,8 +540,20 @@ impl Host {
         };
         let connection = socket.id();
         self.0.chat.on_connect(socket.as_ref());
-        let identity = json!({ "type": "cf_agent_identity", "name": name, "agent": kebab_case(self.0.class) });
+        let mut identity = json!({ "type": "cf_agent_identity", "name": name, "agent": kebab_case(self.0.class) });
+        // As the stock server does: the state (if any) right after the identity, which says it
+        // follows (the stock client is `ready` once it has it).
+        let state = crate::state::get(self.sql()).unwrap_or_else(|e| {
+            self.storage_failed("state", &e);
+            None
+        });
+        if state.is_some() {
+            identity["stateFollows"] = Value::Bool(true);
+        }
         socket.send(&identity.to_string());
+        if let Some(state) = &state {
+            socket.send(&crate::state::state_frame(state));
+        }
         let mcp = json!({ "type": "cf_agent_mcp_servers",
                           "mcp": { "servers": {}, "tools": [], "prompts": [], "resources": [] } });
         socket.send(&mcp.to_string());
@@ -555,7 +606,43 @@ impl Host {
             }
             ChatAction::RunTurn { request_id, sender } => self.run_chat_turn(request_id, Some(sender)).await,
             ChatAction::Cancel { request_id } => self.cancel_chat_turn(&request_id).await,
+            ChatAction::State(next) => self.client_state(socket.as_ref(), next).await,
         }
+    }
+
+    /// A client's `setState`: the agent validates it, then it is stored, every other client gets
+    /// it, and `on_state_changed` runs; a refusal (or a storage failure) is the sender's
+    /// `cf_agent_state_error`, with nothing stored.
+    async fn client_state(&self, socket: &dyn Socket, next: Value) {
+        let hooks = self.hooks();
+        let decided = crate::state::client_change(self.sql(), next, |v| hooks.validate_state_change(v), self.now());
+        match decided {
+            Ok(crate::state::ClientChange::Accepted(state)) => {
+                let sender = socket.id();
+                let frame = crate::state::state_frame(&state);
+                for other in self.0.io.sockets().into_iter().filter(|s| s.id() != sender) {
+                    other.send(&frame);
+                }
+                let source = crate::StateSource::Client(sender);
+                self.hooks().on_state_changed(self, &state, &source).await;
+            }
+            Ok(crate::state::ClientChange::Refused(reason)) => {
+                socket.send(&crate::state::error_frame(&reason));
+            }
+            Err(e) => {
+                self.storage_failed("state", &e);
+                socket.send(&crate::state::error_frame(&format!("the state could not be stored: {e}")));
+            }
+        }
+    }
+
+    /// Sets the state from the agent: stored, sent to every client, then `on_state_changed`.
+    pub(crate) async fn set_state(&self, state: Value) -> Result<(), Error> {
+        crate::state::check_size(&state).map_err(Error::Invalid)?;
+        crate::state::set(self.sql(), &state, self.now()).map_err(|e| Error::Storage(e.to_string()))?;
+        self.broadcast(&crate::state::state_frame(&state));
+        self.hooks().on_state_changed(self, &state, &crate::StateSource::Server).await;
+        Ok(())
     }
 
     /// A client went away.
@@ -721,7 +808,7 @@ pub(crate) fn migrate(sql: &dyn Sql) -> Result<bool, StoreError> {
     let [_registry, _ledger, meta] = crate::parent::engine::SCHEMAS;
     let [child, chat] = crate::child::runs::SCHEMAS;
     let mut parent_tables = false;
-    crate::store::migrate(sql, &[meta, child, chat, crate::schedule::SCHEMA], || {
+    crate::store::migrate(sql, &[meta, child, chat, crate::schedule::SCHEMA, crate::state::SCHEMA], || {
         parent_tables = crate::parent::engine::has_tables(sql)?;
         if parent_tables {
             crate::parent::engine::migrate(sql)?;
@@ -729,7 +816,8 @@ pub(crate) fn migrate(sql: &dyn Sql) -> Result<bool, StoreError> {
             sql.batch(meta)?;
         }
         ChildRuns::new(sql).migrate()?;
-        sql.batch(crate::schedule::SCHEMA)
+        sql.batch(crate::schedule::SCHEMA)?;
+        sql.batch(crate::state::SCHEMA)
     })?;
     Ok(parent_tables)
 }

@@ -39,6 +39,13 @@ pub(crate) trait Hooks {
     fn on_request(self: Rc<Self>, host: &Host, request: HttpRequest) -> LocalFuture<'static, HttpResponse>;
     fn on_schedule(self: Rc<Self>, host: &Host, task: ScheduledTask) -> LocalFuture<'static, ()>;
     fn on_observability(&self, event: &ObservabilityEvent);
+    fn validate_state_change(&self, next: &Value) -> Result<(), String>;
+    fn on_state_changed<'a>(
+        self: Rc<Self>,
+        host: &Host,
+        state: &'a Value,
+        source: &'a crate::StateSource,
+    ) -> LocalFuture<'a, ()>;
     fn on_agent_tool_start<'a>(self: Rc<Self>, host: &Host, run: &'a RunInfo) -> LocalFuture<'a, ()>;
     fn on_agent_tool_finish<'a>(
         self: Rc<Self>,
@@ -151,6 +158,20 @@ impl<A: Agent> Hooks for Parts<A> {
 
     fn on_observability(&self, event: &ObservabilityEvent) {
         self.agent.on_observability(event);
+    }
+
+    fn validate_state_change(&self, next: &Value) -> Result<(), String> {
+        self.agent.validate_state_change(next).map_err(|e| e.to_string())
+    }
+
+    fn on_state_changed<'a>(
+        self: Rc<Self>,
+        host: &Host,
+        state: &'a Value,
+        source: &'a crate::StateSource,
+    ) -> LocalFuture<'a, ()> {
+        let host = self.typed(host);
+        Box::pin(async move { host.parts.agent.on_state_changed(&host, state, source).await })
     }
 
     fn on_agent_tool_start<'a>(self: Rc<Self>, host: &Host, run: &'a RunInfo) -> LocalFuture<'a, ()> {

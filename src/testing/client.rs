@@ -62,6 +62,10 @@ pub(crate) struct Inbox {
     transcript: RefCell<Vec<Value>>,
     responses: RefCell<BTreeMap<String, Response>>,
     rpc: RefCell<HashMap<String, Result<Value, String>>>,
+    /// The agent's state as this client holds it (`useAgent`'s `state`), and the refusals of
+    /// its own changes (`onStateUpdateError`).
+    state: RefCell<Option<Value>>,
+    state_errors: RefCell<Vec<String>>,
     /// RPC calls sent and not answered yet.
     calls: RefCell<std::collections::HashSet<String>>,
     /// Frames sent while the connection was down, sent when it is back (PartySocket's queue).
@@ -96,6 +100,8 @@ impl Inbox {
             responses: RefCell::new(BTreeMap::new()),
             rpc: RefCell::new(HashMap::new()),
             calls: RefCell::new(std::collections::HashSet::new()),
+            state: RefCell::new(None),
+            state_errors: RefCell::new(Vec::new()),
             outbox: RefCell::new(Vec::new()),
             closed: RefCell::new(None),
             closed_by_client: Cell::new(false),
@@ -200,6 +206,11 @@ impl Inbox {
             }
             Some("cf_agent_use_chat_response") => self.response(&frame),
             Some("cf_agent_stream_resuming") => self.resuming(&frame),
+            Some("cf_agent_state") => *self.state.borrow_mut() = frame.get("state").cloned(),
+            Some("cf_agent_state_error") => {
+                let error = frame.get("error").and_then(Value::as_str).unwrap_or_default();
+                self.state_errors.borrow_mut().push(error.to_owned());
+            }
             Some("cf_agent_chat_recovering") => {
                 self.recovering.set(frame.get("recovering") == Some(&Value::Bool(true)))
             }
@@ -506,6 +517,25 @@ impl Client {
     /// The close code and reason, while closed.
     pub fn closed(&self) -> Option<(u16, String)> {
         self.inbox.closed.borrow().clone()
+    }
+
+    /// The agent's state as this client holds it (`useAgent`'s `state`): the last
+    /// `cf_agent_state` it got, or its own last `set_state`.
+    pub fn state(&self) -> Option<Value> {
+        self.inbox.state.borrow().clone()
+    }
+
+    /// Sets the agent's state as the stock client's `setState` does: sent as `cf_agent_state`
+    /// and applied here at once (a refusal comes back in [`Client::state_errors`]; the stock
+    /// client does not roll back either).
+    pub fn set_state(&self, state: &Value) {
+        *self.inbox.state.borrow_mut() = Some(state.clone());
+        self.send(&json!({ "type": "cf_agent_state", "state": state }));
+    }
+
+    /// The refusals of this client's state changes (`cf_agent_state_error`), oldest first.
+    pub fn state_errors(&self) -> Vec<String> {
+        self.inbox.state_errors.borrow().clone()
     }
 
     /// Whether the server says a chat turn that a restart cut short is being continued (the

@@ -65,6 +65,19 @@ impl Hooks for Watched {
         self.inner.on_observability(event)
     }
 
+    fn validate_state_change(&self, next: &serde_json::Value) -> Result<(), String> {
+        self.inner.validate_state_change(next)
+    }
+
+    fn on_state_changed<'a>(
+        self: Rc<Self>,
+        host: &Host,
+        state: &'a serde_json::Value,
+        source: &'a crate::StateSource,
+    ) -> LocalFuture<'a, ()> {
+        self.inner.clone().on_state_changed(host, state, source)
+    }
+
     fn on_agent_tool_start<'a>(self: Rc<Self>, host: &Host, run: &'a RunInfo) -> LocalFuture<'a, ()> {
         self.inner.clone().on_agent_tool_start(host, run)
     }
