@@ -175,13 +175,18 @@ function DrillIn({ target, onClose }) {
 
 function App() {
   const [connection, setConnection] = useState("connecting");
+  const [stateError, setStateError] = useState(null);
+  // The agent's state, {budget}: set here, validated by the agent, followed by every tab.
   const agent = useAgent({
     agent: "Assistant",
     name: NAME,
     query: QUERY,
     onOpen: () => setConnection("open"),
-    onClose: () => setConnection("closed")
+    onClose: () => setConnection("closed"),
+    onStateUpdate: () => setStateError(null),
+    onStateUpdateError: (error) => setStateError(error)
   });
+  const budget = agent.state?.budget ?? 5;
   const { messages, sendMessage, status, stop, isRecovering } = useAgentChat({ agent });
   const tools = useAgentToolEvents({ agent });
   const [input, setInput] = useState("Research HTTP/3 and gRPC");
@@ -194,7 +199,7 @@ function App() {
   const finished = Object.values(tools.runsById).filter((r) => TERMINAL.includes(r.status)).length;
 
   useEffect(() => {
-    window.__demo = { agent, reconnect: () => agent.reconnect() };
+    window.__demo = { agent, reconnect: () => agent.reconnect(), setState: (s) => agent.setState(s) };
   }, [agent]);
 
   const send = (e) => {
@@ -230,6 +235,22 @@ function App() {
     <div className="layout">
       <header className="top">
         <h1>Agent tools for Rust Workers</h1>
+        <span className="budget" data-testid="budget">
+          Research budget{" "}
+          <button data-testid="budget-down" disabled={budget <= 1} onClick={() => agent.setState({ budget: budget - 1 })}>
+            −
+          </button>{" "}
+          <b data-testid="budget-value">{budget}</b>{" "}
+          <button data-testid="budget-up" disabled={budget >= 10} onClick={() => agent.setState({ budget: budget + 1 })}>
+            +
+          </button>
+          {stateError && (
+            <span className="error" data-testid="budget-error">
+              {" "}
+              {stateError}
+            </span>
+          )}
+        </span>
         <span className={`connection ${connection}`} data-testid="connection" data-state={connection}>
           assistant/{NAME} · {connection}
         </span>

@@ -100,6 +100,14 @@ fn log_row(host: &AgentHost<Assistant>, run_id: &str, hook: &str, status: Option
 }
 
 impl Agent for Assistant {
+    /// The demo's state: `{"budget": n}`, the research budget a user sets (1 to 10 runs).
+    fn validate_state_change(&self, next: &Value) -> Result<(), Error> {
+        match next.get("budget").and_then(Value::as_u64) {
+            Some(1..=10) if next.as_object().is_some_and(|o| o.len() == 1) => Ok(()),
+            _ => Err("the state is {\"budget\": n}, a research budget of 1 to 10 runs".into()),
+        }
+    }
+
     fn system_prompt(&self) -> Option<String> {
         Some(
             "You are a helpful assistant. For each topic the user wants researched, call the research tool \

@@ -153,6 +153,26 @@ async function assistantText(page) {
 }
 
 const scenarios = {
+  // The agent's state: a budget set in one tab shows in another, survives a reload, and a change
+  // the agent refuses shows its reason.
+  async state() {
+    const page = await openApp();
+    const other = await openApp();
+    const value = (p) => p.locator('[data-testid="budget-value"]').innerText();
+    assert.equal(await value(page), "5", "the default before any state");
+    await page.click('[data-testid="budget-up"]');
+    await page.click('[data-testid="budget-up"]');
+    await other.waitForFunction(() => document.querySelector('[data-testid="budget-value"]')?.innerText === "7");
+    await other.reload();
+    await other.locator('[data-testid="connection"][data-state="open"]').waitFor();
+    await other.waitForFunction(() => document.querySelector('[data-testid="budget-value"]')?.innerText === "7");
+    await page.evaluate(() => window.__demo.setState({ budget: 42 }));
+    const error = await page.locator('[data-testid="budget-error"]').innerText();
+    assert.ok(error.includes("1 to 10"), error);
+    await shot(page, "refused");
+    assert.equal(await value(other), "7", "a refused change reaches no other tab");
+  },
+
   // Before the Worker is killed: a chat whose two researchers are streaming.
   async "recover-start"() {
     const page = await openApp();

@@ -70,6 +70,11 @@ async fn a_reload_during_recovery_shows_recovering_then_the_answer() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn the_agents_state_is_set_followed_and_refused_with_its_reason() {
+    scenario("state", QUICK).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_chat_message_streams_two_child_timelines() {
     scenario("chat", QUICK).await;
 }

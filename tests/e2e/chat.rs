@@ -383,6 +383,34 @@ async fn the_stock_typescript_clients_chat_with_the_rust_agent() {
     assert_eq!(result["rejected"], "Method noSuchMethod does not exist", "a failed call rejects with our message");
 }
 
+/// Agent state with the stock `AgentClient`, unchanged: `setState` from one tab reaches another's
+/// `onStateUpdate`; a change the agent refuses reaches the sender's `onStateUpdateError` with the
+/// agent's reason and no other tab; a tab that connects later is `ready` with the state.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_stock_client_sets_and_follows_the_agents_state() {
+    let worker = Worker::start().await;
+    let name = unique("state");
+    let output = tokio::process::Command::new("node")
+        .arg(crate::harness::root().join("tests/node/stock-state.mjs"))
+        .arg(format!("127.0.0.1:{}", worker.port))
+        .arg(&name)
+        .current_dir(crate::harness::root())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "node failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    let result: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    // The sender applied its own change at once; the other tab got it from the server.
+    assert_eq!(result["a"]["updates"][0], json!({"state": {"budget": 3}, "source": "client"}));
+    assert_eq!(result["b"]["updates"], json!([{"state": {"budget": 3}, "source": "server"}]));
+    assert_eq!(result["a"]["errors"], json!(["the state is {\"budget\": n}, a research budget of 1 to 10 runs"]));
+    assert_eq!(result["b"]["errors"], json!([]));
+    // Nothing of the refused change was kept: a later tab has the accepted state.
+    assert_eq!(result["stateOfC"], json!({"budget": 3}));
+    assert_eq!(result["c"]["updates"], json!([{"state": {"budget": 3}, "source": "server"}]));
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_same_message_after_a_cleared_chat_dispatches_new_children() {
     let worker = Worker::start_with(None, &[("OFFLINE_WORDS", "5"), ("OFFLINE_DELAY_MS", "0")]).await;
