@@ -94,6 +94,11 @@ pub mod testing;
 #[doc = include_str!("../docs/testing.md")]
 pub struct TestingGuide;
 
+/// `docs/guide.md`, whose examples are compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide.md")]
+pub struct UsingGuide;
+
 /// `docs/concepts.md`, whose examples are compiled as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../docs/concepts.md")]

@@ -482,3 +482,47 @@ fn agent_state_is_validated_kept_broadcast_and_survives_a_restart() {
     assert_eq!(late.state_errors(), ["cf_agent_state needs a \"state\""]);
     assert!(late.is_open());
 }
+
+/// A child that keeps its own state while it runs.
+#[derive(Default)]
+pub struct Stateful;
+impl Agent for Stateful {
+    async fn run(&self, turn: &Turn<Self>) -> Result<TurnOutput, Error> {
+        turn.host().set_agent_state(&json!({ "phase": "reading" })).await?;
+        let output = turn.chat().await?;
+        turn.host().set_agent_state(&json!({ "phase": "done" })).await?;
+        Ok(output)
+    }
+}
+agent_tools::durable_object!(Stateful, unchecked);
+
+#[derive(Default)]
+pub struct Delegator;
+impl Agent for Delegator {
+    fn tools(&self) -> Tools<Self> {
+        Tools::new().agent(AgentTool::of::<Stateful>("delegate", "Delegate."))
+    }
+}
+agent_tools::durable_object!(Delegator, unchecked);
+
+#[test]
+fn a_childs_state_is_visible_through_drill_in() {
+    let world = World::new()
+        .route::<Delegator>()
+        .agent::<Stateful>()
+        .model::<Delegator>(ScriptedModel::new().otherwise(|request| {
+            let answered = request.messages.iter().any(|m| matches!(m, agent_tools::model::ModelMessage::Tool { .. }));
+            match answered {
+                true => Step::new().text("done"),
+                false => Step::new().tool_call("delegate", json!({ "query": "QUIC" })),
+            }
+        }))
+        .model::<Stateful>(ScriptedModel::new().otherwise(|_| Step::new().words("notes", 5)));
+    let client = world.connect("/agents/delegator/d");
+    client.chat("go");
+    let run_id = world.host::<Delegator>("d").agent_tool_runs()[0].run_id.clone();
+    let drilled = world.connect(&format!("/agents/delegator/d/sub/stateful/{run_id}"));
+    world.settle();
+    assert_eq!(drilled.state(), Some(json!({ "phase": "done" })), "the child's state, through the parent's gate");
+    assert_eq!(client.state(), None, "the parent's own state is its own");
+}

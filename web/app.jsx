@@ -206,6 +206,7 @@ function App() {
     e.preventDefault();
     if (!input.trim()) return;
     sendMessage({ text: input });
+    setInput("");
   };
   // Detached runs: each call returns at once; the chat is told when a run reaches its
   // "sources-gathered" milestone and when it finishes (and the model answers that).
