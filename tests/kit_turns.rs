@@ -526,3 +526,28 @@ fn a_childs_state_is_visible_through_drill_in() {
     assert_eq!(drilled.state(), Some(json!({ "phase": "done" })), "the child's state, through the parent's gate");
     assert_eq!(client.state(), None, "the parent's own state is its own");
 }
+
+#[derive(Default)]
+pub struct Unconfigured;
+impl Agent for Unconfigured {
+    fn model(
+        &self,
+        _env: &Env,
+        _input: Option<&Value>,
+    ) -> Result<impl agent_tools::model::Model, agent_tools::model::ModelError> {
+        Err::<agent_tools::model::OfflineModel, _>(agent_tools::model::ModelError::Config(
+            "no model is configured".into(),
+        ))
+    }
+}
+agent_tools::durable_object!(Unconfigured, unchecked);
+
+#[test]
+fn turns_that_cannot_begin_do_not_keep_waiting() {
+    let world = World::new().route::<Unconfigured>();
+    let client = world.connect("/agents/unconfigured/u");
+    for _ in 0..agent_tools::limits::MAX_WAITING_TURNS + 8 {
+        let reply = client.chat("hello");
+        assert!(reply.error.as_deref().is_some_and(|e| e.contains("no model is configured")), "{reply:?}");
+    }
+}

@@ -514,6 +514,12 @@ impl ChatState {
         self.waiting.insert(request_id.to_owned(), sender);
     }
 
+    /// A turn that was waiting will not begin (it failed before it could): it waits no more.
+    pub fn turn_dropped(&mut self, request_id: &str) {
+        self.waiting.remove(request_id);
+        self.cancelled.remove(request_id);
+    }
+
     /// A turn's time came: `Err` with the frame that ends it at once when it was cancelled while
     /// it waited; else it is the active stream (a fresh stream drops what an earlier turn of the
     /// same request id stored).

@@ -239,6 +239,12 @@ impl Chat {
         self.state.borrow_mut().turn_waits(request_id, sender);
     }
 
+    /// A turn asked for with [`Chat::waits`] is over, or never began (its model could not be
+    /// made): it waits no more.
+    pub fn done_waiting(&self, request_id: &str) {
+        self.state.borrow_mut().turn_dropped(request_id);
+    }
+
     /// Takes the turn slot now, if it is free (a new instance's continuation goes before any
     /// turn a client asks for in the same event).
     pub fn claim_slot(&self) -> Option<TurnSlot> {

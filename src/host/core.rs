@@ -767,6 +767,7 @@ impl Host {
                 let begun = json!({ "requestId": request_id, "attempt": turn.attempts });
                 host.observe(crate::observability::EventType::ChatContinue, begun);
                 let end = host.hooks().continue_chat_turn(&host, turn, max, slot).await;
+                host.0.chat.done_waiting(&request_id);
                 host.0.turn_runs.borrow_mut().remove(&request_id);
                 let mut ended = json!({ "requestId": request_id });
                 match end {

@@ -78,6 +78,7 @@ impl Host {
         self.0.chat.waits(&request_id, sender.clone());
         self.watch_chat_turn().await;
         self.hooks().run_chat_turn(self, request_id.clone(), sender).await;
+        self.0.chat.done_waiting(&request_id);
         self.0.turn_runs.borrow_mut().remove(&request_id);
     }
 
