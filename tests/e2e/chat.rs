@@ -354,18 +354,7 @@ async fn the_stock_typescript_clients_chat_with_the_rust_agent() {
     let vars = [("OFFLINE_WORDS", "6"), ("OFFLINE_DELAY_MS", "5")];
     let worker = Worker::start_with(None, &vars).await;
     let name = unique("stock");
-    let output = tokio::process::Command::new("node")
-        .arg(crate::harness::root().join("tests/node/stock-chat.mjs"))
-        .arg(format!("127.0.0.1:{}", worker.port))
-        .arg(&name)
-        .arg("Research HTTP/3 and gRPC")
-        .current_dir(crate::harness::root())
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "node failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
-    let result: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let result = crate::harness::node_report("stock-chat.mjs", &worker, &[&name, "Research HTTP/3 and gRPC"]).await;
     assert_eq!(result["identity"], json!({"agent": "assistant", "name": name}));
     let message = &result["message"];
     assert_eq!(message["role"], "assistant");
@@ -390,17 +379,7 @@ async fn the_stock_typescript_clients_chat_with_the_rust_agent() {
 async fn the_stock_client_sets_and_follows_the_agents_state() {
     let worker = Worker::start().await;
     let name = unique("state");
-    let output = tokio::process::Command::new("node")
-        .arg(crate::harness::root().join("tests/node/stock-state.mjs"))
-        .arg(format!("127.0.0.1:{}", worker.port))
-        .arg(&name)
-        .current_dir(crate::harness::root())
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "node failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
-    let result: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let result = crate::harness::node_report("stock-state.mjs", &worker, &[&name]).await;
     // The sender applied its own change at once; the other tab got it from the server.
     assert_eq!(result["a"]["updates"][0], json!({"state": {"budget": 3}, "source": "client"}));
     assert_eq!(result["b"]["updates"], json!([{"state": {"budget": 3}, "source": "server"}]));

@@ -767,3 +767,20 @@ pub fn percent_encode(s: &str) -> String {
     }
     out
 }
+
+/// Runs `tests/node/<script>` with the worker's `host:port` and `args`, and reads the JSON report
+/// it prints last (it must exit 0).
+#[allow(dead_code)] // the benchmark does not use it
+pub async fn node_report(script: &str, worker: &Worker, args: &[&str]) -> serde_json::Value {
+    let output = tokio::process::Command::new("node")
+        .arg(root().join("tests/node").join(script))
+        .arg(format!("127.0.0.1:{}", worker.port))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "node failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap()
+}

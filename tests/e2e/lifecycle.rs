@@ -421,17 +421,7 @@ async fn terminal_event_delivery_forwards_only_lifecycle_progress_and_milestones
 #[tokio::test(flavor = "multi_thread")]
 async fn the_stock_reducer_rebuilds_the_same_state_after_every_refresh() {
     let worker = Worker::start().await;
-    let output = tokio::process::Command::new("node")
-        .arg(crate::harness::root().join("tests/node/replay-reducer.mjs"))
-        .arg(format!("127.0.0.1:{}", worker.port))
-        .arg(unique("reducer"))
-        .current_dir(crate::harness::root())
-        .output()
-        .await
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "node failed: {}\n{stdout}", String::from_utf8_lossy(&output.stderr));
-    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let report = crate::harness::node_report("replay-reducer.mjs", &worker, &[&unique("reducer")]).await;
     assert_eq!(report["reconnects"], 4, "three refreshes mid-run and one after it ended");
     assert_eq!(report["compared"], 3, "compared with the steady client after every refresh mid-run");
     assert!(report["steadyFrames"].as_u64().unwrap() > 60, "the steady client saw the whole run");
