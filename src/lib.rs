@@ -524,7 +524,7 @@ pub use host::{
 pub use platform::route::{route, Routes};
 pub use routing::RequestUrl;
 pub use state::StateSource;
-pub use tools::{AgentTool, Tool, ToolContext, Tools};
+pub use tools::{AgentTool, ClientTool, Tool, ToolContext, Tools};
 pub use types::{
     Admission, AgentClass, AgentToolChunk, AgentToolFailure, AgentToolOptions, ChatRecovery, ClearFilter,
     DetachedHandle, DetachedOptions, EventDelivery, HandlerTag, InterruptedReason, InterruptedTurn, Milestone,
@@ -552,10 +552,10 @@ pub mod limits {
 /// …), the settings and the run's options and results.
 pub mod prelude {
     pub use crate::{
-        Admission, Agent, AgentClass, AgentHost, AgentTool, AgentToolOptions, CancelToken, ClearFilter, DetachedHandle,
-        DetachedOptions, Env, Error, HandlerTag, HttpRequest, HttpResponse, Milestone, OnMilestones, Progress,
-        ProgressSnapshot, Refusal, Retention, RunInfo, RunOptions, RunOutcome, RunResult, RunStatus, ScheduledTask,
-        Tool, ToolContext, Tools, Turn, TurnOutput,
+        Admission, Agent, AgentClass, AgentHost, AgentTool, AgentToolOptions, CancelToken, ClearFilter, ClientTool,
+        DetachedHandle, DetachedOptions, Env, Error, HandlerTag, HttpRequest, HttpResponse, Milestone, OnMilestones,
+        Progress, ProgressSnapshot, Refusal, Retention, RunInfo, RunOptions, RunOutcome, RunResult, RunStatus,
+        ScheduledTask, Tool, ToolContext, Tools, Turn, TurnOutput,
     };
 }
 

@@ -75,6 +75,14 @@ pub trait Tool<A: Agent>: 'static {
     fn repeatable(&self) -> bool {
         false
     }
+
+    /// Whether a call with this input waits for a person's approval before it runs (the AI
+    /// SDK's `needsApproval`). The turn pauses durably: the client gets the approval request,
+    /// and the call runs once approved, or the model is told it was denied. Default: never.
+    fn needs_approval(&self, input: &Self::Input) -> bool {
+        let _ = input;
+        false
+    }
 }
 
 /// What a [`Tool`] sees of the turn that called it.
@@ -116,6 +124,7 @@ use crate::host::LocalFuture;
 pub(crate) trait DynTool<A: Agent> {
     fn spec(&self) -> ToolSpec;
     fn repeatable(&self) -> bool;
+    fn needs_approval(&self, input: &Value) -> bool;
     fn call<'a>(&'a self, ctx: &'a ToolContext<'a, A>, input: Value) -> LocalFuture<'a, Result<Value, String>>;
 }
 
@@ -137,6 +146,11 @@ impl<A: Agent, T: Tool<A>> DynTool<A> for Erased<T> {
         self.tool.repeatable()
     }
 
+    fn needs_approval(&self, input: &Value) -> bool {
+        // An input that does not deserialize runs, to get its error.
+        serde_json::from_value::<T::Input>(input.clone()).is_ok_and(|input| self.tool.needs_approval(&input))
+    }
+
     fn call<'a>(&'a self, ctx: &'a ToolContext<'a, A>, input: Value) -> LocalFuture<'a, Result<Value, String>> {
         Box::pin(async move {
             let input: T::Input = serde_json::from_value(input)
@@ -148,10 +162,67 @@ impl<A: Agent, T: Tool<A>> DynTool<A> for Erased<T> {
     }
 }
 
+/// A client-side tool: the model may call it, and the browser runs it (the stock client's
+/// `useAgentChat({ tools })` with an `execute`, or its `onToolCall` and `addToolOutput`). The
+/// parent's turn pauses durably until the output comes back (`cf_agent_tool_result`), then goes
+/// on with it. A sub-agent's turn has no browser: there the call gets an error result.
+///
+/// Clients may also declare their tools themselves (the stock client sends `clientTools` with
+/// each request); a tool declared here is offered to the model whether or not a client is
+/// connected.
+///
+/// ```
+/// use agent_tools::prelude::*;
+/// # #[derive(Default)] pub struct Assistant;
+///
+/// #[derive(serde::Deserialize, schemars::JsonSchema)]
+/// struct Where {
+///     /// How precise, in metres.
+///     accuracy: u32,
+/// }
+///
+/// impl Agent for Assistant {
+///     fn tools(&self) -> Tools<Self> {
+///         Tools::new().client(ClientTool::new("get_location", "The user's location, from their browser.").input::<Where>())
+///     }
+/// }
+/// # agent_tools::durable_object!(Assistant);
+/// # fn main() {}
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientTool {
+    spec: ToolSpec,
+}
+
+impl ClientTool {
+    /// A client-side tool `name`, taking any JSON object until a schema is set.
+    pub fn new(name: impl Into<String>, description: impl Into<String>) -> Self {
+        Self { spec: ToolSpec::new(name, description, serde_json::json!({ "type": "object" })) }
+    }
+
+    /// Input schema derived from a Rust type.
+    pub fn input<T: JsonSchema>(mut self) -> Self {
+        self.spec.input_schema = schema_for::<T>();
+        self
+    }
+
+    /// Input schema given as raw JSON Schema.
+    pub fn input_schema(mut self, schema: Value) -> Self {
+        self.spec.input_schema = schema;
+        self
+    }
+
+    /// The tool as the model sees it.
+    pub fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+}
+
 /// One entry of [`Tools`].
 pub(crate) enum Entry<A: Agent> {
     Agent(Rc<AgentTool>),
     Server(Rc<dyn DynTool<A>>),
+    Client(Rc<ClientTool>),
 }
 
 impl<A: Agent> Clone for Entry<A> {
@@ -159,6 +230,7 @@ impl<A: Agent> Clone for Entry<A> {
         match self {
             Self::Agent(t) => Self::Agent(t.clone()),
             Self::Server(t) => Self::Server(t.clone()),
+            Self::Client(t) => Self::Client(t.clone()),
         }
     }
 }
@@ -168,6 +240,16 @@ impl<A: Agent> Entry<A> {
         match self {
             Self::Agent(t) => t.spec(),
             Self::Server(t) => t.spec(),
+            Self::Client(t) => t.spec.clone(),
+        }
+    }
+
+    /// Whether a call with this (valid) input waits for a person's approval.
+    pub(crate) fn needs_approval(&self, input: &Value) -> bool {
+        match self {
+            Self::Agent(t) => t.needs_approval_for(input),
+            Self::Server(t) => t.needs_approval(input),
+            Self::Client(_) => false,
         }
     }
 }
@@ -224,6 +306,12 @@ impl<A: Agent> Tools<A> {
         self
     }
 
+    /// Adds a client-side tool (the browser runs it).
+    pub fn client(mut self, tool: ClientTool) -> Self {
+        self.entries.push(Entry::Client(Rc::new(tool)));
+        self
+    }
+
     /// The tools as the model sees them.
     pub fn specs(&self) -> Vec<ToolSpec> {
         self.entries.iter().map(Entry::spec).collect()
@@ -269,6 +357,7 @@ impl<A: Agent> Tools<A> {
         self.entries.iter().find(|e| match e {
             Entry::Agent(t) => t.name == name,
             Entry::Server(t) => t.spec().name == name,
+            Entry::Client(t) => t.spec.name == name,
         })
     }
 }

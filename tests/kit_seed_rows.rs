@@ -194,9 +194,11 @@ fn logged_events(world: &World, object: &ObjectRef, kind: &str) -> Vec<Value> {
 
 // ----- the rows -----------------------------------------------------------------------------
 
-/// Row 4: agents have server-side tools only. A client's `cf_agent_tool_result` or
-/// `cf_agent_tool_approval` frame, on the parent's socket and on a drill-in socket to a child,
-/// is answered with an error frame saying so, and starts nothing.
+/// Row 4: a sub-agent's turn has no client-side tools: a client's `cf_agent_tool_result` or
+/// `cf_agent_tool_approval` frame on a drill-in socket to a child is answered with an error
+/// frame saying so, and starts nothing. On the parent's own socket the same frames answer calls
+/// that wait for a person (`tests/kit_approvals.rs`); for a call that does not wait, the error
+/// says so, and nothing starts either.
 #[test]
 fn client_side_tool_frames_are_answered_with_an_error() {
     let desk = ScriptedModel::new();
@@ -211,19 +213,16 @@ fn client_side_tool_frames_are_answered_with_an_error() {
         client.send(&json!({ "type": "cf_agent_tool_approval", "toolCallId": "call-1", "approved": true }));
     }
     world.settle();
-    for (client, name) in [(&parent, "the parent"), (&child, "the drill-in")] {
-        let frames = client.frames();
-        let errors: Vec<&str> =
-            frames.iter().filter(|f| f["type"] == "cf_agent_error").filter_map(|f| f["error"].as_str()).collect();
-        assert_eq!(
-            errors,
-            [
-                "cf_agent_tool_result is not supported: this agent has no client-side tools",
-                "cf_agent_tool_approval is not supported: this agent has no client-side tools",
-            ],
-            "{name}'s socket"
-        );
-    }
+    assert_eq!(
+        child.errors(),
+        [
+            "cf_agent_tool_result is not supported: this agent has no client-side tools",
+            "cf_agent_tool_approval is not supported: this agent has no client-side tools",
+        ],
+        "the drill-in socket"
+    );
+    let waiting = "no tool call \"call-1\" is waiting for an answer";
+    assert_eq!(parent.errors(), [waiting, waiting], "the parent's socket");
     assert!(desk.requests().is_empty(), "no chat turn started");
     assert!(world.host::<Desk>("ann").messages().is_empty());
     assert_eq!(child_transcript::<Writer>(&world, "w1").len(), 2, "the child's transcript is the run's");

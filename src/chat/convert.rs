@@ -6,6 +6,7 @@
 
 use serde_json::Value;
 
+use crate::chat::journal::ToolResult;
 use crate::llm::{ModelMessage, ToolCall};
 
 fn parts(message: &Value) -> &[Value] {
@@ -21,7 +22,8 @@ fn text_parts(parts: &[Value]) -> String {
         .join("")
 }
 
-fn tool_name(part: &Value) -> Option<String> {
+/// The tool's name of a tool part (`tool-<name>`, or a dynamic tool's `toolName`).
+pub fn tool_name(part: &Value) -> Option<String> {
     if let Some(name) = part.get("toolName").and_then(Value::as_str) {
         return Some(name.to_owned());
     }
@@ -42,50 +44,77 @@ pub fn to_model_messages(system: Option<&str>, messages: &[Value]) -> Vec<ModelM
         match message.get("role").and_then(Value::as_str) {
             Some("user") => out.push(ModelMessage::User(text_parts(parts(message)))),
             Some("system") => out.push(ModelMessage::System(text_parts(parts(message)))),
-            Some("assistant") => {
-                for step in parts(message).split(|p| p.get("type").and_then(Value::as_str) == Some("step-start")) {
-                    assistant_step(step, &mut out);
-                }
-            }
+            Some("assistant") => assistant_message(message, &mut out),
             _ => {}
         }
     }
     out
 }
 
-fn assistant_step(step: &[Value], out: &mut Vec<ModelMessage>) {
-    let text = text_parts(step);
-    let mut calls = Vec::new();
-    let mut results = Vec::new();
-    for part in step {
-        let (Some(name), Some(id)) = (tool_name(part), part.get("toolCallId").and_then(Value::as_str)) else {
-            continue;
-        };
-        let state = part.get("state").and_then(Value::as_str).unwrap_or_default();
-        if state == "input-streaming" {
-            continue;
+/// What a tool part says of its call's result, if it has one: its output, its error, or the
+/// denial of an approval (with its reason).
+pub fn part_result(part: &Value, tool: &str) -> Option<ToolResult> {
+    match part.get("state").and_then(Value::as_str)? {
+        "output-available" => Some(ToolResult::Output(part.get("output").cloned().unwrap_or(Value::Null))),
+        "output-error" => Some(ToolResult::Error(
+            part.get("errorText").and_then(Value::as_str).unwrap_or("the tool failed").to_owned(),
+        )),
+        "output-denied" => {
+            let reason = part.pointer("/approval/reason").and_then(Value::as_str).unwrap_or_default();
+            Some(crate::chat::interaction::denied_result(tool, reason))
         }
-        let input = match part.get("input") {
-            Some(v @ Value::Object(_)) => v.clone(),
-            _ => Value::Object(Default::default()),
-        };
-        calls.push(ToolCall { id: id.to_owned(), name: name.clone(), input });
-        let output = match state {
-            "output-available" => part.get("output").cloned().unwrap_or(Value::Null),
-            "output-error" => Value::String(format!(
-                "Error: {}",
-                part.get("errorText").and_then(Value::as_str).unwrap_or("the tool failed")
-            )),
-            "output-denied" => Value::String("Error: the tool call was denied".into()),
-            _ => Value::String("Error: the tool call did not complete".into()),
-        };
-        results.push(ModelMessage::Tool { call_id: id.to_owned(), name, output });
+        _ => None,
     }
-    if text.is_empty() && calls.is_empty() {
-        return;
+}
+
+/// One model step of an assistant message: its text, its tool calls, and each tool part.
+pub struct MessageStep<'a> {
+    /// The step's text.
+    pub text: String,
+    /// Its calls, in order, each with its part.
+    pub calls: Vec<(ToolCall, &'a Value)>,
+}
+
+/// The model steps of an assistant message (split at `step-start` parts; empty ones left out).
+pub fn message_steps(message: &Value) -> Vec<MessageStep<'_>> {
+    parts(message)
+        .split(|p| p.get("type").and_then(Value::as_str) == Some("step-start"))
+        .filter_map(|step| {
+            let text = text_parts(step);
+            let calls: Vec<(ToolCall, &Value)> = step
+                .iter()
+                .filter_map(|part| {
+                    let name = tool_name(part)?;
+                    let id = part.get("toolCallId").and_then(Value::as_str)?;
+                    if part.get("state").and_then(Value::as_str) == Some("input-streaming") {
+                        return None;
+                    }
+                    let input = match part.get("input") {
+                        Some(v @ Value::Object(_)) => v.clone(),
+                        _ => Value::Object(Default::default()),
+                    };
+                    Some((ToolCall { id: id.to_owned(), name, input }, part))
+                })
+                .collect();
+            (!text.is_empty() || !calls.is_empty()).then_some(MessageStep { text, calls })
+        })
+        .collect()
+}
+
+fn assistant_message(message: &Value, out: &mut Vec<ModelMessage>) {
+    for step in message_steps(message) {
+        let results = step.calls.iter().map(|(call, part)| {
+            let output = part_result(part, &call.name)
+                .map_or_else(|| Value::String("Error: the tool call did not complete".into()), |r| r.for_model());
+            ModelMessage::Tool { call_id: call.id.clone(), name: call.name.clone(), output }
+        });
+        let results: Vec<ModelMessage> = results.collect();
+        out.push(ModelMessage::Assistant {
+            text: step.text,
+            tool_calls: step.calls.into_iter().map(|(c, _)| c).collect(),
+        });
+        out.extend(results);
     }
-    out.push(ModelMessage::Assistant { text, tool_calls: calls });
-    out.extend(results);
 }
 
 #[cfg(test)]

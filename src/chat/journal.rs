@@ -10,7 +10,7 @@
 //! [`plan`] decides how a cut turn goes on; it does no I/O, so the decision is tested here and
 //! the host only carries it out.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::{json, Value};
 
@@ -34,6 +34,9 @@ pub struct OpenTurn {
     /// The stream log's last index that the journal accounts for (-1: none); a continuation
     /// drops what the log holds after it.
     pub log_keep: i64,
+    /// The turn goes on with a message already saved (a turn that paused for a person): its
+    /// message starts from the saved one, not from nothing.
+    pub continues: bool,
 }
 
 /// A model step the model finished.
@@ -88,6 +91,59 @@ impl<'a, S: Sql + ?Sized> Journal<'a, S> {
         self.get(request_id)?.ok_or_else(|| StoreError { message: format!("chat turn {request_id} vanished") })
     }
 
+    /// A turn that paused for a person goes on, writing into its saved `message` (at `ord`): the
+    /// message's steps and results are the journal's first, and its approved calls are marked
+    /// to run (once: a call that started and was cut is not run again unless it is safe).
+    pub fn begin_continuation(
+        &self,
+        request_id: &str,
+        message: &Value,
+        ord: i64,
+        now: i64,
+    ) -> Result<OpenTurn, StoreError> {
+        let message_id = message.get("id").and_then(Value::as_str).unwrap_or_default();
+        self.sql.exec(
+            "INSERT INTO chat_turns (request_id, message_id, ord, started_at, continues) VALUES (?, ?, ?, ?, 1) \
+             ON CONFLICT (request_id) DO NOTHING",
+            &[V::from(request_id), V::from(message_id), V::Int(ord), V::Int(now)],
+        )?;
+        for (n, step) in crate::chat::convert::message_steps(message).into_iter().enumerate() {
+            let calls: Vec<ToolCall> = step.calls.iter().map(|(c, _)| c.clone()).collect();
+            self.step(request_id, n, &step.text, &calls, -1)?;
+            for (call, part) in &step.calls {
+                match crate::chat::convert::part_result(part, &call.name) {
+                    Some(result) => self.result(request_id, &call.id, &result, -1)?,
+                    None if part.get("state").and_then(Value::as_str) == Some("approval-responded")
+                        && part.pointer("/approval/approved") == Some(&Value::Bool(true)) =>
+                    {
+                        self.sql.exec(
+                            "INSERT OR IGNORE INTO chat_turn_approved (request_id, call_id) VALUES (?, ?)",
+                            &[V::from(request_id), V::from(call.id.as_str())],
+                        )?;
+                    }
+                    None => {}
+                }
+            }
+        }
+        self.get(request_id)?.ok_or_else(|| StoreError { message: format!("chat turn {request_id} vanished") })
+    }
+
+    /// An approved call starts running: if it is cut now, it is not run again unless safe.
+    pub fn started(&self, request_id: &str, call_id: &str) -> Result<(), StoreError> {
+        self.sql.exec(
+            "DELETE FROM chat_turn_approved WHERE request_id = ? AND call_id = ?",
+            &[V::from(request_id), V::from(call_id)],
+        )?;
+        Ok(())
+    }
+
+    /// The approved calls that have not started.
+    pub fn approved(&self, request_id: &str) -> Result<HashSet<String>, StoreError> {
+        let rows =
+            self.sql.exec("SELECT call_id FROM chat_turn_approved WHERE request_id = ?", &[V::from(request_id)])?;
+        Ok(rows.iter().filter_map(|r| r.text(0)).collect())
+    }
+
     /// The turn of `request_id`, if it is open.
     pub fn get(&self, request_id: &str) -> Result<Option<OpenTurn>, StoreError> {
         Ok(self.select("WHERE request_id = ?", &[V::from(request_id)])?.pop())
@@ -100,7 +156,9 @@ impl<'a, S: Sql + ?Sized> Journal<'a, S> {
 
     fn select(&self, rest: &str, params: &[V]) -> Result<Vec<OpenTurn>, StoreError> {
         let rows = self.sql.exec(
-            &format!("SELECT request_id, message_id, ord, attempts, started_at, log_keep FROM chat_turns {rest}"),
+            &format!(
+                "SELECT request_id, message_id, ord, attempts, started_at, log_keep, continues FROM chat_turns {rest}"
+            ),
             params,
         )?;
         Ok(rows
@@ -112,6 +170,7 @@ impl<'a, S: Sql + ?Sized> Journal<'a, S> {
                 attempts: r.int(3).unwrap_or(1),
                 started_at: r.int(4).unwrap_or(0),
                 log_keep: r.int(5).unwrap_or(-1),
+                continues: r.int(6).unwrap_or(0) != 0,
             })
             .collect())
     }
@@ -164,7 +223,9 @@ impl<'a, S: Sql + ?Sized> Journal<'a, S> {
         self.keep(request_id, log_index)
     }
 
-    fn keep(&self, request_id: &str, log_index: i64) -> Result<(), StoreError> {
+    /// The log holds what the journal accounts for up to `log_index` (a chunk that is not a step
+    /// or a result: an approval request).
+    pub fn keep(&self, request_id: &str, log_index: i64) -> Result<(), StoreError> {
         self.sql.exec(
             "UPDATE chat_turns SET log_keep = MAX(log_keep, ?) WHERE request_id = ?",
             &[V::Int(log_index), V::from(request_id)],
@@ -207,7 +268,7 @@ impl<'a, S: Sql + ?Sized> Journal<'a, S> {
 
     /// The turn ended (its message is saved): its journal goes.
     pub fn end(&self, request_id: &str) -> Result<(), StoreError> {
-        for table in ["chat_turns", "chat_turn_steps", "chat_turn_results"] {
+        for table in ["chat_turns", "chat_turn_steps", "chat_turn_results", "chat_turn_approved"] {
             self.sql.exec(&format!("DELETE FROM {table} WHERE request_id = ?"), &[V::from(request_id)])?;
         }
         Ok(())
@@ -285,6 +346,9 @@ pub struct Continuation {
     pub messages: Vec<ModelMessage>,
     /// The calls of the last step without a result, in order, and what to do with each.
     pub pending: Vec<(ToolCall, Redo)>,
+    /// The calls of the last step that wait for a person (an approval, a client-side tool's
+    /// output): once `pending` ran, the turn pauses.
+    pub awaiting: Vec<ToolCall>,
     /// The step the model takes next.
     pub next_step: usize,
     /// The last step kept was the model's final answer (no tool calls): only the turn's end is
@@ -310,11 +374,27 @@ pub fn interrupted_result(tool: &str) -> ToolResult {
     }))
 }
 
+/// The calls of a turn that a person has a say in.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Waits {
+    /// Approved calls that have not started: they run.
+    pub approved: HashSet<String>,
+    /// Calls that wait (or waited) for a person and are not approved-to-run: the turn pauses
+    /// on them.
+    pub asked: HashSet<String>,
+}
+
 /// Plans the continuation of a turn from its kept `steps` and `results`. `redo` says what a
-/// call without a result gets, by tool name.
-pub fn plan(steps: &[Step], results: &HashMap<String, ToolResult>, redo: impl Fn(&str) -> Redo) -> Continuation {
+/// call without a result gets, by tool name; `waits` names the calls a person has a say in.
+pub fn plan(
+    steps: &[Step],
+    results: &HashMap<String, ToolResult>,
+    waits: &Waits,
+    redo: impl Fn(&str) -> Redo,
+) -> Continuation {
     let mut messages = Vec::new();
     let mut pending = Vec::new();
+    let mut awaiting = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         messages.push(ModelMessage::Assistant { text: step.text.clone(), tool_calls: step.calls.clone() });
         let last = i + 1 == steps.len();
@@ -326,6 +406,8 @@ pub fn plan(steps: &[Step], results: &HashMap<String, ToolResult>, redo: impl Fn
                     output: result.for_model(),
                 }),
                 // An earlier step's calls all had results before the next step began.
+                None if last && waits.approved.contains(&call.id) => pending.push((call.clone(), Redo::Run)),
+                None if last && waits.asked.contains(&call.id) => awaiting.push(call.clone()),
                 None if last => pending.push((call.clone(), redo(&call.name))),
                 None => messages.push(ModelMessage::Tool {
                     call_id: call.id.clone(),
@@ -336,7 +418,7 @@ pub fn plan(steps: &[Step], results: &HashMap<String, ToolResult>, redo: impl Fn
         }
     }
     let answered = steps.last().is_some_and(|s| s.calls.is_empty());
-    Continuation { messages, pending, next_step: steps.len(), answered, refused: None }
+    Continuation { messages, pending, awaiting, next_step: steps.len(), answered, refused: None }
 }
 
 /// Why a cut turn is not continued.
@@ -415,7 +497,7 @@ mod tests {
             [("c1".to_owned(), ToolResult::Output(json!("r1"))), ("c3".to_owned(), ToolResult::Output(json!(3)))]
                 .into();
         let redo = |name: &str| if name == "send" { Redo::Interrupted } else { Redo::Run };
-        let plan = plan(&steps, &results, redo);
+        let plan = plan(&steps, &results, &Waits::default(), redo);
         assert_eq!(plan.next_step, 2);
         assert!(!plan.answered);
         assert_eq!(
@@ -424,9 +506,48 @@ mod tests {
             "c3 has its result: not run again"
         );
         assert_eq!(plan.messages.len(), 2 + 2, "two steps, the results of c1 and c3");
-        let answered = super::plan(&[Step { text: "done".into(), calls: vec![] }], &HashMap::new(), redo);
+        let answered =
+            super::plan(&[Step { text: "done".into(), calls: vec![] }], &HashMap::new(), &Waits::default(), redo);
         assert!(answered.answered);
         assert!(answered.pending.is_empty());
+    }
+
+    #[test]
+    fn a_paused_turn_goes_on_from_its_saved_message_running_only_what_was_approved() {
+        let db = db();
+        let journal = Journal::new(&db);
+        let message = json!({"id": "m", "role": "assistant", "parts": [
+            {"type": "step-start"},
+            {"type": "text", "text": "Checking.", "state": "done"},
+            {"type": "tool-research", "toolCallId": "c1", "state": "output-available", "input": {"q": 1}, "output": "r1"},
+            {"type": "step-start"},
+            {"type": "tool-research", "toolCallId": "c2", "state": "output-available", "input": {}, "output": "r2"},
+            {"type": "tool-publish", "toolCallId": "c3", "state": "approval-responded", "input": {},
+             "approval": {"id": "a3", "approved": true}},
+            {"type": "tool-publish", "toolCallId": "c4", "state": "output-denied", "input": {},
+             "approval": {"id": "a4", "approved": false, "reason": "no"}},
+            {"type": "tool-locate", "toolCallId": "c5", "state": "input-available", "input": {}}
+        ]});
+        let turn = journal.begin_continuation("k", &message, 7, 1).unwrap();
+        assert!(turn.continues);
+        assert_eq!((turn.message_id.as_str(), turn.ord, turn.log_keep), ("m", 7, -1));
+        assert_eq!(journal.approved("k").unwrap(), HashSet::from(["c3".to_owned()]));
+        let steps = journal.steps("k").unwrap();
+        assert_eq!(steps.len(), 2);
+        assert_eq!(steps[0].text, "Checking.");
+        let results = journal.results("k").unwrap();
+        assert_eq!(results["c4"].for_model()["status"], "denied", "the denial is the model's result");
+        let waits = Waits { approved: journal.approved("k").unwrap(), asked: HashSet::from(["c5".to_owned()]) };
+        let first = plan(&steps, &results, &waits, |_| Redo::Interrupted);
+        assert_eq!(first.pending, vec![(ToolCall::new("c3", "publish", json!({})), Redo::Run)], "approved: it runs");
+        assert_eq!(first.awaiting, vec![ToolCall::new("c5", "locate", json!({}))], "still waiting: the turn pauses");
+        // Once the approved call started, a cut leaves it to the tool's own rule.
+        journal.started("k", "c3").unwrap();
+        let waits = Waits { approved: journal.approved("k").unwrap(), ..waits };
+        let after = plan(&steps, &results, &waits, |_| Redo::Interrupted);
+        assert_eq!(after.pending[0].1, Redo::Interrupted);
+        journal.end("k").unwrap();
+        assert!(journal.approved("k").unwrap().is_empty());
     }
 
     #[test]

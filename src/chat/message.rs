@@ -24,6 +24,17 @@ impl MessageBuilder {
         Self { id: id.into(), role: "assistant".into(), parts: Vec::new(), metadata: None, text_parts: Vec::new() }
     }
 
+    /// A saved message that a stream goes on with (a turn that paused for a person): new parts
+    /// come after its parts.
+    pub fn from_message(message: &Value) -> Self {
+        let mut builder = Self::new(get_str(message, "id").unwrap_or_default());
+        if let Some(parts) = message.get("parts").and_then(Value::as_array) {
+            builder.parts = parts.clone();
+        }
+        builder.metadata = message.get("metadata").filter(|m| m.is_object()).cloned();
+        builder
+    }
+
     /// Whether any part was added.
     pub fn is_empty(&self) -> bool {
         self.parts.is_empty()
@@ -108,6 +119,17 @@ impl MessageBuilder {
                 if let Some(i) = self.tool_part(&call_id, None) {
                     self.parts[i]["state"] = json!("output-error");
                     self.parts[i]["errorText"] = chunk.get("errorText").cloned().unwrap_or(json!(""));
+                }
+            }
+            "tool-approval-request" => {
+                if let Some(i) = self.tool_part(&call_id, None) {
+                    self.parts[i]["state"] = json!("approval-requested");
+                    self.parts[i]["approval"] = json!({ "id": chunk.get("approvalId").cloned().unwrap_or(json!("")) });
+                }
+            }
+            "tool-output-denied" => {
+                if let Some(i) = self.tool_part(&call_id, None) {
+                    self.parts[i]["state"] = json!("output-denied");
                 }
             }
             data if data.starts_with("data-") => {

@@ -4,6 +4,7 @@
 //! as a state machine.
 
 pub mod convert;
+pub mod interaction;
 pub mod journal;
 pub mod message;
 pub mod protocol;

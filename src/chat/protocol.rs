@@ -15,7 +15,9 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 
 use serde_json::{json, Map, Value};
 
-use super::store::{validate_message, Messages, StreamLog};
+use super::interaction::{Answer, Kind};
+use super::store::{validate_message, ClientTools, Messages, StreamLog};
+use crate::llm::ToolSpec;
 use crate::store::{Sql, StoreError};
 
 /// The most chat turns one connection may have waiting behind the running turn; more are
@@ -35,8 +37,8 @@ pub enum ChatMessage {
     Request {
         /// The request id (the response frames' id).
         id: String,
-        /// `init.body`'s `messages`, or why the frame cannot be used (answered on `id`).
-        messages: Result<Vec<Value>, String>,
+        /// `init.body`, or why the frame cannot be used (answered on `id`).
+        body: Result<RequestBody, String>,
     },
     /// `cf_agent_chat_request_cancel`.
     Cancel {
@@ -57,11 +59,17 @@ pub enum ChatMessage {
         /// The stream the client resumes.
         id: String,
     },
-    /// `cf_agent_tool_result` / `cf_agent_tool_approval`: client-side tools, which these agents
-    /// do not have.
-    ClientTool {
-        /// The frame's type.
-        kind: String,
+    /// `cf_agent_tool_approval` (approval answers) or `cf_agent_tool_result` (a client-side
+    /// tool's output): a person's answer to a call that waits.
+    Answer {
+        /// The call.
+        call_id: String,
+        /// What kind of answer the frame is.
+        kind: Kind,
+        /// The answer.
+        answer: Answer,
+        /// Whether the turn should go on once every waiting call is answered (`autoContinue`).
+        auto_continue: bool,
     },
 }
 
@@ -75,7 +83,7 @@ impl ChatMessage {
                 let Some(request_id) = id("id").filter(|id| !id.is_empty() && id.len() <= 256) else {
                     return Err("cf_agent_use_chat_request needs a string \"id\" of 1 to 256 bytes".into());
                 };
-                Self::Request { id: request_id, messages: request_messages(frame) }
+                Self::Request { id: request_id, body: request_body(frame) }
             }
             "cf_agent_chat_request_cancel" => match id("id") {
                 Some(id) => Self::Cancel { id },
@@ -93,14 +101,54 @@ impl ChatMessage {
                 Some(id) => Self::ResumeAck { id },
                 None => return Err("cf_agent_stream_resume_ack needs a string \"id\"".into()),
             },
-            "cf_agent_tool_result" | "cf_agent_tool_approval" => Self::ClientTool { kind: kind.to_owned() },
+            "cf_agent_tool_approval" | "cf_agent_tool_result" => return answer(kind, frame).map(Some),
             _ => return Ok(None),
         }))
     }
 }
 
-/// The messages of a chat request's `init` (`{"method":"POST","body":"{\"messages\":[…]}"}`).
-fn request_messages(frame: &Map<String, Value>) -> Result<Vec<Value>, String> {
+/// Reads an answer frame: `cf_agent_tool_approval {toolCallId, approved, autoContinue?,
+/// reason?}` or `cf_agent_tool_result {toolCallId, output, state?, errorText?, autoContinue?}`.
+fn answer(kind: &str, frame: &Map<String, Value>) -> Result<ChatMessage, String> {
+    let Some(call_id) = frame.get("toolCallId").and_then(Value::as_str).filter(|id| !id.is_empty() && id.len() <= 256)
+    else {
+        return Err(format!("{kind} needs a string \"toolCallId\" of 1 to 256 bytes"));
+    };
+    let auto_continue = match frame.get("autoContinue") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(format!("{kind}'s \"autoContinue\" must be a boolean")),
+    };
+    let text = |key: &str| frame.get(key).and_then(Value::as_str).map(str::to_owned);
+    let (kind, answer) = if kind == "cf_agent_tool_approval" {
+        let answer = match frame.get("approved") {
+            Some(Value::Bool(true)) => Answer::Approved,
+            Some(Value::Bool(false)) => Answer::Denied(text("reason").unwrap_or_else(|| "denied by the user".into())),
+            _ => return Err("cf_agent_tool_approval needs a boolean \"approved\"".into()),
+        };
+        (Kind::Approval, answer)
+    } else if frame.get("state").and_then(Value::as_str) == Some("output-error") {
+        (Kind::Client, Answer::Failed(text("errorText").unwrap_or_else(|| "the client-side tool failed".into())))
+    } else {
+        (Kind::Client, Answer::Output(frame.get("output").cloned().unwrap_or(Value::Null)))
+    };
+    Ok(ChatMessage::Answer { call_id: call_id.to_owned(), kind, answer, auto_continue })
+}
+
+/// What a chat request carries in its `init.body`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestBody {
+    /// The client's transcript, its new message last.
+    pub messages: Vec<Value>,
+    /// The client-side tools it declares (`clientTools`), if it declares any.
+    pub client_tools: Option<Vec<ToolSpec>>,
+}
+
+/// The most client-side tools one request may declare.
+pub const MAX_CLIENT_TOOLS: usize = 64;
+
+/// The body of a chat request's `init` (`{"method":"POST","body":"{\"messages\":[…]}"}`).
+fn request_body(frame: &Map<String, Value>) -> Result<RequestBody, String> {
     let init = frame.get("init").and_then(Value::as_object);
     if init.and_then(|i| i.get("method")).and_then(Value::as_str) != Some("POST") {
         return Err("cf_agent_use_chat_request needs init.method \"POST\"".into());
@@ -109,10 +157,36 @@ fn request_messages(frame: &Map<String, Value>) -> Result<Vec<Value>, String> {
         return Err("cf_agent_use_chat_request needs init.body, a JSON string".into());
     };
     let body: Value = serde_json::from_str(body).map_err(|e| format!("init.body is not JSON: {e}"))?;
-    match body.get("messages").and_then(Value::as_array) {
-        Some(messages) => Ok(messages.clone()),
-        None => Err("init.body needs a \"messages\" array".into()),
+    let Some(messages) = body.get("messages").and_then(Value::as_array) else {
+        return Err("init.body needs a \"messages\" array".into());
+    };
+    let client_tools = match body.get("clientTools") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(tools)) if tools.is_empty() => None,
+        Some(Value::Array(tools)) if tools.len() > MAX_CLIENT_TOOLS => {
+            return Err(format!("init.body.clientTools may declare at most {MAX_CLIENT_TOOLS} tools"))
+        }
+        Some(Value::Array(tools)) => Some(tools.iter().enumerate().map(client_tool).collect::<Result<_, _>>()?),
+        Some(_) => return Err("init.body.clientTools must be an array".into()),
+    };
+    Ok(RequestBody { messages: messages.clone(), client_tools })
+}
+
+/// One declared client-side tool (`{name, description?, parameters?}`), checked as a server
+/// tool's declaration is.
+fn client_tool((n, tool): (usize, &Value)) -> Result<ToolSpec, String> {
+    let at = format!("init.body.clientTools[{n}]");
+    let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
+    if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        return Err(format!("{at}.name must be 1 to 64 characters of [a-zA-Z0-9_-]"));
     }
+    let description = tool.get("description").and_then(Value::as_str).unwrap_or_default();
+    let schema = tool.get("parameters").cloned().unwrap_or_else(|| json!({ "type": "object" }));
+    crate::schema::check_schema(&schema).map_err(|e| format!("{at}.parameters is not a usable JSON Schema: {e}"))?;
+    if schema.get("type").and_then(Value::as_str) != Some("object") {
+        return Err(format!("{at}.parameters must describe an object (\"type\": \"object\")"));
+    }
+    Ok(ToolSpec::new(name, description, schema))
 }
 
 /// A frame the chat sends a client, typed.
@@ -134,6 +208,9 @@ pub enum ChatFrame {
         replay: Option<Option<i64>>,
         /// The end of a resume's replay of a stream that goes on.
         replay_complete: bool,
+        /// The stream goes on with the last assistant message (a turn that paused for a person):
+        /// the stock client appends to that message instead of starting one.
+        continuation: bool,
     },
     /// `cf_agent_chat_messages`: the transcript.
     Transcript(Vec<Value>),
@@ -153,6 +230,8 @@ pub enum ChatFrame {
     },
     /// `cf_agent_error`: a frame that could not be used (the socket stays open).
     Error(String),
+    /// `cf_agent_message_updated`: a saved message changed (a call's part shows its answer).
+    MessageUpdated(Value),
     /// `cf_agent_chat_recovering`: a turn a restart cut short is being continued (`true`), or
     /// no longer (`false`).
     Recovering {
@@ -164,19 +243,6 @@ pub enum ChatFrame {
 }
 
 impl ChatFrame {
-    /// A live chunk of `id`'s stream.
-    pub fn chunk(id: &str, body: String) -> Self {
-        Self::Response {
-            id: id.to_owned(),
-            body,
-            done: false,
-            error: false,
-            outcome: None,
-            replay: None,
-            replay_complete: false,
-        }
-    }
-
     /// A request that failed before it began: its error and its end in one frame.
     pub fn failed(id: &str, problem: String) -> Self {
         Self::Response {
@@ -187,14 +253,15 @@ impl ChatFrame {
             outcome: None,
             replay: None,
             replay_complete: false,
+            continuation: false,
         }
     }
 
     /// The frame as the client reads it.
     pub fn to_json(&self) -> String {
         match self {
-            Self::Response { id, body, done, error, outcome, replay, replay_complete } => {
-                if !error && outcome.is_none() && replay.is_none() && !done {
+            Self::Response { id, body, done, error, outcome, replay, replay_complete, continuation } => {
+                if !error && outcome.is_none() && replay.is_none() && !done && !continuation {
                     // The hot path: one frame a streamed chunk, written directly.
                     return format!(
                         r#"{{"type":"{RESPONSE}","id":{},"body":{},"done":false}}"#,
@@ -218,6 +285,9 @@ impl ChatFrame {
                 if *replay_complete {
                     frame["replayComplete"] = Value::Bool(true);
                 }
+                if *continuation {
+                    frame["continuation"] = Value::Bool(true);
+                }
                 frame.to_string()
             }
             Self::Transcript(messages) => json!({ "type": "cf_agent_chat_messages", "messages": messages }).to_string(),
@@ -232,6 +302,9 @@ impl ChatFrame {
                 json!({ "type": "cf_agent_stream_resume_none", "reason": "idle", "probeId": probe_id }).to_string()
             }
             Self::Error(problem) => json!({ "type": "cf_agent_error", "error": problem }).to_string(),
+            Self::MessageUpdated(message) => {
+                json!({ "type": "cf_agent_message_updated", "message": message }).to_string()
+            }
             Self::Recovering { id, recovering } => {
                 json!({ "type": "cf_agent_chat_recovering", "recovering": recovering, "id": id }).to_string()
             }
@@ -268,6 +341,20 @@ pub enum ChatOutput {
         /// The request id.
         request_id: String,
     },
+    /// A person answered a call that waits (the host records it: see
+    /// [`crate::chat::interaction`]).
+    Answer {
+        /// The connection that answered (a refusal goes back to it).
+        connection: String,
+        /// The call.
+        call_id: String,
+        /// What kind of answer.
+        kind: Kind,
+        /// The answer.
+        answer: Answer,
+        /// `autoContinue`.
+        auto_continue: bool,
+    },
 }
 
 /// How a chat turn ended.
@@ -289,6 +376,8 @@ pub struct ActiveStream {
     pub request_id: String,
     /// A resuming client is replayed the log after this index.
     pub replay_after: i64,
+    /// The stream goes on with a saved message (its frames say `continuation: true`).
+    pub continuation: bool,
 }
 
 /// The chat's in-memory state (its transcript and stream logs are in SQL).
@@ -298,7 +387,7 @@ pub struct ChatState {
     /// Connections that asked to resume and wait for their replay.
     resuming: HashSet<String>,
     /// The stream of the turn that ended last, and where its replay starts.
-    last_stream: Option<(String, i64)>,
+    last_stream: Option<(String, i64, bool)>,
     /// Requests waiting for the turn before them, with the connection that sent each.
     waiting: HashMap<String, Option<String>>,
     /// Those of `waiting` cancelled meanwhile.
@@ -369,7 +458,7 @@ impl ChatState {
     ) -> Result<Vec<ChatOutput>, StoreError> {
         let send = |frame| vec![ChatOutput::Send { to: connection.to_owned(), frame }];
         Ok(match message {
-            ChatMessage::Request { id, messages } => self.request(sql, connection, id, messages, reserved, now)?,
+            ChatMessage::Request { id, body } => self.request(sql, connection, id, body, reserved, now)?,
             ChatMessage::Cancel { id } => vec![ChatOutput::CancelTurn { request_id: id }],
             ChatMessage::Clear => {
                 Messages::new(sql).clear()?;
@@ -388,8 +477,8 @@ impl ChatState {
                 None => send(ChatFrame::ResumeNone { probe_id }),
             },
             ChatMessage::ResumeAck { id } => self.resume(sql, connection, &id)?,
-            ChatMessage::ClientTool { kind } => {
-                send(ChatFrame::Error(format!("{kind} is not supported: this agent has no client-side tools")))
+            ChatMessage::Answer { call_id, kind, answer, auto_continue } => {
+                vec![ChatOutput::Answer { connection: connection.to_owned(), call_id, kind, answer, auto_continue }]
             }
         })
     }
@@ -415,7 +504,7 @@ impl ChatState {
         sql: &(impl Sql + ?Sized),
         connection: &str,
         request_id: String,
-        messages: Result<Vec<Value>, String>,
+        body: Result<RequestBody, String>,
         reserved: &dyn Fn(&str) -> bool,
         now: i64,
     ) -> Result<Vec<ChatOutput>, StoreError> {
@@ -437,14 +526,17 @@ impl ChatState {
                 "this agent already has {waiting} chat turns waiting (at most {MAX_WAITING_TURNS}); send again once one has run"
             )));
         }
-        let messages = match messages {
-            Ok(messages) => messages,
+        let body = match body {
+            Ok(body) => body,
             Err(problem) => return Ok(fail(problem)),
         };
-        let transcript = match self.persist(sql, connection, &messages, now)? {
+        let transcript = match self.persist(sql, connection, &body.messages, now)? {
             Ok(transcript) => transcript,
             Err(problem) => return Ok(fail(problem)),
         };
+        if let Some(tools) = &body.client_tools {
+            ClientTools::new(sql).set(tools)?;
+        }
         Ok(vec![transcript, ChatOutput::RunTurn { request_id, sender: connection.to_owned() }])
     }
 
@@ -458,11 +550,12 @@ impl ChatState {
     ) -> Result<Vec<ChatOutput>, StoreError> {
         let active = self.active.as_ref().filter(|a| a.request_id == request_id);
         let stream = match active {
-            Some(a) => Some((a.request_id.clone(), a.replay_after)),
-            None => self.last_stream.clone().filter(|(s, _)| s == request_id),
+            Some(a) => Some((a.request_id.clone(), a.replay_after, a.continuation)),
+            None => self.last_stream.clone().filter(|(s, _, _)| s == request_id),
         };
+        let continuation = stream.as_ref().is_some_and(|(_, _, c)| *c);
         let chunks = match stream {
-            Some((stream, after)) => StreamLog::new(sql).after(&stream, after)?,
+            Some((stream, after, _)) => StreamLog::new(sql).after(&stream, after)?,
             None => Vec::new(),
         };
         let mut outputs: Vec<ChatOutput> = chunks
@@ -477,6 +570,7 @@ impl ChatState {
                     outcome: None,
                     replay: Some(Some(c.index)),
                     replay_complete: false,
+                    continuation,
                 },
             })
             .collect();
@@ -491,6 +585,7 @@ impl ChatState {
                 outcome: None,
                 replay: Some(None),
                 replay_complete: live,
+                continuation,
             },
         });
         self.resuming.remove(connection);
@@ -529,6 +624,7 @@ impl ChatState {
         request_id: &str,
         replay_after: i64,
         fresh_stream: bool,
+        continuation: bool,
     ) -> Result<Result<(), ChatOutput>, StoreError> {
         self.waiting.remove(request_id);
         if self.cancelled.remove(request_id) {
@@ -540,19 +636,31 @@ impl ChatState {
                 outcome: Some("aborted"),
                 replay: None,
                 replay_complete: false,
+                continuation: false,
             };
             return Ok(Err(self.broadcast(end, None)));
         }
         if fresh_stream {
             StreamLog::new(sql).delete(request_id)?;
         }
-        self.active = Some(ActiveStream { request_id: request_id.to_owned(), replay_after });
+        self.active = Some(ActiveStream { request_id: request_id.to_owned(), replay_after, continuation });
         Ok(Ok(()))
     }
 
     /// A turn's chunks, to the clients (not those resuming: they get them in their replay).
     pub fn turn_chunks(&self, request_id: &str, bodies: &[String]) -> Vec<ChatOutput> {
-        bodies.iter().map(|body| self.broadcast(ChatFrame::chunk(request_id, body.clone()), None)).collect()
+        let continuation = self.active.as_ref().is_some_and(|a| a.request_id == request_id && a.continuation);
+        let frame = |body: &String| ChatFrame::Response {
+            id: request_id.to_owned(),
+            body: body.clone(),
+            done: false,
+            error: false,
+            outcome: None,
+            replay: None,
+            replay_complete: false,
+            continuation,
+        };
+        bodies.iter().map(|body| self.broadcast(frame(body), None)).collect()
     }
 
     /// A turn ended with its message saved: the resuming connections are released, the
@@ -568,8 +676,12 @@ impl ChatState {
         fresh_stream: bool,
         reserved: &dyn Fn(&str) -> bool,
     ) -> Result<Vec<ChatOutput>, StoreError> {
-        let replay_after = self.active.take().filter(|a| a.request_id == request_id).map_or(-1, |a| a.replay_after);
-        self.last_stream = Some((request_id.to_owned(), replay_after));
+        let (replay_after, continuation) = self
+            .active
+            .take()
+            .filter(|a| a.request_id == request_id)
+            .map_or((-1, false), |a| (a.replay_after, a.continuation));
+        self.last_stream = Some((request_id.to_owned(), replay_after, continuation));
         if fresh_stream {
             StreamLog::new(sql).prune(request_id, reserved)?;
         }
@@ -583,6 +695,7 @@ impl ChatState {
             outcome,
             replay: None,
             replay_complete: false,
+            continuation,
         };
         match end {
             ChatEnd::Completed => outputs.push(self.broadcast(end_frame(None), None)),
@@ -595,6 +708,7 @@ impl ChatState {
                     outcome: None,
                     replay: None,
                     replay_complete: false,
+                    continuation,
                 };
                 outputs.push(self.broadcast(error, None));
                 outputs.push(self.broadcast(end_frame(Some("error")), None));
@@ -624,7 +738,7 @@ mod tests {
 
     fn request(id: &str, text: &str) -> ChatMessage {
         let message = json!({ "id": format!("u-{id}"), "role": "user", "parts": [{ "type": "text", "text": text }] });
-        ChatMessage::Request { id: id.into(), messages: Ok(vec![message]) }
+        ChatMessage::Request { id: id.into(), body: Ok(RequestBody { messages: vec![message], client_tools: None }) }
     }
 
     fn sent_to(outputs: &[ChatOutput], connection: &str) -> Vec<Value> {
@@ -652,18 +766,17 @@ mod tests {
             ("cf_agent_chat_request_cancel", json!({"id": "r"}), Ok("cancel")),
             ("cf_agent_chat_messages", json!({"messages": {}}), Err("needs a \"messages\" array")),
             ("cf_agent_stream_resume_ack", json!({}), Err("needs a string \"id\"")),
-            ("cf_agent_tool_result", json!({}), Ok("client tool")),
+            ("cf_agent_tool_result", json!({}), Err("needs a string \"toolCallId\"")),
             ("cf_agent_state", json!({}), Ok("not chat")),
         ];
         for (kind, value, expected) in cases {
             let got = match ChatMessage::parse(kind, &frame(value)) {
                 Ok(None) => Ok("not chat"),
-                Ok(Some(ChatMessage::Request { messages, .. })) => {
-                    assert!(messages.unwrap_err().contains("init.method"), "{kind}");
+                Ok(Some(ChatMessage::Request { body, .. })) => {
+                    assert!(body.unwrap_err().contains("init.method"), "{kind}");
                     Ok("request")
                 }
                 Ok(Some(ChatMessage::Cancel { .. })) => Ok("cancel"),
-                Ok(Some(ChatMessage::ClientTool { .. })) => Ok("client tool"),
                 Ok(Some(other)) => panic!("{kind}: {other:?}"),
                 Err(problem) => Err(problem),
             };
@@ -673,6 +786,71 @@ mod tests {
                 (g, e) => panic!("{kind}: got {g:?}, expected {e:?}"),
             }
         }
+    }
+
+    #[test]
+    fn answer_frames_parse_to_typed_answers_or_precise_errors() {
+        let parse = |kind: &str, v: Value| ChatMessage::parse(kind, v.as_object().unwrap());
+        let approval =
+            parse("cf_agent_tool_approval", json!({"toolCallId": "c1", "approved": true, "autoContinue": true}));
+        assert_eq!(
+            approval,
+            Ok(Some(ChatMessage::Answer {
+                call_id: "c1".into(),
+                kind: Kind::Approval,
+                answer: Answer::Approved,
+                auto_continue: true
+            }))
+        );
+        let denied = parse("cf_agent_tool_approval", json!({"toolCallId": "c1", "approved": false, "reason": "no"}));
+        assert!(
+            matches!(denied, Ok(Some(ChatMessage::Answer { answer: Answer::Denied(r), auto_continue: false, .. })) if r == "no")
+        );
+        let failed = parse(
+            "cf_agent_tool_result",
+            json!({"toolCallId": "c2", "toolName": "t", "output": null, "state": "output-error", "errorText": "x"}),
+        );
+        assert!(
+            matches!(failed, Ok(Some(ChatMessage::Answer { kind: Kind::Client, answer: Answer::Failed(e), .. })) if e == "x")
+        );
+        let output = parse("cf_agent_tool_result", json!({"toolCallId": "c2", "output": {"a": 1}}));
+        assert!(
+            matches!(output, Ok(Some(ChatMessage::Answer { answer: Answer::Output(o), .. })) if o == json!({"a": 1}))
+        );
+        for (kind, frame, problem) in [
+            ("cf_agent_tool_approval", json!({"toolCallId": "c1"}), "needs a boolean \"approved\""),
+            ("cf_agent_tool_approval", json!({"toolCallId": "", "approved": true}), "needs a string \"toolCallId\""),
+            (
+                "cf_agent_tool_result",
+                json!({"toolCallId": "c", "autoContinue": "yes"}),
+                "\"autoContinue\" must be a boolean",
+            ),
+        ] {
+            let error = parse(kind, frame).unwrap_err();
+            assert!(error.contains(problem), "{kind}: {error}");
+        }
+    }
+
+    #[test]
+    fn declared_client_tools_are_checked_as_server_tools_are() {
+        let frame = |tools: Value| {
+            let body = json!({"messages": [], "clientTools": tools}).to_string();
+            json!({"id": "r", "init": {"method": "POST", "body": body}}).as_object().unwrap().clone()
+        };
+        let body = |tools: Value| match ChatMessage::parse("cf_agent_use_chat_request", &frame(tools)) {
+            Ok(Some(ChatMessage::Request { body, .. })) => body,
+            other => panic!("{other:?}"),
+        };
+        let ok =
+            body(json!([{"name": "where", "description": "Location.", "parameters": {"type": "object"}}])).unwrap();
+        assert_eq!(ok.client_tools.unwrap()[0].name, "where");
+        assert_eq!(body(json!([])).unwrap().client_tools, None, "an empty list declares nothing");
+        let too_many: Vec<Value> = (0..=MAX_CLIENT_TOOLS).map(|n| json!({"name": format!("t{n}")})).collect();
+        assert!(body(json!(too_many)).unwrap_err().contains("at most 64 tools"));
+        assert!(body(json!([{"name": "x", "parameters": {"type": "string"}}]))
+            .unwrap_err()
+            .contains("must describe an object"));
+        assert!(body(json!({})).unwrap_err().contains("must be an array"));
     }
 
     #[test]
@@ -692,7 +870,10 @@ mod tests {
         let outputs = chat.receive(&db, "c1", request("run-1", "x"), reserved, 2).unwrap();
         let frames = sent_to(&outputs, "c1");
         assert_eq!((frames[0]["id"].as_str(), frames[0]["error"].as_bool()), (Some("run-1"), Some(true)));
-        let bad = ChatMessage::Request { id: "r2".into(), messages: Ok(vec![json!({"id": "m"})]) };
+        let bad = ChatMessage::Request {
+            id: "r2".into(),
+            body: Ok(RequestBody { messages: vec![json!({"id": "m"})], client_tools: None }),
+        };
         let frames = sent_to(&chat.receive(&db, "c1", bad, NONE_RESERVED, 3).unwrap(), "c1");
         assert!(frames[0]["body"].as_str().unwrap().contains("role"), "{frames:?}");
         assert_eq!(Messages::new(&db).list().unwrap().len(), 1);
@@ -715,7 +896,7 @@ mod tests {
     fn a_resuming_connection_gets_its_replay_then_live_chunks_each_once() {
         let db = db();
         let mut chat = ChatState::default();
-        assert_eq!(chat.turn_begins(&db, "r1", -1, true).unwrap(), Ok(()));
+        assert_eq!(chat.turn_begins(&db, "r1", -1, true, false).unwrap(), Ok(()));
         let log = StreamLog::new(&db);
         log.append("r1", 0, ChunkKind::Stored, "{\"n\":0}").unwrap();
         // A client connects mid-stream: told to resume, and skipped by live chunks.
@@ -744,7 +925,7 @@ mod tests {
         let mut chat = ChatState::default();
         chat.turn_waits("r1", Some("c1".into()));
         assert!(!chat.cancel("r1"), "not the running turn");
-        let Ok(Err(end)) = chat.turn_begins(&db, "r1", -1, true) else { panic!("ended at once") };
+        let Ok(Err(end)) = chat.turn_begins(&db, "r1", -1, true, false) else { panic!("ended at once") };
         assert_eq!(sent_to(&[end], "c1")[0]["outcome"], "aborted");
         assert!(chat.active().is_none());
         assert!(!chat.cancel("nobody"), "an unknown id is ignored");

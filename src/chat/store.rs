@@ -7,7 +7,7 @@ use crate::protocol::tail::ChunkKind;
 use crate::store::{Sql, StoreError, Value as V};
 
 /// The chat's tables (with a turn's journal and the messages held while a turn is open: see
-/// [`crate::chat::journal`]). Safe to run on every activation.
+/// [`crate::chat::journal`]; the calls waiting for a person: see [`crate::chat::interaction`]). Safe to run on every activation.
 pub const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS chat_messages (
   id TEXT PRIMARY KEY,
@@ -35,7 +35,8 @@ CREATE TABLE IF NOT EXISTS chat_turns (
   ord INTEGER NOT NULL,
   attempts INTEGER NOT NULL DEFAULT 1,
   started_at INTEGER NOT NULL,
-  log_keep INTEGER NOT NULL DEFAULT -1
+  log_keep INTEGER NOT NULL DEFAULT -1,
+  continues INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS chat_turn_steps (
   request_id TEXT NOT NULL,
@@ -51,6 +52,28 @@ CREATE TABLE IF NOT EXISTS chat_turn_results (
   error TEXT,
   PRIMARY KEY (request_id, call_id)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS chat_turn_approved (
+  request_id TEXT NOT NULL,
+  call_id TEXT NOT NULL,
+  PRIMARY KEY (request_id, call_id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS chat_interactions (
+  call_id TEXT PRIMARY KEY,
+  message_id TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  approval_id TEXT NOT NULL,
+  tool_name TEXT NOT NULL,
+  requested_at INTEGER NOT NULL,
+  expires_at INTEGER,
+  answer_json TEXT,
+  auto_continue INTEGER NOT NULL DEFAULT 0,
+  answered_at INTEGER
+);
+CREATE TABLE IF NOT EXISTS chat_client_tools (
+  name TEXT PRIMARY KEY,
+  description TEXT NOT NULL,
+  schema_json TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS chat_held_messages (
   id TEXT PRIMARY KEY,
   seq INTEGER NOT NULL,
@@ -58,6 +81,10 @@ CREATE TABLE IF NOT EXISTS chat_held_messages (
   created_at INTEGER NOT NULL
 );
 ";
+
+/// Columns of the chat's tables added since their first version: (table column, definition),
+/// all of `chat_turns`.
+pub(crate) const ADDED_COLUMNS: &[(&str, &str)] = &[("continues", "INTEGER NOT NULL DEFAULT 0")];
 
 /// The next place at the end of the transcript: after every message and every place an open
 /// turn took for its answer (see [`crate::chat::journal`]).
@@ -163,7 +190,55 @@ impl<'a, S: Sql + ?Sized> Messages<'a, S> {
     /// Deletes every message.
     pub fn clear(&self) -> Result<(), StoreError> {
         self.sql.exec("DELETE FROM chat_messages", &[])?;
+        self.sql.exec("DELETE FROM chat_interactions", &[])?;
         Ok(())
+    }
+
+    /// The message `id`, with its place in the transcript.
+    pub fn get(&self, id: &str) -> Result<Option<(Value, i64)>, StoreError> {
+        let row = self.sql.one("SELECT message_json, ord FROM chat_messages WHERE id = ?", &[V::from(id)])?;
+        Ok(row.and_then(|r| Some((serde_json::from_str(&r.text(0)?).ok()?, r.int(1)?))))
+    }
+}
+
+/// The client-side tools a client declared with its last chat request (the stock client's
+/// `clientTools`): offered to the model in the turns after it, until a request declares others.
+pub struct ClientTools<'a, S: Sql + ?Sized> {
+    sql: &'a S,
+}
+
+impl<'a, S: Sql + ?Sized> ClientTools<'a, S> {
+    /// The client tools over `sql`.
+    pub fn new(sql: &'a S) -> Self {
+        Self { sql }
+    }
+
+    /// These are the client's tools now.
+    pub fn set(&self, tools: &[crate::llm::ToolSpec]) -> Result<(), StoreError> {
+        self.sql.exec("DELETE FROM chat_client_tools", &[])?;
+        for tool in tools {
+            self.sql.exec(
+                "INSERT OR REPLACE INTO chat_client_tools (name, description, schema_json) VALUES (?, ?, ?)",
+                &[
+                    V::from(tool.name.as_str()),
+                    V::from(tool.description.as_str()),
+                    V::from(tool.input_schema.to_string()),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The client's tools, by name.
+    pub fn list(&self) -> Result<Vec<crate::llm::ToolSpec>, StoreError> {
+        let rows = self.sql.exec("SELECT name, description, schema_json FROM chat_client_tools ORDER BY name", &[])?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                let schema = serde_json::from_str(&r.text(2)?).ok()?;
+                Some(crate::llm::ToolSpec::new(r.text(0)?, r.text(1).unwrap_or_default(), schema))
+            })
+            .collect())
     }
 }
 

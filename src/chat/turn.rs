@@ -10,6 +10,7 @@ use std::collections::{HashMap, HashSet};
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::{json, Value};
 
+use crate::chat::interaction::Kind;
 use crate::chat::journal::{interrupted_result, Continuation, Redo, ToolResult};
 pub use crate::llm::Model;
 use crate::llm::{ModelError, ModelEvent, ModelMessage, ModelRequest, ToolCall, ToolSpec};
@@ -37,6 +38,29 @@ pub trait ToolBox {
         let _ = name;
         Redo::Interrupted
     }
+
+    /// Whether a call runs now or waits for a person (default: it runs).
+    fn needs(&self, call: &ToolCall) -> Needs {
+        let _ = call;
+        Needs::Run
+    }
+}
+
+/// What a tool call needs before it can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Needs {
+    /// Nothing: it runs.
+    Run,
+    /// A person's approval: the turn pauses with an approval request.
+    Approval,
+    /// A client to run it and send the output (a client-side tool): the turn pauses.
+    Client,
+}
+
+/// The approval id of call `call_id` (the AI SDK's `approvalId`): one per call, the same after
+/// a restart.
+pub fn approval_id(call_id: &str) -> String {
+    format!("approval-{call_id}")
 }
 
 type LocalBoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + 'a>>;
@@ -72,6 +96,8 @@ pub trait DynToolBox {
     fn call_id_taken_dyn(&self, id: &str) -> bool;
     /// [`ToolBox::redo`].
     fn redo_dyn(&self, name: &str) -> Redo;
+    /// [`ToolBox::needs`].
+    fn needs_dyn(&self, call: &ToolCall) -> Needs;
 }
 
 impl<T: ToolBox> DynToolBox for T {
@@ -86,6 +112,9 @@ impl<T: ToolBox> DynToolBox for T {
     }
     fn redo_dyn(&self, name: &str) -> Redo {
         self.redo(name)
+    }
+    fn needs_dyn(&self, call: &ToolCall) -> Needs {
+        self.needs(call)
     }
 }
 
@@ -168,6 +197,14 @@ pub trait Record {
     fn step(&self, step: usize, text: &str, calls: &[ToolCall]);
     /// Call `call_id` has its result.
     fn result(&self, call_id: &str, result: &ToolResult);
+    /// `call` waits for a person (its approval request, if any, was just streamed).
+    fn asks(&self, call: &ToolCall, kind: Kind) {
+        let _ = (call, kind);
+    }
+    /// `call_id` starts running.
+    fn started(&self, call_id: &str) {
+        let _ = call_id;
+    }
 }
 
 /// Keeps nothing: an agent-tool run's turn, which its run's own recovery heals.
@@ -190,6 +227,11 @@ pub enum TurnOutcome {
     },
     /// The model failed; an `error` chunk was streamed.
     Failed(String),
+    /// Calls wait for a person: the stream ended, the turn goes on once they are answered.
+    Paused {
+        /// Steps taken.
+        steps: usize,
+    },
 }
 
 /// Runs calls of one step at once (a call that must not run again gets its "interrupted"
@@ -207,7 +249,12 @@ async fn run_calls(
         .enumerate()
         .map(|(order, (call, redo))| async move {
             let result = match redo {
-                Redo::Run => match tools.execute_boxed(call, order).await {
+                Redo::Run => match {
+                    record.started(&call.id);
+                    tools.execute_boxed(call, order)
+                }
+                .await
+                {
                     Ok(output) => ToolResult::Output(output),
                     Err(error) => ToolResult::Error(error),
                 },
@@ -269,6 +316,10 @@ pub async fn run_turn(
         }
         if first > 0 {
             emit(json!({ "type": "finish-step" }));
+        }
+        if !resume.awaiting.is_empty() {
+            emit(json!({ "type": "finish", "finishReason": "tool-calls" }));
+            return TurnOutcome::Paused { steps: first };
         }
     }
     let mut ids = CallIds::new(&messages);
@@ -333,9 +384,29 @@ pub async fn run_turn(
             emit(json!({ "type": "finish", "finishReason": finish_reason }));
             return TurnOutcome::Completed { finish_reason, steps: step + 1 };
         }
-        let to_run: Vec<(ToolCall, Redo)> = calls.into_iter().map(|c| (c, Redo::Run)).collect();
+        let mut to_run: Vec<(ToolCall, Redo)> = Vec::new();
+        let mut asked = false;
+        for call in calls {
+            match tools.needs_dyn(&call) {
+                Needs::Run => to_run.push((call, Redo::Run)),
+                Needs::Approval => {
+                    let approval = approval_id(&call.id);
+                    emit(json!({ "type": "tool-approval-request", "approvalId": approval, "toolCallId": call.id }));
+                    record.asks(&call, Kind::Approval);
+                    asked = true;
+                }
+                Needs::Client => {
+                    record.asks(&call, Kind::Client);
+                    asked = true;
+                }
+            }
+        }
         let outputs = run_calls(tools, &to_run, emit, record).await;
         emit(json!({ "type": "finish-step" }));
+        if asked {
+            emit(json!({ "type": "finish", "finishReason": "tool-calls" }));
+            return TurnOutcome::Paused { steps: step + 1 };
+        }
         messages.push(ModelMessage::Assistant { text, tool_calls: all_calls });
         for ((call, _), output) in to_run.iter().zip(outputs) {
             messages.push(ModelMessage::Tool { call_id: call.id.clone(), name: call.name.clone(), output });

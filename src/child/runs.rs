@@ -222,6 +222,10 @@ impl<'a, S: Sql + ?Sized> ChildRuns<'a, S> {
     pub fn migrate(&self) -> Result<(), StoreError> {
         self.sql.batch(SCHEMA)?;
         crate::store::ensure_columns(self.sql, "agent_tool_child_runs", ADDED_COLUMNS)?;
+        // Columns added since: on a table made by an earlier version first.
+        if crate::store::has_table(self.sql, "chat_turns")? {
+            crate::store::ensure_columns(self.sql, "chat_turns", crate::chat::store::ADDED_COLUMNS)?;
+        }
         self.sql.batch(crate::chat::store::SCHEMA)
     }
 
@@ -265,7 +269,12 @@ impl<'a, S: Sql + ?Sized> ChildRuns<'a, S> {
         Ok((run, false))
     }
 
-    /// One run, if known.
+    /// Whether this object ran any agent-tool run (it serves as a sub-agent).
+    pub fn any(&self) -> Result<bool, StoreError> {
+        Ok(self.sql.one("SELECT 1 FROM agent_tool_child_runs LIMIT 1", &[])?.is_some())
+    }
+
+    /// The run `run_id`, if it exists.
     pub fn get(&self, run_id: &str) -> Result<Option<ChildRun>, StoreError> {
         let row = self
             .sql

@@ -14,7 +14,8 @@ use serde_json::Value;
 use super::io::{Io, Socket};
 use crate::cancel::CancelToken;
 use crate::chat::convert::to_model_messages;
-use crate::chat::journal::{self, Continuation, Held, Journal, OpenTurn, ToolResult};
+use crate::chat::interaction::{self, Answer, Interactions, Kind};
+use crate::chat::journal::{self, Continuation, Held, Journal, OpenTurn, ToolResult, Waits};
 use crate::chat::message::MessageBuilder;
 pub use crate::chat::protocol::ChatEnd;
 use crate::chat::protocol::{ActiveStream, ChatFrame, ChatMessage, ChatOutput, ChatState};
@@ -47,6 +48,9 @@ pub enum ChatAction {
     },
     /// A client's `setState`: make this the agent's state.
     State(Value),
+    /// A person answered a waiting call; if the paused turn may go on now, it is begun and
+    /// waits in [`Chat::take_continuations`].
+    Answered,
 }
 
 /// How one turn runs.
@@ -88,6 +92,9 @@ pub struct Durable<'a> {
     pub resume: Option<(OpenTurn, Continuation)>,
     /// The turn slot, when the caller took it ahead.
     pub slot: Option<TurnSlot>,
+    /// The turn is continued after a restart (the clients are told it is recovering), not
+    /// after a person's answer.
+    pub recovering: bool,
 }
 
 /// The journal as a running turn writes it: each record names the log's last index, so a
@@ -95,6 +102,7 @@ pub struct Durable<'a> {
 struct Keeper<'a> {
     chat: &'a Chat,
     request_id: &'a str,
+    message_id: &'a str,
     last_index: &'a dyn Fn() -> i64,
 }
 
@@ -107,6 +115,27 @@ impl Record for Keeper<'_> {
     }
     fn result(&self, call_id: &str, result: &ToolResult) {
         if let Err(e) = Journal::new(self.chat.sql()).result(self.request_id, call_id, result, (self.last_index)()) {
+            self.chat.failed("turn's journal", &e);
+        }
+    }
+    fn asks(&self, call: &ToolCall, kind: Kind) {
+        let now = self.chat.io.now();
+        let (approval, expires) = match kind {
+            Kind::Approval => {
+                (crate::chat::turn::approval_id(&call.id), self.chat.approval_timeout.get().map(|t| now + t))
+            }
+            Kind::Client => (String::new(), None),
+        };
+        let sql = self.chat.sql();
+        let asked = Interactions::new(sql)
+            .ask(&call.id, self.message_id, kind, &approval, &call.name, now, expires)
+            .and_then(|()| Journal::new(sql).keep(self.request_id, (self.last_index)()));
+        if let Err(e) = asked {
+            self.chat.failed("waiting call", &e);
+        }
+    }
+    fn started(&self, call_id: &str) {
+        if let Err(e) = Journal::new(self.chat.sql()).started(self.request_id, call_id) {
             self.chat.failed("turn's journal", &e);
         }
     }
@@ -123,6 +152,13 @@ pub struct Chat {
     turns: Arc<Mutex<()>>,
     /// Request ids a client may not use (they name streams the host writes itself).
     reserved: Option<fn(&dyn Sql, &str) -> bool>,
+    /// Whether this object serves as a sub-agent (it has agent-tool runs).
+    sub_agent: Option<fn(&dyn Sql) -> bool>,
+    /// How long an approval waits before it is denied (ms), if it is ever.
+    approval_timeout: std::cell::Cell<Option<i64>>,
+    /// Turns that paused for a person and may go on now, begun in the journal: the host runs
+    /// them ([`Chat::take_continuations`]).
+    continuations: RefCell<Vec<OpenTurn>>,
 }
 
 /// Ends the running turn's stream when the turn ends, however it ends (a dropped turn too).
@@ -156,13 +192,28 @@ impl Chat {
             recovering: RefCell::new(None),
             turns: Arc::new(Mutex::new(())),
             reserved: None,
+            sub_agent: None,
+            approval_timeout: std::cell::Cell::new(None),
+            continuations: RefCell::new(Vec::new()),
         }
+    }
+
+    /// Denies an approval nobody answered within `timeout` (none: it waits as long as it takes).
+    pub fn set_approval_timeout(&self, timeout: Option<std::time::Duration>) {
+        self.approval_timeout.set(timeout.map(|t| i64::try_from(t.as_millis()).unwrap_or(i64::MAX)));
     }
 
     /// Refuses client requests whose id `reserved` claims: a child's run ids, whose stream
     /// logs share the table with client turns.
     pub fn with_reserved_ids(mut self, reserved: fn(&dyn Sql, &str) -> bool) -> Self {
         self.reserved = Some(reserved);
+        self
+    }
+
+    /// Says whether the object serves as a sub-agent: a drill-in client's answer frames are
+    /// then refused as unsupported (a sub-agent's turn has no person to ask; its parent asks).
+    pub fn with_sub_agent_check(mut self, sub_agent: fn(&dyn Sql) -> bool) -> Self {
+        self.sub_agent = Some(sub_agent);
         self
     }
 
@@ -207,6 +258,19 @@ impl Chat {
                 }
                 ChatOutput::RunTurn { request_id, sender } => action = ChatAction::RunTurn { request_id, sender },
                 ChatOutput::CancelTurn { request_id } => action = ChatAction::Cancel { request_id },
+                ChatOutput::Answer { connection, call_id, kind, answer, auto_continue } => {
+                    match self.answer(&call_id, kind, &answer, auto_continue) {
+                        Ok(()) => action = ChatAction::Answered,
+                        Err(problem) => {
+                            let text = ChatFrame::Error(problem).to_json();
+                            for (socket, _) in
+                                sockets.iter().zip(sockets.iter().map(|s| s.id())).filter(|(_, id)| *id == connection)
+                            {
+                                socket.send(&text);
+                            }
+                        }
+                    }
+                }
             }
         }
         action
@@ -251,6 +315,150 @@ impl Chat {
         self.turns.try_lock_owned().map(TurnSlot)
     }
 
+    /// A person's answer to call `call_id`: recorded if the call waits for it and nobody
+    /// answered first (else `Err` with why, for the sender), shown in the call's part of the
+    /// saved message (every client gets `cf_agent_message_updated`), and, when every waiting call
+    /// of the message is answered, the paused turn is begun again ([`Chat::take_continuations`]).
+    /// One synchronous step: a restart finds all of it or none.
+    pub fn answer(&self, call_id: &str, kind: Kind, answer: &Answer, auto_continue: bool) -> Result<(), String> {
+        let sql = self.sql();
+        let answered = match Interactions::new(sql).answer(call_id, kind, answer, auto_continue, self.io.now()) {
+            Ok(Ok(answered)) => answered,
+            Ok(Err(interaction::Refused::Unknown(id))) => {
+                // Its turn went on already: the message shows what the first answer said.
+                let shown = self.messages().iter().find_map(|m| {
+                    let parts = m.get("parts")?.as_array()?;
+                    let part = parts.iter().find(|p| p.get("toolCallId").and_then(Value::as_str) == Some(&id))?;
+                    interaction::shown_answer(part)
+                });
+                let frame = match kind {
+                    Kind::Approval => "cf_agent_tool_approval",
+                    Kind::Client => "cf_agent_tool_result",
+                };
+                return Err(match shown {
+                    Some(first) => interaction::Refused::AlreadyAnswered { call_id: id, first }.to_string(),
+                    None if self.sub_agent.is_some_and(|sub| sub(sql)) => {
+                        format!("{frame} is not supported: this agent has no client-side tools")
+                    }
+                    None => interaction::Refused::Unknown(id).to_string(),
+                });
+            }
+            Ok(Err(refused)) => return Err(refused.to_string()),
+            Err(e) => {
+                self.failed("answer", &e);
+                return Err(format!("the answer could not be stored: {e}"));
+            }
+        };
+        self.show(&answered);
+        self.begin_continuation(&answered.message_id);
+        Ok(())
+    }
+
+    /// Shows a call's question or answer in its saved message, and sends every client the
+    /// message (a message a turn is still writing shows it when the turn saves it).
+    fn show(&self, waiting: &interaction::Interaction) {
+        if self.writing(&waiting.message_id) {
+            return;
+        }
+        let now = self.io.now();
+        let messages = Messages::new(self.sql());
+        let shown = messages.get(&waiting.message_id).and_then(|found| {
+            let Some((mut message, ord)) = found else { return Ok(None) };
+            if !interaction::show(&mut message, waiting) {
+                return Ok(None);
+            }
+            messages.upsert_at(&message, ord, now).map(|()| Some(message))
+        });
+        match shown {
+            Ok(Some(message)) => {
+                let output = self.state.borrow().broadcast(ChatFrame::MessageUpdated(message), None);
+                self.carry_out(vec![output]);
+            }
+            Ok(None) => {}
+            Err(e) => self.failed("assistant message", &e),
+        }
+    }
+
+    /// Whether an open turn writes message `message_id`.
+    fn writing(&self, message_id: &str) -> bool {
+        match Journal::new(self.sql()).open() {
+            Ok(open) => open.iter().any(|t| t.message_id == message_id),
+            Err(e) => {
+                self.failed("turn's journal", &e);
+                true
+            }
+        }
+    }
+
+    /// If the turn of `message_id` paused and every waiting call is answered: begins its
+    /// continuation in the journal (the answers shown in its message, the approved calls marked
+    /// to run), for the host to run.
+    fn begin_continuation(&self, message_id: &str) {
+        let sql = self.sql();
+        if !matches!(Interactions::new(sql).ready(message_id), Ok(true)) || self.writing(message_id) {
+            return;
+        }
+        let now = self.io.now();
+        let request_id = format!("continue_{now}_{}", self.io.random_id().chars().take(8).collect::<String>());
+        let begun = Messages::new(sql).get(message_id).and_then(|found| {
+            let Some((mut message, ord)) = found else { return Ok(None) };
+            for answered in Interactions::new(sql).take(message_id)? {
+                interaction::show(&mut message, &answered);
+            }
+            Messages::new(sql).upsert_at(&message, ord, now)?;
+            Journal::new(sql).begin_continuation(&request_id, &message, ord, now).map(Some)
+        });
+        match begun {
+            Ok(Some(turn)) => self.continuations.borrow_mut().push(turn),
+            Ok(None) => {}
+            Err(e) => self.failed("turn's continuation", &e),
+        }
+    }
+
+    /// The turns that may go on after a person's answers, begun in the journal: the caller runs
+    /// each ([`Chat::continue_turn`], not as a recovery).
+    pub fn take_continuations(&self) -> Vec<OpenTurn> {
+        std::mem::take(&mut *self.continuations.borrow_mut())
+    }
+
+    /// Denies the approvals whose time ran out (the turn goes on with the denial). Returns when
+    /// the next one runs out, if one can.
+    pub fn expire_approvals(&self) -> Option<i64> {
+        let sql = self.sql();
+        let expired = Interactions::new(sql).expired(self.io.now()).unwrap_or_else(|e| {
+            self.failed("waiting calls", &e);
+            Vec::new()
+        });
+        for waiting in expired {
+            let seconds = self.approval_timeout.get().map_or(0, |t| t / 1000);
+            let reason = format!("nobody answered within {seconds} s");
+            if let Err(problem) = self.answer(&waiting.call_id, Kind::Approval, &Answer::Denied(reason), true) {
+                self.io.log(&format!("agent-tools: an approval ran out but could not be denied: {problem}"), true);
+            }
+        }
+        Interactions::new(sql).next_expiry().unwrap_or_else(|e| {
+            self.failed("waiting calls", &e);
+            None
+        })
+    }
+
+    /// A new message was sent: the calls still waiting are answered for it (denied, their
+    /// parts closed), so no old question stays open under a newer turn.
+    fn supersede_waiting(&self) {
+        let sql = self.sql();
+        let open = match Interactions::new(sql).clear() {
+            Ok(open) => open,
+            Err(e) => return self.failed("waiting calls", &e),
+        };
+        for mut waiting in open {
+            waiting.answer = Some(match waiting.kind {
+                Kind::Approval => Answer::Denied("a new message was sent before it was answered".into()),
+                Kind::Client => Answer::Failed("a new message was sent before the client answered".into()),
+            });
+            self.show(&waiting);
+        }
+    }
+
     /// Tells every client whether the turn of `request_id` is being recovered
     /// (`cf_agent_chat_recovering`, which the stock client shows as `isRecovering`).
     fn broadcast_recovering(&self, request_id: &str, recovering: bool) {
@@ -263,9 +471,18 @@ impl Chat {
     }
 
     /// The message a turn writes, rebuilt from the first `kept + 1` chunks of its log (a
-    /// continuation's), or empty.
-    fn kept_message(&self, request_id: &str, message_id: &str, kept: i64) -> MessageBuilder {
-        let mut builder = MessageBuilder::new(message_id.to_owned());
+    /// continuation's), after the saved message when the turn `continues` one, or empty.
+    fn kept_message(&self, request_id: &str, message_id: &str, kept: i64, continues: bool) -> MessageBuilder {
+        let saved = match continues.then(|| Messages::new(self.sql()).get(message_id)) {
+            Some(Ok(Some((message, _)))) => Some(message),
+            Some(Err(e)) => {
+                self.failed("assistant message", &e);
+                None
+            }
+            _ => None,
+        };
+        let mut builder =
+            saved.map_or_else(|| MessageBuilder::new(message_id.to_owned()), |m| MessageBuilder::from_message(&m));
         if kept < 0 {
             return builder;
         }
@@ -444,10 +661,13 @@ impl Chat {
         self.client_turn(request_id, sender, system, max_steps, model, tools, None).await
     }
 
-    /// Continues a turn that a restart cut short (its journal's `turn`): one attempt more, the
-    /// log cut back to what the journal accounts for, the clients told it is recovering and
-    /// offered the stream again, then `decide` (the agent's [`crate::Agent::on_chat_recovery`])
-    /// says whether it goes on; past `max_attempts` continuations it does not.
+    /// Continues a turn from its journal's `turn`: after a person's answers (`fresh`: the turn
+    /// [`Chat::take_continuations`] gave), or after a restart cut it short: then it is one
+    /// attempt more, the log is cut back to what the journal accounts for, the clients are told
+    /// it is recovering and offered the stream again, and `decide` (the agent's
+    /// [`crate::Agent::on_chat_recovery`]) says whether it goes on; past `max_attempts`
+    /// continuations it does not. (`decide` is asked for a `fresh` turn too: it declines one
+    /// whose model cannot be made.)
     #[allow(clippy::too_many_arguments)]
     pub async fn continue_turn(
         &self,
@@ -459,16 +679,20 @@ impl Chat {
         max_attempts: u32,
         decide: &dyn Fn(&InterruptedTurn) -> ChatRecovery,
         slot: Option<TurnSlot>,
+        fresh: bool,
     ) -> ChatEnd {
         let request_id = turn.request_id.clone();
         let sql = self.sql();
-        let begun = Journal::new(sql).next_attempt(&request_id).and_then(|turn| {
+        let journal = Journal::new(sql);
+        let begun = if fresh { Ok(turn) } else { journal.next_attempt(&request_id) }.and_then(|turn| {
             StreamLog::new(sql).truncate_after(&request_id, turn.log_keep)?;
-            let steps = Journal::new(sql).steps(&request_id)?;
-            let results = Journal::new(sql).results(&request_id)?;
-            Ok((turn, steps, results))
+            let steps = journal.steps(&request_id)?;
+            let results = journal.results(&request_id)?;
+            let asked = Interactions::new(sql).of_message(&turn.message_id)?.into_iter().map(|i| i.call_id).collect();
+            let waits = Waits { approved: journal.approved(&request_id)?, asked };
+            Ok((turn, steps, results, waits))
         });
-        let (turn, steps, results) = match begun {
+        let (turn, steps, results, waits) = match begun {
             Ok(begun) => begun,
             Err(e) => {
                 // Tried again by the next instance (the journal is unchanged, or one attempt on).
@@ -476,14 +700,15 @@ impl Chat {
                 return ChatEnd::Error(e.to_string());
             }
         };
-        let plan = journal::plan(&steps, &results, |name| tools.redo_dyn(name));
+        let plan = journal::plan(&steps, &results, &waits, |name| tools.redo_dyn(name));
         let interrupted = InterruptedTurn {
             request_id: request_id.clone(),
             attempt: turn.attempts as u32 - 1,
             partial_text: steps.iter().map(|s| s.text.as_str()).collect::<Vec<_>>().join(""),
             pending_tools: plan.pending.iter().map(|(c, _)| c.name.clone()).collect(),
         };
-        let refusal = match journal::exhausted(turn.attempts, max_attempts) {
+        let exhausted = if fresh { None } else { journal::exhausted(turn.attempts, max_attempts) };
+        let refusal = match exhausted {
             Some(reason) => Some(reason),
             None => match decide(&interrupted) {
                 ChatRecovery::Continue => None,
@@ -500,7 +725,7 @@ impl Chat {
                 ..plan
             },
         };
-        self.client_turn(&request_id, None, system, max_steps, model, tools, Some((turn, plan, slot))).await
+        self.client_turn(&request_id, None, system, max_steps, model, tools, Some((turn, plan, slot, !fresh))).await
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -512,12 +737,12 @@ impl Chat {
         max_steps: usize,
         model: &dyn DynModel,
         tools: &dyn DynToolBox,
-        resume: Option<(OpenTurn, Continuation, Option<TurnSlot>)>,
+        resume: Option<(OpenTurn, Continuation, Option<TurnSlot>, bool)>,
     ) -> ChatEnd {
-        let first = resume.as_ref().map_or(0, |(turn, _, _)| turn.log_keep + 1);
-        let (resume, slot) = match resume {
-            Some((turn, plan, slot)) => (Some((turn, plan)), slot),
-            None => (None, None),
+        let first = resume.as_ref().map_or(0, |(turn, ..)| turn.log_keep + 1);
+        let (resume, slot, recovering) = match resume {
+            Some((turn, plan, slot, recovering)) => (Some((turn, plan)), slot, recovering),
+            None => (None, None, false),
         };
         let next = std::cell::Cell::new(first);
         let emit = |body: String| {
@@ -541,7 +766,7 @@ impl Chat {
             emit: &emit,
             flush: &|| {},
             cancel: CancelToken::new(),
-            durable: Some(Durable { last_index: &|| next.get() - 1, resume, slot }),
+            durable: Some(Durable { last_index: &|| next.get() - 1, resume, slot, recovering }),
         };
         self.run(spec, model, tools).await.1
     }
@@ -556,8 +781,16 @@ impl Chat {
             Some(TurnSlot(slot)) => slot,
             None => self.turns.clone().lock_owned().await,
         };
-        let begun =
-            self.state.borrow_mut().turn_begins(self.sql(), &spec.request_id, spec.replay_after, spec.fresh_stream);
+        let resumed =
+            spec.durable.as_ref().and_then(|d| d.resume.as_ref().map(|(turn, _)| (turn.continues, d.recovering)));
+        let (continues, recovering) = resumed.unwrap_or((false, false));
+        let begun = self.state.borrow_mut().turn_begins(
+            self.sql(),
+            &spec.request_id,
+            spec.replay_after,
+            spec.fresh_stream,
+            continues,
+        );
         match begun {
             Ok(Ok(())) => {}
             Ok(Err(end)) => {
@@ -572,7 +805,7 @@ impl Chat {
         }
         *self.running.borrow_mut() = Some((spec.request_id.clone(), spec.cancel.clone()));
         let _running = RunningGuard { chat: self, request_id: spec.request_id.clone() };
-        if spec.durable.as_ref().is_some_and(|d| d.resume.is_some()) {
+        if recovering {
             // Every client is told, and offered the stream from its start: what it showed of the
             // cut step goes, the continuation follows.
             *self.recovering.borrow_mut() = Some(spec.request_id.clone());
@@ -587,6 +820,10 @@ impl Chat {
             Some(d) => (Some(d.last_index), d.resume.take()),
             None => (None, None),
         };
+        if resume.is_none() && durable.is_some() {
+            // A new message answers whatever still waited.
+            self.supersede_waiting();
+        }
         // A durable turn takes its place in the transcript now, in the journal.
         let turn = match (&resume, durable) {
             (Some((turn, _)), _) => Some(turn.clone()),
@@ -600,6 +837,7 @@ impl Chat {
             (None, None) => None,
         };
         let message_id = turn.as_ref().map_or_else(new_id, |t| t.message_id.clone());
+        let options_message_id = message_id.clone();
         // The history: the conversation before the turn (not its own message, were it saved).
         let before: Vec<Value> =
             self.messages().into_iter().filter(|m| m.get("id").and_then(Value::as_str) != Some(&message_id)).collect();
@@ -608,19 +846,24 @@ impl Chat {
             self.failed("stream", &e);
         }
         let kept = resume.as_ref().map_or(-1, |(turn, _)| turn.log_keep);
-        let builder = self.kept_message(&spec.request_id, &message_id, kept);
+        let builder = self.kept_message(&spec.request_id, &message_id, kept, continues);
         let builder = RefCell::new(builder);
         let emit = |chunk: Value| {
             builder.borrow_mut().apply(&chunk);
             (spec.emit)(chunk.to_string());
         };
-        let keeper = durable.map(|last_index| Keeper { chat: self, request_id: &spec.request_id, last_index });
+        let keeper = durable.map(|last_index| Keeper {
+            chat: self,
+            request_id: &spec.request_id,
+            message_id: &options_message_id,
+            last_index,
+        });
         let record: &dyn Record = match &keeper {
             Some(keeper) => keeper,
             None => &NoRecord,
         };
         let options = TurnOptions {
-            message_id,
+            message_id: options_message_id.clone(),
             max_steps: spec.max_steps,
             emit_start: kept < 0,
             resume: resume.map(|(_, plan)| plan),
@@ -630,7 +873,7 @@ impl Chat {
             let stop = spec.cancel.cancelled();
             futures::pin_mut!(turn, stop);
             match select(turn, stop).await {
-                Either::Left((TurnOutcome::Completed { .. }, _)) => ChatEnd::Completed,
+                Either::Left((TurnOutcome::Completed { .. } | TurnOutcome::Paused { .. }, _)) => ChatEnd::Completed,
                 Either::Left((TurnOutcome::Failed(e), _)) => ChatEnd::Error(e),
                 Either::Right(_) => {
                     let reason = spec.cancel.reason();
@@ -649,7 +892,22 @@ impl Chat {
             // A reload shows why the turn ended (the stream's error is not a part).
             message["metadata"]["error"] = Value::String(reason.clone());
         }
+        if turn.is_some() {
+            // Each waiting call shows its question, or the answer that came while the turn ran.
+            match Interactions::new(self.sql()).of_message(&options_message_id) {
+                Ok(waiting) => {
+                    for w in &waiting {
+                        interaction::show(&mut message, w);
+                    }
+                }
+                Err(e) => self.failed("waiting calls", &e),
+            }
+        }
         let released = self.save(&spec.request_id, turn.as_ref(), &message);
+        if turn.is_some() {
+            // Answered already: the turn goes on (the host runs it).
+            self.begin_continuation(&options_message_id);
+        }
         if turn.as_ref().is_some_and(|t| t.attempts > 1) {
             self.broadcast_recovering(&spec.request_id, false);
         }

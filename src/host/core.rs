@@ -22,7 +22,8 @@ use super::io::{
 };
 use crate::agent::{Agent, SubAgent};
 use crate::cancel::CancelToken;
-use crate::chat::journal::Journal;
+use crate::chat::interaction::Interactions;
+use crate::chat::journal::{Journal, OpenTurn};
 use crate::child::engine::{ChildEngine, SubscriberId};
 use crate::child::runs::ChildRuns;
 use crate::error::Error;
@@ -309,7 +310,10 @@ impl Host {
         config_error: Option<String>,
         parent_tables: bool,
     ) -> Self {
-        let chat = Chat::new(io.clone()).with_reserved_ids(|sql, id| !matches!(ChildRuns::new(sql).get(id), Ok(None)));
+        let chat = Chat::new(io.clone())
+            .with_reserved_ids(|sql, id| !matches!(ChildRuns::new(sql).get(id), Ok(None)))
+            .with_sub_agent_check(|sql| !matches!(ChildRuns::new(sql).any(), Ok(false)));
+        chat.set_approval_timeout(options.approval_timeout);
         let incarnation = incarnation(io.as_ref());
         let keep = {
             let hooks = hooks.clone();
@@ -607,6 +611,7 @@ impl Host {
             ChatAction::RunTurn { request_id, sender } => self.run_chat_turn(request_id, Some(sender)).await,
             ChatAction::Cancel { request_id } => self.cancel_chat_turn(&request_id).await,
             ChatAction::State(next) => self.client_state(socket.as_ref(), next).await,
+            ChatAction::Answered => self.run_continuations().await,
         }
     }
 
@@ -658,6 +663,12 @@ impl Host {
         }
         self.0.alarm_at.set(None);
         self.recover_chat_turns(true);
+        // Approvals nobody answered in time are denied, and their turns go on.
+        let next_expiry = self.0.chat.expire_approvals();
+        self.run_continuations().await;
+        if let Some(at) = next_expiry {
+            self.arm_alarm_at(at.max(self.now())).await;
+        }
         if matches!(Journal::new(self.sql()).any_open(), Ok(true)) {
             self.watch_chat_turn().await;
         }
@@ -756,31 +767,55 @@ impl Host {
             }
         };
         for turn in open.into_iter().filter(|t| !self.0.chat.is_live(&t.request_id)) {
-            let slot = self.0.chat.claim_slot();
-            // Live from now on: a second look finds it taken.
-            self.0.chat.waits(&turn.request_id, None);
-            let host = self.clone();
-            let max = self.0.chat_recovery_attempts;
-            self.spawn(async move {
-                let request_id = turn.request_id.clone();
-                host.watch_chat_turn().await;
-                let begun = json!({ "requestId": request_id, "attempt": turn.attempts });
-                host.observe(crate::observability::EventType::ChatContinue, begun);
-                let end = host.hooks().continue_chat_turn(&host, turn, max, slot).await;
-                host.0.chat.done_waiting(&request_id);
-                host.0.turn_runs.borrow_mut().remove(&request_id);
-                let mut ended = json!({ "requestId": request_id });
-                match end {
-                    super::chat::ChatEnd::Completed => ended["outcome"] = json!("completed"),
-                    super::chat::ChatEnd::Error(e) => {
-                        ended["outcome"] = json!("error");
-                        ended["error"] = json!(e);
-                    }
-                    super::chat::ChatEnd::Aborted(_) => ended["outcome"] = json!("aborted"),
-                }
-                host.observe(crate::observability::EventType::ChatContinued, ended);
-            });
+            self.spawn_continuation(turn, false);
         }
+    }
+
+    /// Runs the turns that may go on after a person's answers (begun in the journal, so a
+    /// restart meanwhile continues them as it continues any open turn); then the alarm is armed
+    /// for the next approval that can run out.
+    pub(crate) async fn run_continuations(&self) {
+        for turn in self.0.chat.take_continuations() {
+            self.spawn_continuation(turn, true);
+        }
+        let next = Interactions::new(self.sql()).next_expiry();
+        match next {
+            Ok(Some(at)) => self.arm_alarm_at(at.max(self.now())).await,
+            Ok(None) => {}
+            Err(e) => self.storage_failed("waiting calls", &e),
+        }
+    }
+
+    /// Continues an open turn in the background, before any turn a client asks for from now on
+    /// (it takes the turn slot now if it is free): after a restart, or (`fresh`) after a
+    /// person's answers.
+    fn spawn_continuation(&self, turn: OpenTurn, fresh: bool) {
+        let slot = self.0.chat.claim_slot();
+        // Live from now on: a second look finds it taken.
+        self.0.chat.waits(&turn.request_id, None);
+        let host = self.clone();
+        let max = self.0.chat_recovery_attempts;
+        self.spawn(async move {
+            let request_id = turn.request_id.clone();
+            host.watch_chat_turn().await;
+            let begun = json!({ "requestId": request_id, "attempt": turn.attempts, "fresh": fresh });
+            host.observe(crate::observability::EventType::ChatContinue, begun);
+            let end = host.hooks().continue_chat_turn(&host, turn, max, slot, fresh).await;
+            host.0.chat.done_waiting(&request_id);
+            host.0.turn_runs.borrow_mut().remove(&request_id);
+            let mut ended = json!({ "requestId": request_id, "fresh": fresh });
+            match end {
+                super::chat::ChatEnd::Completed => ended["outcome"] = json!("completed"),
+                super::chat::ChatEnd::Error(e) => {
+                    ended["outcome"] = json!("error");
+                    ended["error"] = json!(e);
+                }
+                super::chat::ChatEnd::Aborted(_) => ended["outcome"] = json!("aborted"),
+            }
+            host.observe(crate::observability::EventType::ChatContinued, ended);
+            // A continuation that paused again and was answered meanwhile goes on too.
+            host.run_continuations().await;
+        });
     }
 
     /// Keeps the alarm armed within [`CHAT_WATCH_MS`] while a chat turn is open, so a turn that

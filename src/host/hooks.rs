@@ -83,13 +83,15 @@ pub(crate) trait Hooks {
         request_id: String,
         sender: Option<String>,
     ) -> LocalFuture<'static, ()>;
-    /// Continues a chat turn that a restart cut short, from its journal.
+    /// Continues a chat turn from its journal: one a restart cut short, or (`fresh`) one that
+    /// paused for a person and was answered.
     fn continue_chat_turn(
         self: Rc<Self>,
         host: &Host,
         turn: crate::chat::journal::OpenTurn,
         max_attempts: u32,
         slot: Option<super::chat::TurnSlot>,
+        fresh: bool,
     ) -> LocalFuture<'static, super::chat::ChatEnd>;
     /// Runs an agent-tool run's turn ([`Agent::run`]).
     fn run(
@@ -261,6 +263,7 @@ impl<A: Agent> Hooks for Parts<A> {
         turn: crate::chat::journal::OpenTurn,
         max_attempts: u32,
         slot: Option<super::chat::TurnSlot>,
+        fresh: bool,
     ) -> LocalFuture<'static, super::chat::ChatEnd> {
         let host = self.typed(host);
         Box::pin(async move {
@@ -278,9 +281,10 @@ impl<A: Agent> Hooks for Parts<A> {
             let model: &dyn DynModel = model.as_ref().map_or(&offline, |m| m.get());
             let decide = |cut: &crate::InterruptedTurn| match &problem {
                 Some(problem) => crate::ChatRecovery::Decline(problem.clone()),
+                None if fresh => crate::ChatRecovery::Continue,
                 None => agent.on_chat_recovery(cut),
             };
-            core.chat.continue_turn(turn, system, max_steps, model, &tools, max_attempts, &decide, slot).await
+            core.chat.continue_turn(turn, system, max_steps, model, &tools, max_attempts, &decide, slot, fresh).await
         })
     }
 

@@ -8,7 +8,7 @@ use super::child::Turn;
 use super::core::{AgentHost, Host};
 use crate::agent::Agent;
 use crate::chat::journal::Redo;
-use crate::chat::turn::ToolBox;
+use crate::chat::turn::{Needs, ToolBox};
 use crate::llm::{ToolCall, ToolSpec};
 use crate::tools::{Entry, ToolContext};
 use crate::types::AgentToolFailure;
@@ -22,18 +22,47 @@ pub(crate) struct HostTools<'a, A: Agent> {
     pub(crate) turn: Option<&'a Turn<A>>,
 }
 
+impl<A: Agent> HostTools<'_, A> {
+    /// The client-side tools the last chat request declared (`clientTools`), those the agent
+    /// does not declare itself; none in a sub-agent's turn.
+    fn requested_client_tools(&self) -> Vec<ToolSpec> {
+        if self.turn.is_some() {
+            return Vec::new();
+        }
+        let declared = crate::chat::store::ClientTools::new(self.host.host.sql()).list().unwrap_or_else(|e| {
+            self.host.host.storage_failed("client tools", &e);
+            Vec::new()
+        });
+        declared.into_iter().filter(|t| self.host.parts.tools.find(&t.name).is_none()).collect()
+    }
+}
+
 impl<A: Agent> ToolBox for HostTools<'_, A> {
     fn specs(&self) -> Vec<ToolSpec> {
-        self.host.parts.tools.specs()
+        let mut specs = self.host.parts.tools.specs();
+        specs.extend(self.requested_client_tools());
+        specs
     }
 
     async fn execute(&self, call: &ToolCall, order: usize) -> Result<Value, String> {
         let Some(entry) = self.host.parts.tools.find(&call.name) else {
+            if self.requested_client_tools().iter().any(|t| t.name == call.name) {
+                return Err(client_only(&call.name));
+            }
             return Err(format!("unknown tool {:?}", call.name));
         };
         let spec = entry.spec();
         crate::schema::validate(&spec.input_schema, &call.input)
             .map_err(|e| format!("Invalid input for tool {}: {e}", call.name))?;
+        if self.turn.is_some() && entry.needs_approval(&call.input) {
+            // A sub-agent's turn has no person to ask (its parent mediates: see the guide).
+            return Ok(AgentToolFailure::error(format!(
+                "The tool {} needs a person's approval, which a sub-agent's turn cannot ask for; the parent must \
+                 ask (see docs/guide.md, \"A person in the loop\").",
+                call.name
+            ))
+            .to_value());
+        }
         match entry {
             Entry::Agent(tool) => {
                 let options = tool.run_options(call, order);
@@ -51,6 +80,7 @@ impl<A: Agent> ToolBox for HostTools<'_, A> {
                     Err(error) => Ok(AgentToolFailure::error(error).to_value()),
                 }
             }
+            Entry::Client(_) => Err(client_only(&call.name)),
         }
     }
 
@@ -63,10 +93,38 @@ impl<A: Agent> ToolBox for HostTools<'_, A> {
         }
     }
 
+    fn needs(&self, call: &ToolCall) -> Needs {
+        // A sub-agent's turn cannot pause: its calls run (a client-side one gets its error).
+        if self.turn.is_some() {
+            return Needs::Run;
+        }
+        let spec = match self.host.parts.tools.find(&call.name) {
+            Some(entry) => entry.spec(),
+            None => match self.requested_client_tools().into_iter().find(|t| t.name == call.name) {
+                Some(spec) => spec,
+                None => return Needs::Run,
+            },
+        };
+        // An invalid call runs, to get its error.
+        if crate::schema::validate(&spec.input_schema, &call.input).is_err() {
+            return Needs::Run;
+        }
+        match self.host.parts.tools.find(&call.name) {
+            Some(Entry::Client(_)) | None => Needs::Client,
+            Some(entry) if entry.needs_approval(&call.input) => Needs::Approval,
+            Some(_) => Needs::Run,
+        }
+    }
+
     fn call_id_taken(&self, id: &str) -> bool {
         // Taken unless the registry says it is free (a failed read picks another id).
         !matches!(self.host.host.registry().get(&format!("agent-tool:{id}")), Ok(None))
     }
+}
+
+/// The error a client-side tool's call gets where no browser can run it.
+fn client_only(name: &str) -> String {
+    format!("The tool {name} runs in the browser, and a sub-agent's turn has no client-side tools.")
 }
 
 impl Host {
@@ -80,6 +138,8 @@ impl Host {
         self.hooks().run_chat_turn(self, request_id.clone(), sender).await;
         self.0.chat.done_waiting(&request_id);
         self.0.turn_runs.borrow_mut().remove(&request_id);
+        // A turn that paused for a person and was answered while it ran goes on.
+        self.run_continuations().await;
     }
 
     /// Cancels a chat turn (running or still queued) and the child runs it was waiting on: the

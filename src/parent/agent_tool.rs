@@ -51,6 +51,25 @@ pub struct AgentTool {
     pub icon: Option<String>,
     /// More UI metadata, merged under `display`.
     pub display: Option<Value>,
+    pub(crate) approval: NeedsApproval,
+}
+
+/// When a tool's call waits for a person's approval before it runs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum NeedsApproval {
+    Never,
+    Always,
+    When(fn(&Value) -> bool),
+}
+
+impl PartialEq for NeedsApproval {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Never, Self::Never) | (Self::Always, Self::Always) => true,
+            (Self::When(a), Self::When(b)) => std::ptr::fn_addr_eq(*a, *b),
+            _ => false,
+        }
+    }
 }
 
 /// The schema of `T`, as sent to models (without the `$schema` marker).
@@ -75,6 +94,29 @@ impl AgentTool {
             display_name: None,
             icon: None,
             display: None,
+            approval: NeedsApproval::Never,
+        }
+    }
+
+    /// Every call waits for a person's approval before its child is dispatched (the stock
+    /// client's approval request; denied, the model is told and no child starts).
+    pub fn needs_approval(mut self) -> Self {
+        self.approval = NeedsApproval::Always;
+        self
+    }
+
+    /// A call waits for approval when `when` says so of its (valid) input.
+    pub fn needs_approval_when(mut self, when: fn(&Value) -> bool) -> Self {
+        self.approval = NeedsApproval::When(when);
+        self
+    }
+
+    /// Whether a call with this (valid) input waits for approval.
+    pub fn needs_approval_for(&self, input: &Value) -> bool {
+        match self.approval {
+            NeedsApproval::Never => false,
+            NeedsApproval::Always => true,
+            NeedsApproval::When(when) => when(input),
         }
     }
 

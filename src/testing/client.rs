@@ -205,6 +205,11 @@ impl Inbox {
                 }
             }
             Some("cf_agent_use_chat_response") => self.response(&frame),
+            Some("cf_agent_message_updated") => {
+                if let Some(message) = frame.get("message") {
+                    self.updated(message);
+                }
+            }
             Some("cf_agent_stream_resuming") => self.resuming(&frame),
             Some("cf_agent_state") => *self.state.borrow_mut() = frame.get("state").cloned(),
             Some("cf_agent_state_error") => {
@@ -265,8 +270,38 @@ impl Inbox {
         }
     }
 
+    /// A saved message changed (`cf_agent_message_updated`): the stock client replaces its copy.
+    fn updated(&self, message: &Value) {
+        for held in self.transcript.borrow_mut().iter_mut().filter(|m| m["id"] == message["id"]) {
+            *held = message.clone();
+        }
+        for response in self.responses.borrow_mut().values_mut() {
+            if response.builder.as_ref().is_some_and(|b| b.message()["id"] == message["id"]) {
+                response.builder = Some(MessageBuilder::from_message(message));
+            }
+        }
+    }
+
+    /// The last assistant message this client shows (a continuation goes on with it).
+    fn last_assistant(&self) -> Option<Value> {
+        let responses = self.responses.borrow();
+        let replies =
+            responses.values().filter(|r| r.done).filter_map(|r| r.builder.as_ref().map(MessageBuilder::message));
+        let transcript = self.transcript.borrow();
+        let mut shown: Vec<Value> = transcript.clone();
+        for reply in replies {
+            match shown.iter_mut().find(|m| m["id"] == reply["id"]) {
+                Some(m) => *m = reply,
+                None => shown.push(reply),
+            }
+        }
+        shown.into_iter().rev().find(|m| m["role"] == "assistant")
+    }
+
     fn response(&self, frame: &Value) {
         let Some(id) = frame.get("id").and_then(Value::as_str) else { return };
+        let continuation = frame.get("continuation") == Some(&Value::Bool(true));
+        let base = if continuation { self.last_assistant() } else { None };
         let mut responses = self.responses.borrow_mut();
         let response = responses.entry(id.to_owned()).or_default();
         let replay = frame.get("replay") == Some(&Value::Bool(true));
@@ -290,7 +325,10 @@ impl Inbox {
         if frame.get("error") == Some(&Value::Bool(true)) {
             response.error = Some(body.to_owned());
         } else if let Ok(chunk) = serde_json::from_str::<Value>(body) {
-            let builder = response.builder.get_or_insert_with(|| MessageBuilder::new(format!("a-{id}")));
+            // A continuation goes on with the last assistant message, as the stock client's does.
+            let start =
+                || base.as_ref().map_or_else(|| MessageBuilder::new(format!("a-{id}")), MessageBuilder::from_message);
+            let builder = response.builder.get_or_insert_with(start);
             builder.apply(&chunk);
             if chunk.get("type").and_then(Value::as_str) == Some("error") {
                 response.error = chunk.get("errorText").and_then(Value::as_str).map(str::to_owned);
@@ -303,6 +341,12 @@ impl Inbox {
             // The stock client stops showing "recovering" with any end but a recovering one.
             if frame.get("outcome").and_then(Value::as_str) != Some("recovering") {
                 self.recovering.set(false);
+            }
+            // A continuation's message is the one it went on with: every copy shows it.
+            let finished = response.builder.as_ref().filter(|_| continuation).map(MessageBuilder::message);
+            drop(responses);
+            if let Some(message) = finished {
+                self.updated(&message);
             }
         }
     }
@@ -432,6 +476,13 @@ impl Client {
     /// Sends a chat message as `useAgentChat`'s `sendMessage` does (the transcript so far and
     /// the new user message), without waiting. Returns the request id.
     pub fn send_chat(&self, text: &str) -> String {
+        self.send_chat_with(text, json!({}))
+    }
+
+    /// [`Client::send_chat`] with more fields in the request body, as the stock client adds
+    /// its `body` option and its `clientTools` (`{"clientTools": [{name, description,
+    /// parameters}]}`).
+    pub fn send_chat_with(&self, text: &str, extra_body: Value) -> String {
         let request_id = self.id("req");
         let mut messages = self.messages();
         for reply in self.inbox.responses.borrow().values().filter(|r| r.done) {
@@ -442,7 +493,11 @@ impl Client {
             }
         }
         messages.push(user_text(self.id("user"), text));
-        let body = json!({ "messages": messages, "trigger": "submit-message" }).to_string();
+        let mut body = json!({ "messages": messages, "trigger": "submit-message" });
+        if let (Value::Object(body), Value::Object(extra)) = (&mut body, extra_body) {
+            body.extend(extra);
+        }
+        let body = body.to_string();
         let frame = json!({ "type": "cf_agent_use_chat_request", "id": request_id,
                             "init": { "method": "POST", "body": body } });
         self.inbox.responses.borrow_mut().insert(request_id.clone(), Response { sent: true, ..Response::default() });
@@ -547,6 +602,45 @@ impl Client {
     /// How many times the client reconnected by itself.
     pub fn reconnects(&self) -> usize {
         self.inbox.reconnects.get()
+    }
+
+    /// The last assistant message as this client shows it (its transcript, with the replies and
+    /// continuations it received).
+    pub fn last_answer(&self) -> Option<Value> {
+        self.inbox.last_assistant()
+    }
+
+    /// The tool calls that wait for this client's approval, as the stock client shows them (parts
+    /// in `approval-requested`): `(toolCallId, approvalId)`, oldest first.
+    pub fn approval_requests(&self) -> Vec<(String, String)> {
+        let Some(message) = self.last_answer() else { return Vec::new() };
+        let parts = message["parts"].as_array().cloned().unwrap_or_default();
+        parts
+            .iter()
+            .filter(|p| p["state"] == "approval-requested")
+            .filter_map(|p| Some((p["toolCallId"].as_str()?.to_owned(), p["approval"]["id"].as_str()?.to_owned())))
+            .collect()
+    }
+
+    /// Answers an approval request as the stock client's `addToolApprovalResponse` does
+    /// (`cf_agent_tool_approval` with `autoContinue: true`, the stock default).
+    pub fn answer_approval(&self, tool_call_id: &str, approved: bool) {
+        self.send(&json!({ "type": "cf_agent_tool_approval", "toolCallId": tool_call_id, "approved": approved,
+                           "autoContinue": true }));
+    }
+
+    /// Sends a client-side tool's output as the stock client's `addToolOutput` does
+    /// (`cf_agent_tool_result` with `autoContinue: true`).
+    pub fn add_tool_output(&self, tool_call_id: &str, tool_name: &str, output: &Value) {
+        self.send(&json!({ "type": "cf_agent_tool_result", "toolCallId": tool_call_id, "toolName": tool_name,
+                           "output": output, "autoContinue": true }));
+    }
+
+    /// The `cf_agent_error` frames this client got (frames the agent could not use), oldest first.
+    pub fn errors(&self) -> Vec<String> {
+        let frames = self.inbox.frames.borrow();
+        let errors = frames.iter().filter(|f| f["type"] == "cf_agent_error");
+        errors.filter_map(|f| f["error"].as_str().map(str::to_owned)).collect()
     }
 }
 

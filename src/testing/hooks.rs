@@ -156,8 +156,9 @@ impl Hooks for Watched {
         turn: crate::chat::journal::OpenTurn,
         max_attempts: u32,
         slot: Option<crate::host::chat::TurnSlot>,
+        fresh: bool,
     ) -> LocalFuture<'static, crate::host::chat::ChatEnd> {
-        self.inner.clone().continue_chat_turn(host, turn, max_attempts, slot)
+        self.inner.clone().continue_chat_turn(host, turn, max_attempts, slot, fresh)
     }
 
     fn run(

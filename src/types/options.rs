@@ -149,6 +149,10 @@ pub struct AgentToolOptions {
     /// How long finished runs are kept (for replay, drill-in and inspection) before they are
     /// cleared as `AgentHost::clear_agent_tool_runs` clears them.
     pub retention: Retention,
+    /// How long a tool call waits for a person's approval before it is denied ("nobody
+    /// answered within … s"), and the turn goes on with the denial. Default: it waits as long
+    /// as it takes (across deploys and restarts alike).
+    pub approval_timeout: Option<Duration>,
 }
 
 /// Which finished runs a parent keeps. Live runs are never removed; a run past either limit is
@@ -260,6 +264,12 @@ impl AgentToolOptions {
         self.retention = retention;
         self
     }
+
+    /// Sets [`Self::approval_timeout`].
+    pub fn approval_timeout(mut self, timeout: Duration) -> Self {
+        self.approval_timeout = Some(timeout);
+        self
+    }
 }
 
 impl Default for Retention {
@@ -282,6 +292,7 @@ impl Default for AgentToolOptions {
             recovery: RecoveryPolicy::Rerun,
             max_recovery_attempts: DEFAULT_MAX_RECOVERY_ATTEMPTS,
             retention: Retention::default(),
+            approval_timeout: None,
         }
     }
 }
