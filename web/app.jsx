@@ -2,7 +2,8 @@
 // Rust agents. useAgent (agents/react) connects, useAgentChat (@cloudflare/ai-chat/react) is the
 // chat, useAgentToolEvents (agents/react) renders the child runs beside their tool calls and in
 // the background-runs tray, and a drill-in panel opens a child's own conversation through the
-// parent's `sub` route.
+// parent's `sub` route. A `publish` call waits for the user's approval (the stock approval
+// request); `local_time` is answered by this browser (the stock onToolCall).
 import { useEffect, useState } from "react";
 import { createRoot } from "react-dom/client";
 import { useAgent, useAgentToolEvents } from "agents/react";
@@ -105,17 +106,49 @@ function RunCard({ run, agent, onOpen }) {
   );
 }
 
-function MessagePart({ part, tools, agent, onOpen }) {
+// A tool call that waits for the user: the stock approval request (`approval-requested`, answered
+// with addToolApprovalResponse), and the answer once given.
+function Approval({ part, onApproval }) {
+  if (part.state === "approval-requested") {
+    return (
+      <div className="approval" data-testid="approval">
+        Run this call?{" "}
+        <button data-testid="approve" onClick={() => onApproval({ id: part.approval.id, approved: true })}>
+          Approve
+        </button>{" "}
+        <button data-testid="deny" onClick={() => onApproval({ id: part.approval.id, approved: false })}>
+          Deny
+        </button>
+      </div>
+    );
+  }
+  if (part.approval?.approved === false) {
+    return (
+      <div className="approval denied" data-testid="denied">
+        Denied{part.approval.reason ? `: ${part.approval.reason}` : ""}
+      </div>
+    );
+  }
+  return null;
+}
+
+function MessagePart({ part, tools, agent, onOpen, onApproval }) {
   if (part.type === "text") return <p className="text-part">{part.text}</p>;
   if (part.type.startsWith("tool-") || part.type === "dynamic-tool") {
     const name = part.type === "dynamic-tool" ? part.toolName : part.type.slice(5);
     const runs = tools.getRunsForToolCall(part.toolCallId);
     return (
-      <div className="tool-call" data-testid="tool-call" data-tool-call-id={part.toolCallId}>
+      <div className="tool-call" data-testid="tool-call" data-tool-call-id={part.toolCallId} data-state={part.state}>
         <div className="tool-head">
           <code>{name}</code> <span className="input">{JSON.stringify(part.input ?? {})}</span>{" "}
           <span className={`badge ${part.state}`}>{part.state}</span>
         </div>
+        {onApproval && <Approval part={part} onApproval={onApproval} />}
+        {part.state === "output-available" && runs.length === 0 && (
+          <div className="output" data-testid="tool-output">
+            {typeof part.output === "string" ? part.output : JSON.stringify(part.output)}
+          </div>
+        )}
         {part.state === "output-error" && <div className="error">{part.errorText}</div>}
         {runs.map((run) => (
           <RunCard key={run.runId} run={run} agent={agent} onOpen={onOpen} />
@@ -126,14 +159,14 @@ function MessagePart({ part, tools, agent, onOpen }) {
   return null;
 }
 
-function Conversation({ messages, tools, agent, onOpen, testid }) {
+function Conversation({ messages, tools, agent, onOpen, onApproval, testid }) {
   return (
     <div className="messages" data-testid={testid}>
       {messages.map((m) => (
         <div key={m.id} className={`message ${m.role}`} data-testid={`message-${m.role}`}>
           <div className="role">{m.role}</div>
           {m.parts.map((part, i) => (
-            <MessagePart key={i} part={part} tools={tools} agent={agent} onOpen={onOpen} />
+            <MessagePart key={i} part={part} tools={tools} agent={agent} onOpen={onOpen} onApproval={onApproval} />
           ))}
         </div>
       ))}
@@ -187,7 +220,16 @@ function App() {
     onStateUpdateError: (error) => setStateError(error)
   });
   const budget = agent.state?.budget ?? 5;
-  const { messages, sendMessage, status, stop, isRecovering } = useAgentChat({ agent });
+  // `local_time` is a client-side tool: the agent's model calls it, this browser answers.
+  const onToolCall = ({ toolCall, addToolOutput }) => {
+    if (toolCall.toolName !== "local_time") return;
+    const timeZone = Intl.DateTimeFormat().resolvedOptions().timeZone;
+    addToolOutput({ toolCallId: toolCall.toolCallId, output: { localTime: new Date().toString(), timeZone } });
+  };
+  const { messages, sendMessage, status, stop, isRecovering, addToolApprovalResponse } = useAgentChat({
+    agent,
+    onToolCall
+  });
   const tools = useAgentToolEvents({ agent });
   const [input, setInput] = useState("Research HTTP/3 and gRPC");
   const initialDrill = params.get("drill");
@@ -257,7 +299,14 @@ function App() {
         </span>
       </header>
       <main className="chat">
-        <Conversation messages={messages} tools={tools} agent={agent} onOpen={open} testid="messages" />
+        <Conversation
+          messages={messages}
+          tools={tools}
+          agent={agent}
+          onOpen={open}
+          onApproval={addToolApprovalResponse}
+          testid="messages"
+        />
         {isRecovering && (
           <p className="recovering" data-testid="recovering">
             The agent restarted; recovering this answer…

@@ -48,7 +48,7 @@ impl Kind {
 pub enum Answer {
     /// Approved: the tool runs when the turn goes on.
     Approved,
-    /// Denied, with the reason the model is given.
+    /// Denied, with the reason the model is given (empty: none given).
     Denied(String),
     /// A client-side tool's output.
     Output(Value),

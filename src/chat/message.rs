@@ -56,7 +56,7 @@ impl MessageBuilder {
         }
         let name = name?;
         self.parts.push(json!({
-            "type": format!("tool-{name}"), "toolCallId": call_id, "toolName": name, "state": "input-streaming"
+            "type": format!("tool-{name}"), "toolCallId": call_id, "state": "input-streaming"
         }));
         Some(self.parts.len() - 1)
     }
@@ -238,8 +238,9 @@ mod tests {
         assert_eq!(parts[1], json!({"type": "text", "text": "Hello", "state": "done"}));
         assert_eq!(
             parts[2],
-            json!({"type": "tool-research", "toolCallId": "c1", "toolName": "research",
-                   "state": "output-available", "input": {"query": "x"}, "output": "done"})
+            json!({"type": "tool-research", "toolCallId": "c1",
+                   "state": "output-available", "input": {"query": "x"}, "output": "done"}),
+            "a static tool's part is named by its type, as the AI SDK builds it"
         );
         assert_eq!(parts[3]["type"], "data-agent-milestone", "transient progress is not persisted");
         assert_eq!(parts.len(), 4);

@@ -123,7 +123,7 @@ fn answer(kind: &str, frame: &Map<String, Value>) -> Result<ChatMessage, String>
     let (kind, answer) = if kind == "cf_agent_tool_approval" {
         let answer = match frame.get("approved") {
             Some(Value::Bool(true)) => Answer::Approved,
-            Some(Value::Bool(false)) => Answer::Denied(text("reason").unwrap_or_else(|| "denied by the user".into())),
+            Some(Value::Bool(false)) => Answer::Denied(text("reason").unwrap_or_default()),
             _ => return Err("cf_agent_tool_approval needs a boolean \"approved\"".into()),
         };
         (Kind::Approval, answer)
@@ -228,6 +228,12 @@ pub enum ChatFrame {
         /// The probe the client sent.
         probe_id: Value,
     },
+    /// `cf_agent_stream_pending`: a turn is about to stream (a continuation after an answer);
+    /// `cf_agent_stream_resuming` follows when it begins.
+    Pending {
+        /// The probe the client sent.
+        probe_id: Value,
+    },
     /// `cf_agent_error`: a frame that could not be used (the socket stays open).
     Error(String),
     /// `cf_agent_message_updated`: a saved message changed (a call's part shows its answer).
@@ -301,6 +307,7 @@ impl ChatFrame {
             Self::ResumeNone { probe_id } => {
                 json!({ "type": "cf_agent_stream_resume_none", "reason": "idle", "probeId": probe_id }).to_string()
             }
+            Self::Pending { probe_id } => json!({ "type": "cf_agent_stream_pending", "probeId": probe_id }).to_string(),
             Self::Error(problem) => json!({ "type": "cf_agent_error", "error": problem }).to_string(),
             Self::MessageUpdated(message) => {
                 json!({ "type": "cf_agent_message_updated", "message": message }).to_string()
@@ -392,6 +399,9 @@ pub struct ChatState {
     waiting: HashMap<String, Option<String>>,
     /// Those of `waiting` cancelled meanwhile.
     cancelled: HashSet<String>,
+    /// Connections that asked to resume while a turn waited to begin, with their probes: told
+    /// when it begins.
+    parked: HashMap<String, Value>,
 }
 
 impl ChatState {
@@ -444,6 +454,29 @@ impl ChatState {
     /// A connection closed.
     pub fn on_close(&mut self, connection: &str) {
         self.resuming.remove(connection);
+        self.parked.remove(connection);
+    }
+
+    /// The connections that wait for a stream to begin are offered it (they acknowledge to get
+    /// its replay); with no turn left to begin, they are told nothing streams.
+    fn unpark(&mut self) -> Vec<ChatOutput> {
+        if self.active.is_none() && !self.waiting.is_empty() {
+            return Vec::new();
+        }
+        let parked: Vec<(String, Value)> = self.parked.drain().collect();
+        parked
+            .into_iter()
+            .map(|(connection, probe_id)| {
+                let frame = match &self.active {
+                    Some(active) => {
+                        self.resuming.insert(connection.clone());
+                        ChatFrame::Resuming { id: active.request_id.clone(), probe_id: Some(probe_id) }
+                    }
+                    None => ChatFrame::ResumeNone { probe_id },
+                };
+                ChatOutput::Send { to: connection, frame }
+            })
+            .collect()
     }
 
     /// A chat message from `connection`. `reserved` says whether a request id names a stream
@@ -473,6 +506,12 @@ impl ChatState {
                     let frame = ChatFrame::Resuming { id: active.request_id.clone(), probe_id: Some(probe_id) };
                     self.resuming.insert(connection.to_owned());
                     send(frame)
+                }
+                // A turn is about to stream (a continuation a client's answer started): the
+                // client waits, and is offered the stream when it begins.
+                None if !self.waiting.is_empty() => {
+                    self.parked.insert(connection.to_owned(), probe_id.clone());
+                    send(ChatFrame::Pending { probe_id })
                 }
                 None => send(ChatFrame::ResumeNone { probe_id }),
             },
@@ -610,14 +649,16 @@ impl ChatState {
     }
 
     /// A turn that was waiting will not begin (it failed before it could): it waits no more.
-    pub fn turn_dropped(&mut self, request_id: &str) {
+    /// Returns what connections waiting for a stream are told.
+    pub fn turn_dropped(&mut self, request_id: &str) -> Vec<ChatOutput> {
         self.waiting.remove(request_id);
         self.cancelled.remove(request_id);
+        self.unpark()
     }
 
     /// A turn's time came: `Err` with the frame that ends it at once when it was cancelled while
     /// it waited; else it is the active stream (a fresh stream drops what an earlier turn of the
-    /// same request id stored).
+    /// same request id stored), and the connections that waited for a stream are offered it.
     pub fn turn_begins(
         &mut self,
         sql: &(impl Sql + ?Sized),
@@ -625,7 +666,7 @@ impl ChatState {
         replay_after: i64,
         fresh_stream: bool,
         continuation: bool,
-    ) -> Result<Result<(), ChatOutput>, StoreError> {
+    ) -> Result<Result<Vec<ChatOutput>, Vec<ChatOutput>>, StoreError> {
         self.waiting.remove(request_id);
         if self.cancelled.remove(request_id) {
             let end = ChatFrame::Response {
@@ -638,13 +679,15 @@ impl ChatState {
                 replay_complete: false,
                 continuation: false,
             };
-            return Ok(Err(self.broadcast(end, None)));
+            let mut ended = vec![self.broadcast(end, None)];
+            ended.extend(self.unpark());
+            return Ok(Err(ended));
         }
         if fresh_stream {
             StreamLog::new(sql).delete(request_id)?;
         }
         self.active = Some(ActiveStream { request_id: request_id.to_owned(), replay_after, continuation });
-        Ok(Ok(()))
+        Ok(Ok(self.unpark()))
     }
 
     /// A turn's chunks, to the clients (not those resuming: they get them in their replay).
@@ -896,7 +939,7 @@ mod tests {
     fn a_resuming_connection_gets_its_replay_then_live_chunks_each_once() {
         let db = db();
         let mut chat = ChatState::default();
-        assert_eq!(chat.turn_begins(&db, "r1", -1, true, false).unwrap(), Ok(()));
+        assert_eq!(chat.turn_begins(&db, "r1", -1, true, false).unwrap(), Ok(vec![]));
         let log = StreamLog::new(&db);
         log.append("r1", 0, ChunkKind::Stored, "{\"n\":0}").unwrap();
         // A client connects mid-stream: told to resume, and skipped by live chunks.
@@ -920,13 +963,33 @@ mod tests {
     }
 
     #[test]
+    fn a_probe_while_a_turn_waits_to_begin_is_answered_when_it_begins() {
+        let db = db();
+        let mut chat = ChatState::default();
+        chat.turn_waits("k1", None);
+        let probe = ChatMessage::ResumeRequest { probe_id: json!("p1") };
+        let pending = chat.receive(&db, "c1", probe.clone(), NONE_RESERVED, 1).unwrap();
+        assert_eq!(sent_to(&pending, "c1"), [json!({"type": "cf_agent_stream_pending", "probeId": "p1"})]);
+        let Ok(Ok(offered)) = chat.turn_begins(&db, "k1", -1, true, true) else { panic!("began") };
+        assert_eq!(sent_to(&offered, "c1"), [json!({"type": "cf_agent_stream_resuming", "id": "k1", "probeId": "p1"})]);
+        // It resumes (gets no live chunk until its replay), like any connection offered a stream.
+        assert!(sent_to(&chat.turn_chunks("k1", &["{}".to_owned()]), "c1").is_empty());
+        // A turn that never begins releases its waiting connections.
+        let _ = chat.turn_ends(&db, "k1", &ChatEnd::Completed, None, true, NONE_RESERVED).unwrap();
+        chat.turn_waits("k3", None);
+        chat.receive(&db, "c3", probe, NONE_RESERVED, 3).unwrap();
+        let released = chat.turn_dropped("k3");
+        assert_eq!(sent_to(&released, "c3")[0]["type"], "cf_agent_stream_resume_none");
+    }
+
+    #[test]
     fn a_turn_cancelled_while_it_waited_ends_at_once() {
         let db = db();
         let mut chat = ChatState::default();
         chat.turn_waits("r1", Some("c1".into()));
         assert!(!chat.cancel("r1"), "not the running turn");
         let Ok(Err(end)) = chat.turn_begins(&db, "r1", -1, true, false) else { panic!("ended at once") };
-        assert_eq!(sent_to(&[end], "c1")[0]["outcome"], "aborted");
+        assert_eq!(sent_to(&end, "c1")[0]["outcome"], "aborted");
         assert!(chat.active().is_none());
         assert!(!chat.cancel("nobody"), "an unknown id is ignored");
     }

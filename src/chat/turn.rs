@@ -180,13 +180,16 @@ pub struct TurnOptions {
     /// Where a turn cut short goes on from (its journal's [`Continuation`]), or `None` for a
     /// new turn.
     pub resume: Option<Continuation>,
+    /// Chunks streamed right after `start` (a continuation's `tool-output-denied` for the calls
+    /// a person denied, so a client's part shows the denial as the AI SDK streams it).
+    pub opening: Vec<Value>,
 }
 
 #[cfg(test)]
 impl TurnOptions {
     /// A new turn writing `message_id`, at most `max_steps` model steps.
     pub fn new(message_id: impl Into<String>, max_steps: usize) -> Self {
-        Self { message_id: message_id.into(), max_steps, emit_start: true, resume: None }
+        Self { message_id: message_id.into(), max_steps, emit_start: true, resume: None, opening: Vec::new() }
     }
 }
 
@@ -295,6 +298,9 @@ pub async fn run_turn(
     let mut messages = history;
     if options.emit_start {
         emit(json!({ "type": "start", "messageId": options.message_id }));
+        for chunk in &options.opening {
+            emit(chunk.clone());
+        }
     }
     let mut finish_reason = String::from("stop");
     let mut first = 0;

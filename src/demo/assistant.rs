@@ -111,13 +111,20 @@ impl Agent for Assistant {
     fn system_prompt(&self) -> Option<String> {
         Some(
             "You are a helpful assistant. For each topic the user wants researched, call the research tool \
-             once per topic, all in the same step, then summarise what the researchers found."
+             once per topic, all in the same step, then summarise what the researchers found. To publish \
+             findings, call publish (the user approves it first). For the user's local time, call local_time \
+             (their browser answers)."
                 .into(),
         )
     }
 
+    /// `research` (a child per topic), `publish` (a child too, dispatched only once the user
+    /// approves the call) and `local_time` (the browser answers it).
     fn tools(&self) -> Tools<Self> {
-        Tools::new().agent(research_tool())
+        Tools::new()
+            .agent(research_tool())
+            .agent(publish_tool())
+            .client(ClientTool::new("local_time", "The user's local date and time, as their browser tells it."))
     }
 
     /// `MAX_CONCURRENT_AGENT_TOOLS` (default 64; `0` for unlimited), `AGENT_TOOL_ADMISSION`
@@ -331,6 +338,16 @@ fn research_tool() -> AgentTool {
         .input::<ResearchInput>()
         .display_name("Researcher")
         .icon("🔎")
+}
+
+/// The `publish` tool: a researcher whose findings are "published"; every call waits for the
+/// user's approval (the stock approval request), and no child starts before it.
+fn publish_tool() -> AgentTool {
+    AgentTool::of::<Researcher>("publish", "Research a topic and publish the findings; the user approves it first.")
+        .input::<ResearchInput>()
+        .display_name("Publisher")
+        .icon("📣")
+        .needs_approval()
 }
 
 async fn run_awaited(host: &AgentHost<Assistant>, child: Child, options: RunOptions) -> RunResult {

@@ -8,6 +8,9 @@
 //!    optional "please"): it reads **topics** from the rest (split on commas, "and", "vs") and
 //!    calls the first tool once per topic, all in one step, with `{"query": topic}` (or
 //!    `topic`/`text`, whichever the tool's schema has).
+//!    Or the user's message starts with the name of an offered tool (underscores read as
+//!    spaces: `publish QUIC`, `local time`): it calls that tool once, with the rest of the
+//!    message as its `query`/`topic`/`text`.
 //! 2. The last messages are tool results: it answers with one line per result.
 //! 3. Tools are offered but the user did not ask for research (a background run's
 //!    notification, say): it answers `Noted: ` and the message's first words.
@@ -170,6 +173,18 @@ pub(crate) fn topics(text: &str) -> Vec<String> {
     out.into_iter().map(|t| t.trim().to_owned()).filter(|t| !t.is_empty()).collect()
 }
 
+/// The offered tool a user message starts with by name (underscores read as spaces), with the
+/// rest of the message.
+fn named_tool<'a>(tools: &'a [ToolSpec], text: &'a str) -> Option<(&'a ToolSpec, &'a str)> {
+    let text = text.trim();
+    tools.iter().find_map(|tool| {
+        let name = tool.name.replace('_', " ");
+        let head = text.get(..name.len()).filter(|head| head.eq_ignore_ascii_case(&name))?;
+        let rest = &text[head.len()..];
+        (rest.is_empty() || rest.starts_with(char::is_whitespace)).then(|| (tool, rest.trim()))
+    })
+}
+
 fn tool_input(tool: &ToolSpec, topic: &str) -> serde_json::Value {
     let props = tool.input_schema.get("properties");
     let key = ["query", "topic", "text"].into_iter().find(|k| props.and_then(|p| p.get(*k)).is_some());
@@ -239,6 +254,15 @@ pub(crate) fn respond(request: &ModelRequest, words: usize) -> Box<dyn Iterator<
             events.extend(deltas(&text).into_iter().map(ModelEvent::TextDelta));
         }
         Some(ModelMessage::User(text)) if !request.tools.is_empty() => {
+            if let Some((tool, rest)) = named_tool(&request.tools, text) {
+                let id = format!("offline_call_{step}_0");
+                let input = tool_input(tool, rest.trim_end_matches(['.', '?', '!']));
+                events.push(ModelEvent::ToolCallStart { id: id.clone(), name: tool.name.clone() });
+                events.push(ModelEvent::ToolCallDelta { id: id.clone(), delta: input.to_string() });
+                events.push(ModelEvent::ToolCallReady(Ok(ToolCall { id, name: tool.name.clone(), input })));
+                events.push(ModelEvent::Finish("tool-calls".into()));
+                return Box::new(events.into_iter());
+            }
             let gist: Vec<&str> = text.split_whitespace().take(12).collect();
             events.extend(deltas(&format!("Noted: {}", gist.join(" "))).into_iter().map(ModelEvent::TextDelta));
         }
@@ -322,6 +346,25 @@ mod tests {
         assert_eq!(calls[0].input, json!({"query": "HTTP/3"}));
         assert_eq!(calls[1].input, json!({"query": "gRPC"}));
         assert_ne!(calls[0].id, calls[1].id);
+    }
+
+    #[test]
+    fn a_message_that_names_a_tool_calls_it_with_the_rest() {
+        let publish =
+            ToolSpec::new("publish", "d", json!({"type": "object", "properties": {"query": {"type": "string"}}}));
+        let clock = ToolSpec::new("local_time", "d", json!({"type": "object"}));
+        let tools = vec![research_tool(), publish, clock];
+        let call = |text: &str| {
+            let req = ModelRequest { messages: vec![ModelMessage::User(text.into())], tools: tools.clone() };
+            respond(&req, 10).find_map(|e| match e {
+                ModelEvent::ToolCallReady(Ok(c)) => Some((c.name, c.input)),
+                _ => None,
+            })
+        };
+        assert_eq!(call("Publish QUIC."), Some(("publish".into(), json!({"query": "QUIC"}))));
+        assert_eq!(call("local time please"), Some(("local_time".into(), json!({}))));
+        assert_eq!(call("publisher of note"), None, "a whole word only");
+        assert_eq!(call("Research QUIC").map(|c| c.0), Some("research".into()), "research first");
     }
 
     #[test]

@@ -152,7 +152,95 @@ async function assistantText(page) {
   return (await page.locator('[data-testid="messages"] [data-testid="message-assistant"] .text-part').allInnerTexts()).join("");
 }
 
+/** The tool calls of the chat and their states, in order. */
+const toolStates = (page) => page.locator('[data-testid="messages"] [data-testid="tool-call"]').evaluateAll((els) => els.map((e) => e.dataset.state));
+
 const scenarios = {
+  // A call that needs approval: both tabs see the stock approval request, it survives a reload,
+  // the first answer wins (the child is dispatched only then), and the answer goes on in the
+  // same message in both tabs.
+  async approve() {
+    const page = await openApp();
+    const other = await openApp();
+    await sendChat(page, "Publish QUIC");
+    await page.locator('[data-testid="approve"]').waitFor();
+    await waitChatIdle(page);
+    await other.locator('[data-testid="approve"]').waitFor();
+    assert.equal(await runs(page).count(), 0, "no child before the approval");
+    await shot(page, "asked");
+    await page.reload();
+    await page.locator('[data-testid="connection"][data-state="open"]').waitFor();
+    await page.locator('[data-testid="approve"]').waitFor();
+    await page.click('[data-testid="approve"]');
+    await waitRuns(page, 1, "completed", '[data-testid="tool-call"]');
+    await page.waitForFunction(() => document.querySelector('[data-testid="messages"]')?.innerText.includes("Here is what I found"));
+    await waitChatIdle(page);
+    await other.waitForFunction(() => document.querySelector('[data-testid="messages"]')?.innerText.includes("Here is what I found"));
+    await shot(page, "approved");
+    for (const tab of [page, other]) {
+      assert.equal(await tab.locator('[data-testid="approve"]').count(), 0, "the question is gone");
+      assert.deepEqual(await toolStates(tab), ["output-available"]);
+      assert.equal(await tab.locator('[data-testid="message-assistant"]').count(), 1, "one answer, in the same message");
+      const answer = await assistantText(tab);
+      assert.equal(answer.split("Here is what I found").length, 2, answer);
+      assert.ok(answer.includes("- QUIC: Findings on QUIC:"), answer);
+    }
+  },
+
+  // Before the Worker is killed: a call waits for its approval.
+  async "approve-ask"() {
+    const page = await openApp();
+    await sendChat(page, "Publish HTTP/3");
+    await page.locator('[data-testid="approve"]').waitFor();
+    await waitChatIdle(page);
+  },
+
+  // After the restart: the question is still there; approved, the turn goes on.
+  async "approve-answer"() {
+    const page = await openApp();
+    await page.locator('[data-testid="approve"]').waitFor();
+    await page.click('[data-testid="approve"]');
+    await page.waitForFunction(() => document.querySelector('[data-testid="messages"]')?.innerText.includes("Here is what I found"));
+    await waitChatIdle(page);
+    await shot(page, "after-restart");
+    assert.deepEqual(await toolStates(page), ["output-available"]);
+    assert.ok((await assistantText(page)).includes("- HTTP/3: Findings on HTTP/3:"));
+  },
+
+  // A denied call never dispatches its child; the model is told, and says so.
+  async deny() {
+    const page = await openApp();
+    await sendChat(page, "Publish QUIC");
+    await page.locator('[data-testid="deny"]').waitFor();
+    await waitChatIdle(page);
+    await page.click('[data-testid="deny"]');
+    await page.locator('[data-testid="denied"]').waitFor();
+    await page.waitForFunction(() => document.querySelector('[data-testid="messages"]')?.innerText.includes("Here is what I found"));
+    await waitChatIdle(page);
+    await shot(page, "denied");
+    assert.equal(await runs(page).count(), 0, "no child ran");
+    assert.deepEqual(await toolStates(page), ["output-denied"]);
+    const answer = await assistantText(page);
+    assert.ok(answer.includes("was not approved"), answer);
+  },
+
+  // A client-side tool: the model calls local_time, this browser answers (the stock
+  // onToolCall and addToolOutput), and the turn goes on with the answer.
+  async "client-tool"() {
+    const page = await openApp();
+    await sendChat(page, "local time");
+    await page.waitForFunction(() => document.querySelector('[data-testid="messages"]')?.innerText.includes("Here is what I found"));
+    await waitChatIdle(page);
+    await shot(page, "answered");
+    assert.deepEqual(await toolStates(page), ["output-available"]);
+    const output = await page.locator('[data-testid="tool-output"]').innerText();
+    const timeZone = await page.evaluate(() => Intl.DateTimeFormat().resolvedOptions().timeZone);
+    assert.ok(output.includes(timeZone), output);
+    const answer = await assistantText(page);
+    assert.ok(answer.includes(timeZone), `the model got the browser's answer: ${answer}`);
+    assert.equal(await page.locator('[data-testid="message-assistant"]').count(), 1);
+  },
+
   // The agent's state: a budget set in one tab shows in another, survives a reload, and a change
   // the agent refuses shows its reason.
   async state() {

@@ -59,14 +59,45 @@ const SLOW: &[(&str, &str)] = &[("OFFLINE_WORDS", "30"), ("OFFLINE_DELAY_MS", "8
 #[tokio::test(flavor = "multi_thread")]
 async fn a_reload_during_recovery_shows_recovering_then_the_answer() {
     const VARS: &[(&str, &str)] = &[("OFFLINE_WORDS", "60"), ("OFFLINE_DELAY_MS", "80")];
-    let mut worker = Worker::start_with(None, VARS).await;
+    across_a_restart("recover-start", "recover-reload", VARS).await;
+}
+
+/// Runs scenario `before` on one agent, kills the runtime (its state kept), and runs `after` on
+/// the same agent of a fresh runtime.
+async fn across_a_restart(before: &str, after: &str, vars: &[(&str, &str)]) {
+    let mut worker = Worker::start_with(None, vars).await;
     let _state = worker.take_temp().unwrap();
     let persist = worker.persist.clone();
-    let agent = crate::harness::unique("recover");
-    run_scenario("recover-start", &worker, VARS, Some(&agent)).await;
+    let agent = crate::harness::unique(before);
+    run_scenario(before, &worker, vars, Some(&agent)).await;
     worker.kill();
-    let worker = Worker::start_with(Some(&persist), VARS).await;
-    run_scenario("recover-reload", &worker, VARS, Some(&agent)).await;
+    let worker = Worker::start_with(Some(&persist), vars).await;
+    run_scenario(after, &worker, vars, Some(&agent)).await;
+}
+
+/// A call that needs approval: two tabs see the stock approval request, it survives a reload,
+/// the child is dispatched only once approved, and the answer goes on in the same message.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approved_call_runs_its_child_and_both_tabs_see_the_answer() {
+    scenario("approve", QUICK).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_denied_call_runs_nothing_and_the_model_says_so() {
+    scenario("deny", QUICK).await;
+}
+
+/// The stock `onToolCall` answers the agent's client-side tool; the turn goes on with it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_side_tool_is_answered_by_the_browser() {
+    scenario("client-tool", QUICK).await;
+}
+
+/// The runtime killed while a call waits for its approval: after the restart the page shows the
+/// question again, and the approval goes on with the turn.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approval_waits_across_a_restart() {
+    across_a_restart("approve-ask", "approve-answer", QUICK).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -422,3 +422,55 @@ async fn the_same_message_after_a_cleared_chat_dispatches_new_children() {
     }
     assert_eq!(get_messages(&worker, &name).await.len(), 2, "the cleared transcript stayed cleared");
 }
+
+/// The stock chat transport with a call that needs approval, on `worker`: the first stream ends
+/// with the approval request; `cf_agent_tool_approval` and the transport's tool continuation
+/// (the resume handshake, `continuation: true` frames) carry the rest into the same message,
+/// which the AI SDK's `readUIMessageStream` builds into what the agent stored; the other tab
+/// gets `cf_agent_message_updated`, and its late answer is refused with what the first said.
+async fn stock_approval(worker: Worker, answer: &str) {
+    let name = unique("approval");
+    let result = crate::harness::node_report("stock-approval.mjs", &worker, &[&name, answer]).await;
+    let asked = result["asked"]["parts"].as_array().unwrap();
+    let publish = asked.iter().find(|p| p["type"] == "tool-publish").expect("the publish call");
+    assert_eq!(publish["state"], "approval-requested", "{publish:#}");
+    assert_eq!(publish["approval"]["id"], format!("approval-{}", publish["toolCallId"].as_str().unwrap()));
+    let stored = result["stored"].as_array().unwrap();
+    assert_eq!(stored.len(), 2, "{stored:#?}");
+    let final_parts = &result["final"]["parts"];
+    assert_eq!(final_parts, &stored[1]["parts"], "the stock client built what the agent stored");
+    assert_eq!(result["final"]["id"], stored[1]["id"], "the same message went on");
+    assert_eq!(result["continued"], true);
+    assert!(result["continuationFrames"].as_u64().unwrap() > 0, "{result}");
+    assert!(result["updates"].as_u64().unwrap() >= 1, "the other tab saw the answer: {result}");
+    let text = text_of(&stored[1]);
+    let part = stored[1]["parts"].as_array().unwrap().iter().find(|p| p["type"] == "tool-publish").unwrap().clone();
+    if answer == "approve" {
+        assert_eq!(part["state"], "output-available", "{part:#}");
+        assert!(text.contains("- QUIC: Findings on QUIC:"), "{text}");
+        assert_eq!(
+            result["lateError"],
+            format!("tool call \"{}\" was already answered: approved", part["toolCallId"].as_str().unwrap())
+        );
+    } else {
+        assert_eq!(part["state"], "output-denied", "{part:#}");
+        assert!(text.contains("was not approved"), "{text}");
+        let late = result["lateError"].as_str().unwrap();
+        assert!(late.ends_with("was already answered: denied"), "{late}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_stock_transport_approves_a_call_and_follows_the_turn_into_the_same_message() {
+    stock_approval(Worker::start().await, "approve").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_stock_transport_approves_a_call_and_follows_the_turn_into_the_same_message_on_latest_wrangler() {
+    stock_approval(Worker::start_demo_on(crate::harness::Wrangler::Latest).await, "approve").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_stock_transport_denies_a_call_and_the_model_is_told() {
+    stock_approval(Worker::start().await, "deny").await;
+}
