@@ -83,6 +83,14 @@ pub trait Tool<A: Agent>: 'static {
         let _ = input;
         false
     }
+
+    /// A call of this tool was denied (a person said no, or nobody answered in time): it does
+    /// not run, and the model is told; this runs first, for what must happen either way (say,
+    /// telling a waiting child: [`crate::AgentHost::send_to_agent_tool_run`]). It may run again
+    /// after a restart, so it must be idempotent. Default: nothing.
+    async fn on_denied(&self, ctx: &ToolContext<'_, A>, input: Self::Input, reason: &str) {
+        let _ = (ctx, input, reason);
+    }
 }
 
 /// What a [`Tool`] sees of the turn that called it.
@@ -125,6 +133,7 @@ pub(crate) trait DynTool<A: Agent> {
     fn spec(&self) -> ToolSpec;
     fn repeatable(&self) -> bool;
     fn needs_approval(&self, input: &Value) -> bool;
+    fn denied<'a>(&'a self, ctx: &'a ToolContext<'a, A>, input: Value, reason: &'a str) -> LocalFuture<'a, ()>;
     fn call<'a>(&'a self, ctx: &'a ToolContext<'a, A>, input: Value) -> LocalFuture<'a, Result<Value, String>>;
 }
 
@@ -149,6 +158,14 @@ impl<A: Agent, T: Tool<A>> DynTool<A> for Erased<T> {
     fn needs_approval(&self, input: &Value) -> bool {
         // An input that does not deserialize runs, to get its error.
         serde_json::from_value::<T::Input>(input.clone()).is_ok_and(|input| self.tool.needs_approval(&input))
+    }
+
+    fn denied<'a>(&'a self, ctx: &'a ToolContext<'a, A>, input: Value, reason: &'a str) -> LocalFuture<'a, ()> {
+        Box::pin(async move {
+            if let Ok(input) = serde_json::from_value::<T::Input>(input) {
+                self.tool.on_denied(ctx, input, reason).await;
+            }
+        })
     }
 
     fn call<'a>(&'a self, ctx: &'a ToolContext<'a, A>, input: Value) -> LocalFuture<'a, Result<Value, String>> {

@@ -237,6 +237,9 @@ function App() {
     initialDrill ? { agent: initialDrill.split(":")[0], name: initialDrill.split(":").slice(1).join(":") } : null
   );
   const [topics, setTopics] = useState("WebTransport, QUIC");
+  // A reviewed run stops before writing and waits for the user's approval: its
+  // `needs-approval` milestone (react mode) gives the chat a turn that asks, with `review`.
+  const [review, setReview] = useState(false);
   const background = tools.unboundRuns;
   const finished = Object.values(tools.runsById).filter((r) => TERMINAL.includes(r.status)).length;
 
@@ -259,9 +262,12 @@ function App() {
         .call("dispatch", [
           {
             agent: "Researcher",
-            input: { query, delayMs: 80, words: 40 },
+            input: { query, delayMs: 80, words: 40, ...(review ? { review: true } : {}) },
             displayOrder: i,
-            detached: { notify: { source: "background" }, onMilestones: ["sources-gathered"] }
+            detached: {
+              notify: { source: "background" },
+              onMilestones: review ? { names: ["needs-approval"], mode: "react" } : ["sources-gathered"]
+            }
           }
         ])
         .catch(() => {})
@@ -331,6 +337,10 @@ function App() {
           <button data-testid="run-background" onClick={runInBackground}>
             Run in background
           </button>
+          <label className="review">
+            <input type="checkbox" data-testid="review" checked={review} onChange={(e) => setReview(e.target.checked)} /> ask
+            me before publishing
+          </label>
           <button data-testid="clear-finished" onClick={clearFinished} disabled={finished === 0}>
             Clear finished ({finished})
           </button>

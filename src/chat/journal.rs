@@ -349,6 +349,9 @@ pub struct Continuation {
     /// The calls of the last step that wait for a person (an approval, a client-side tool's
     /// output): once `pending` ran, the turn pauses.
     pub awaiting: Vec<ToolCall>,
+    /// The calls of the last step a person denied, with the reason: their tools hear of it
+    /// first ([`crate::Tool::on_denied`]).
+    pub denied: Vec<(ToolCall, String)>,
     /// The step the model takes next.
     pub next_step: usize,
     /// The last step kept was the model's final answer (no tool calls): only the turn's end is
@@ -395,11 +398,19 @@ pub fn plan(
     let mut messages = Vec::new();
     let mut pending = Vec::new();
     let mut awaiting = Vec::new();
+    let mut denied = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         messages.push(ModelMessage::Assistant { text: step.text.clone(), tool_calls: step.calls.clone() });
         let last = i + 1 == steps.len();
         for call in &step.calls {
-            match results.get(&call.id) {
+            let result = results.get(&call.id);
+            if let (true, Some(ToolResult::Output(output))) = (last, result) {
+                if output.get("status").and_then(Value::as_str) == Some("denied") {
+                    let reason = output.get("reason").and_then(Value::as_str).unwrap_or_default();
+                    denied.push((call.clone(), reason.to_owned()));
+                }
+            }
+            match result {
                 Some(result) => messages.push(ModelMessage::Tool {
                     call_id: call.id.clone(),
                     name: call.name.clone(),
@@ -418,7 +429,7 @@ pub fn plan(
         }
     }
     let answered = steps.last().is_some_and(|s| s.calls.is_empty());
-    Continuation { messages, pending, awaiting, next_step: steps.len(), answered, refused: None }
+    Continuation { messages, pending, awaiting, denied, next_step: steps.len(), answered, refused: None }
 }
 
 /// Why a cut turn is not continued.
@@ -541,6 +552,11 @@ mod tests {
         let first = plan(&steps, &results, &waits, |_| Redo::Interrupted);
         assert_eq!(first.pending, vec![(ToolCall::new("c3", "publish", json!({})), Redo::Run)], "approved: it runs");
         assert_eq!(first.awaiting, vec![ToolCall::new("c5", "locate", json!({}))], "still waiting: the turn pauses");
+        assert_eq!(
+            first.denied,
+            vec![(ToolCall::new("c4", "publish", json!({})), "no".to_owned())],
+            "its tool hears of it"
+        );
         // Once the approved call started, a cut leaves it to the tool's own rule.
         journal.started("k", "c3").unwrap();
         let waits = Waits { approved: journal.approved("k").unwrap(), ..waits };

@@ -44,6 +44,11 @@ pub trait ToolBox {
         let _ = call;
         Needs::Run
     }
+
+    /// A call a person denied, before the turn goes on without it (default: nothing).
+    async fn denied(&self, call: &ToolCall, reason: &str) {
+        let _ = (call, reason);
+    }
 }
 
 /// What a tool call needs before it can run.
@@ -98,6 +103,8 @@ pub trait DynToolBox {
     fn redo_dyn(&self, name: &str) -> Redo;
     /// [`ToolBox::needs`].
     fn needs_dyn(&self, call: &ToolCall) -> Needs;
+    /// [`ToolBox::denied`], boxed.
+    fn denied_boxed<'a>(&'a self, call: &'a ToolCall, reason: &'a str) -> LocalBoxFuture<'a, ()>;
 }
 
 impl<T: ToolBox> DynToolBox for T {
@@ -115,6 +122,9 @@ impl<T: ToolBox> DynToolBox for T {
     }
     fn needs_dyn(&self, call: &ToolCall) -> Needs {
         self.needs(call)
+    }
+    fn denied_boxed<'a>(&'a self, call: &'a ToolCall, reason: &'a str) -> LocalBoxFuture<'a, ()> {
+        Box::pin(self.denied(call, reason))
     }
 }
 
@@ -307,6 +317,9 @@ pub async fn run_turn(
     if let Some(resume) = &options.resume {
         messages.extend(resume.messages.iter().cloned());
         first = resume.next_step;
+        for (call, reason) in &resume.denied {
+            tools.denied_boxed(call, reason).await;
+        }
         if resume.answered {
             emit(json!({ "type": "finish-step" }));
             emit(json!({ "type": "finish", "finishReason": finish_reason }));

@@ -30,6 +30,13 @@ CREATE TABLE IF NOT EXISTS agent_tool_child_runs (
   attempt INTEGER NOT NULL DEFAULT 1,
   attempt_start INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS agent_tool_child_messages (
+  run_id TEXT NOT NULL,
+  name TEXT NOT NULL,
+  value_json TEXT NOT NULL,
+  received_at INTEGER NOT NULL,
+  PRIMARY KEY (run_id, name)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS agent_tool_child_milestones (
   run_id TEXT NOT NULL,
   sequence INTEGER NOT NULL,
@@ -267,6 +274,26 @@ impl<'a, S: Sql + ?Sized> ChildRuns<'a, S> {
         }
         let run = self.get(run_id)?.ok_or_else(|| StoreError { message: format!("child run {run_id} vanished") })?;
         Ok((run, false))
+    }
+
+    /// Keeps the message `name` its parent sent run `run_id` (the first one of a name stays):
+    /// `true` when it was new.
+    pub fn put_message(&self, run_id: &str, name: &str, value: &Value, now: i64) -> Result<bool, StoreError> {
+        let rows = self.sql.exec(
+            "INSERT INTO agent_tool_child_messages (run_id, name, value_json, received_at) VALUES (?, ?, ?, ?) \
+             ON CONFLICT (run_id, name) DO NOTHING RETURNING 1",
+            &[V::from(run_id), V::from(name), V::from(value.to_string()), V::Int(now)],
+        )?;
+        Ok(!rows.is_empty())
+    }
+
+    /// The message `name` of run `run_id`, once its parent sent it.
+    pub fn message(&self, run_id: &str, name: &str) -> Result<Option<Value>, StoreError> {
+        let row = self.sql.one(
+            "SELECT value_json FROM agent_tool_child_messages WHERE run_id = ? AND name = ?",
+            &[V::from(run_id), V::from(name)],
+        )?;
+        Ok(row.and_then(|r| serde_json::from_str(&r.text(0)?).ok()))
     }
 
     /// Whether this object ran any agent-tool run (it serves as a sub-agent).

@@ -119,12 +119,27 @@ impl Agent for Assistant {
     }
 
     /// `research` (a child per topic), `publish` (a child too, dispatched only once the user
-    /// approves the call) and `local_time` (the browser answers it).
+    /// approves the call), `review` (asks the user whether a background research that waits may
+    /// publish, and tells it) and `local_time` (the browser answers it).
     fn tools(&self) -> Tools<Self> {
         Tools::new()
             .agent(research_tool())
             .agent(publish_tool())
+            .tool(Review)
             .client(ClientTool::new("local_time", "The user's local date and time, as their browser tells it."))
+    }
+
+    /// A background research that waits for approval asks the chat as `review <run id>`, which
+    /// the model answers with the `review` tool; other milestones have the default wording.
+    fn format_detached_milestone(&self, run: &RunInfo, milestone: &Milestone) -> String {
+        if milestone.name == "needs-approval" {
+            return format!("review {}", run.run_id);
+        }
+        let detail = milestone.data.as_ref().map(|d| format!("\n\n{d:#}")).unwrap_or_default();
+        format!(
+            "Background task \"{}\" (run {}) reached milestone \"{}\".{detail}",
+            run.agent_type, run.run_id, milestone.name
+        )
     }
 
     /// `MAX_CONCURRENT_AGENT_TOOLS` (default 64; `0` for unlimited), `AGENT_TOOL_ADMISSION`
@@ -338,6 +353,41 @@ fn research_tool() -> AgentTool {
         .input::<ResearchInput>()
         .display_name("Researcher")
         .icon("🔎")
+}
+
+/// The `review` tool's input.
+#[derive(JsonSchema, serde::Deserialize)]
+struct ReviewInput {
+    /// The run that waits for approval.
+    run_id: String,
+}
+
+/// Asks the user (the call needs approval) whether a background research may publish, and
+/// tells the run either way: approved, when the call runs; denied, from `on_denied`.
+struct Review;
+
+impl Tool<Assistant> for Review {
+    type Input = ReviewInput;
+    type Output = String;
+    fn name(&self) -> &str {
+        "review"
+    }
+    fn description(&self) -> &str {
+        "Ask the user whether a background research run that waits for approval may publish its findings."
+    }
+    fn needs_approval(&self, _input: &ReviewInput) -> bool {
+        true
+    }
+    async fn execute(&self, ctx: &ToolContext<'_, Assistant>, input: ReviewInput) -> Result<String, Error> {
+        ctx.host().send_to_agent_tool_run(&input.run_id, "approval", &json!({ "approved": true })).await?;
+        Ok(format!("{} may publish", input.run_id))
+    }
+    async fn on_denied(&self, ctx: &ToolContext<'_, Assistant>, input: ReviewInput, reason: &str) {
+        let decision = json!({ "approved": false, "reason": reason });
+        if let Err(e) = ctx.host().send_to_agent_tool_run(&input.run_id, "approval", &decision).await {
+            ctx.host().log_error(&format!("telling {} it was not approved failed: {e}", input.run_id));
+        }
+    }
 }
 
 /// The `publish` tool: a researcher whose findings are "published"; every call waits for the

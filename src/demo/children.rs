@@ -93,6 +93,14 @@ fn child_options(env: &Env) -> AgentToolOptions {
 #[derive(Default)]
 pub struct Researcher;
 
+/// The answer a reviewed research waits for (`{"approved": bool, "reason"?: string}`).
+#[derive(serde::Deserialize)]
+struct Decision {
+    approved: bool,
+    #[serde(default)]
+    reason: String,
+}
+
 impl Agent for Researcher {
     fn system_prompt(&self) -> Option<String> {
         Some("You are a researcher. Research the topic you are given and answer with concise findings.".into())
@@ -149,6 +157,19 @@ impl Agent for Researcher {
                 }
                 // Natively there is no input gate to hold: the turn only waits.
                 None => hang.await,
+            }
+        }
+        if turn.input_json().get("review") == Some(&Value::Bool(true)) {
+            // The seed's parent-mediated approval: the parent's chat asks its person, and the
+            // answer comes back here (kept across restarts of either side).
+            let mut asking = step(0.5, "waiting", "Waiting for approval to publish");
+            asking.milestone = Some("needs-approval".into());
+            turn.report_progress(asking);
+            let decision: Decision = turn.wait_for("approval").await?;
+            if !decision.approved {
+                let reason = if decision.reason.is_empty() { "declined".to_owned() } else { decision.reason };
+                turn.report_progress(step(1.0, "done", "Not published"));
+                return Ok(TurnOutput::new(format!("Not published: {reason}")));
             }
         }
         turn.report_progress(step(0.6, "writing", "Writing the findings"));

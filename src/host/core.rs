@@ -38,6 +38,9 @@ use crate::types::{AgentToolOptions, RunResult, ScheduledTask};
 
 /// What an agent's object holds, whatever the agent's type: its platform beneath, its chat, its
 /// engines and the driver's state, and the agent itself behind [`Hooks`].
+/// Wakes a run waiting for a message from its parent ([`crate::Turn::wait_for`]).
+pub(crate) type Arrival = oneshot::Sender<()>;
+
 pub(crate) struct Core {
     /// The agent's class name ([`crate::AgentClass::CLASS`]).
     pub(crate) class: &'static str,
@@ -57,6 +60,8 @@ pub(crate) struct Core {
     pub(crate) parent: RefCell<ParentEngine>,
     /// Callers waiting for a run's result, by run id.
     pub(crate) waiters: RefCell<HashMap<String, Vec<oneshot::Sender<RunResult>>>>,
+    /// The runs of this child waiting for a message from their parent, by (run id, name).
+    pub(crate) inbox_waiters: RefCell<HashMap<(String, String), Vec<Arrival>>>,
     /// The children's tails being read, by run id (cancel one to stop reading).
     pub(crate) tails: RefCell<HashMap<String, CancelToken>>,
     /// Tails that came back with their start (the child's log index they follow, and the
@@ -329,6 +334,7 @@ impl Host {
             config_error,
             parent_tables: Cell::new(parent_tables),
             waiters: RefCell::new(HashMap::new()),
+            inbox_waiters: RefCell::new(HashMap::new()),
             tails: RefCell::new(HashMap::new()),
             started_tails: RefCell::new(HashMap::new()),
             turn_runs: RefCell::new(HashMap::new()),
@@ -676,6 +682,7 @@ impl Host {
         if self.0.parent_tables.get() {
             let actions = self.0.parent.borrow_mut().alarm(self.sql(), self.now());
             self.carry_out(actions);
+            self.deliver_messages(None).await;
         }
         self.run_due_tasks().await;
     }

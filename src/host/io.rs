@@ -13,7 +13,7 @@ use futures::Stream;
 use serde_json::Value;
 
 use crate::parent::engine::ChildAddress;
-use crate::protocol::child_api::{CancelRequest, InspectionReply, StartRequest};
+use crate::protocol::child_api::{CancelRequest, InspectionReply, MessageRequest, StartRequest};
 use crate::store::Sql;
 
 /// A future that stays on the thread it was made on (Workers are single-threaded).
@@ -67,6 +67,8 @@ pub(crate) enum ChildCall {
     },
     /// Stop a run.
     Cancel(CancelRequest),
+    /// A message for a run that waits for it.
+    Message(MessageRequest),
     /// Delete everything the child stored.
     Clear,
 }

@@ -116,6 +116,13 @@ impl<A: Agent> ToolBox for HostTools<'_, A> {
         }
     }
 
+    async fn denied(&self, call: &ToolCall, reason: &str) {
+        if let Some(Entry::Server(tool)) = self.host.parts.tools.find(&call.name) {
+            let ctx = ToolContext { host: self.host, call, turn: self.turn };
+            tool.denied(&ctx, call.input.clone(), reason).await;
+        }
+    }
+
     fn call_id_taken(&self, id: &str) -> bool {
         // Taken unless the registry says it is free (a failed read picks another id).
         !matches!(self.host.host.registry().get(&format!("agent-tool:{id}")), Ok(None))

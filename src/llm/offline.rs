@@ -185,10 +185,21 @@ fn named_tool<'a>(tools: &'a [ToolSpec], text: &'a str) -> Option<(&'a ToolSpec,
     })
 }
 
+/// The input of a call about `topic`: as its `query`, `topic` or `text`, else as the one
+/// string the schema requires.
 fn tool_input(tool: &ToolSpec, topic: &str) -> serde_json::Value {
     let props = tool.input_schema.get("properties");
     let key = ["query", "topic", "text"].into_iter().find(|k| props.and_then(|p| p.get(*k)).is_some());
-    match key {
+    let required = tool.input_schema.get("required").and_then(|r| r.as_array()).map_or(&[][..], Vec::as_slice);
+    let only = match required {
+        [serde_json::Value::String(k)]
+            if props.and_then(|p| p.get(k)).and_then(|p| p.get("type")) == Some(&"string".into()) =>
+        {
+            Some(k.as_str())
+        }
+        _ => None,
+    };
+    match key.or(only) {
         Some(k) => serde_json::json!({ k: topic }),
         None => serde_json::json!({}),
     }
@@ -364,6 +375,17 @@ mod tests {
         assert_eq!(call("Publish QUIC."), Some(("publish".into(), json!({"query": "QUIC"}))));
         assert_eq!(call("local time please"), Some(("local_time".into(), json!({}))));
         assert_eq!(call("publisher of note"), None, "a whole word only");
+        let review = ToolSpec::new(
+            "review",
+            "d",
+            json!({"type": "object", "properties": {"run_id": {"type": "string"}}, "required": ["run_id"]}),
+        );
+        let req = ModelRequest { messages: vec![ModelMessage::User("review bg-1".into())], tools: vec![review] };
+        let input = respond(&req, 10).find_map(|e| match e {
+            ModelEvent::ToolCallReady(Ok(c)) => Some(c.input),
+            _ => None,
+        });
+        assert_eq!(input, Some(json!({"run_id": "bg-1"})), "the one string the schema requires");
         assert_eq!(call("Research QUIC").map(|c| c.0), Some("research".into()), "research first");
     }
 

@@ -4,4 +4,5 @@
 pub(crate) mod agent_tool;
 pub(crate) mod detached;
 pub(crate) mod engine;
+pub(crate) mod outbox;
 pub(crate) mod registry;

@@ -212,6 +212,7 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
     /// table an earlier version created (a deploy keeps the rows).
     pub fn migrate(&self) -> Result<(), StoreError> {
         self.sql.batch(SCHEMA)?;
+        self.sql.batch(crate::parent::outbox::SCHEMA)?;
         crate::store::ensure_columns(self.sql, "agent_tool_runs", ADDED_COLUMNS)?;
         crate::store::ensure_columns(self.sql, "agent_tool_frames", &[("event", "INTEGER NOT NULL DEFAULT 0")])
     }

@@ -10,7 +10,7 @@ use worker::{Method, Request, Response};
 
 use super::{json_error, new_request, parse_json};
 use crate::host::{ChildCall, ChildReply};
-use crate::protocol::child_api::{self, CancelRequest, StartRequest};
+use crate::protocol::child_api::{self, CancelRequest, MessageRequest, StartRequest};
 use crate::routing::RequestUrl;
 
 /// The request a call travels as.
@@ -22,6 +22,7 @@ pub(crate) fn request(call: &ChildCall) -> Result<Request, String> {
         ChildCall::Inspect { run_id } => (Method::Get, child_api::inspect_url(run_id), None),
         ChildCall::Cancel(cancel) => (Method::Post, format!("{base}/cancel"), Some(serde_json::to_string(cancel))),
         ChildCall::Clear => (Method::Post, format!("{base}/clear"), Some(Ok("{}".to_owned()))),
+        ChildCall::Message(message) => (Method::Post, format!("{base}/message"), Some(serde_json::to_string(message))),
     };
     let body = body.transpose().map_err(|e| e.to_string())?.map(|b| JsValue::from_str(&b));
     new_request(&url, method, None, body.as_ref()).map_err(|e| e.to_string())
@@ -52,6 +53,10 @@ pub(crate) async fn call(mut req: Request, class: &str) -> Result<ChildCall, wor
             Err(e) => Err(json_error(400, format!("malformed cancel request: {e}"))),
         },
         (Method::Post, "/_agent_tools/clear") => Ok(ChildCall::Clear),
+        (Method::Post, "/_agent_tools/message") => match parse_json::<MessageRequest>(req.text().await) {
+            Ok(message) => Ok(ChildCall::Message(message)),
+            Err(e) => Err(json_error(400, format!("malformed message request: {e}"))),
+        },
         (_, path) => Err(json_error(404, format!("{class} has no route {path}"))),
     }
 }

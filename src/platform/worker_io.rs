@@ -178,7 +178,7 @@ impl Io for WorkerIo {
                 ChildCall::Inspect { .. } => {
                     ChildReply::Inspection(super::parse_json(response.text().await).map_err(|e| e.to_string())?)
                 }
-                ChildCall::Cancel(_) | ChildCall::Clear => {
+                ChildCall::Cancel(_) | ChildCall::Clear | ChildCall::Message(_) => {
                     ChildReply::Done(super::parse_json(response.text().await).unwrap_or_default())
                 }
             })

@@ -54,6 +54,20 @@ pub struct CancelRequest {
     pub reason: Option<String>,
 }
 
+/// `POST {BASE}/message`: a message the parent sends a running run (its
+/// [`crate::Turn::wait_for`] gets it); the first one of a name stays.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageRequest {
+    /// Run id.
+    pub run_id: String,
+    /// The name the run waits for.
+    pub name: String,
+    /// The message.
+    #[serde(default)]
+    pub value: Value,
+}
+
 /// `GET {BASE}/tail?runId=..&after=..` streams NDJSON [`super::tail::TailLine`]s.
 pub fn tail_url(run_id: &str, after: i64) -> String {
     format!("{BASE}/tail?runId={}&after={after}", crate::routing::percent_encode(run_id))

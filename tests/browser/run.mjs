@@ -207,6 +207,49 @@ const scenarios = {
     assert.ok((await assistantText(page)).includes("- HTTP/3: Findings on HTTP/3:"));
   },
 
+  // The seed's parent-mediated approval: a background run stops at `needs-approval`, the chat
+  // asks (a `review` call that needs approval), and the approval reaches the waiting run, which
+  // then writes its findings.
+  async review() {
+    const page = await openApp();
+    await page.fill('[data-testid="topics"]', "QUIC");
+    await page.check('[data-testid="review"]');
+    await page.click('[data-testid="run-background"]');
+    await page.locator('[data-testid="tray"] [data-run-id][data-status="running"]').waitFor();
+    await page.locator('[data-testid="approve"]').waitFor();
+    await waitChatIdle(page);
+    await shot(page, "asked");
+    const waiting = await page.locator('[data-testid="tray"] [data-testid="run-text"]').innerText();
+    assert.equal(waiting, "", `nothing written before the approval: ${waiting}`);
+    await page.click('[data-testid="approve"]');
+    await page.locator('[data-testid="tray"] [data-run-id][data-status="completed"]').waitFor();
+    const text = await page.locator('[data-testid="tray"] [data-testid="run-text"]').innerText();
+    checkFinding(text);
+    await page.waitForFunction(() => document.querySelector('[data-testid="messages"]')?.innerText.includes("may publish"));
+    await shot(page, "published");
+  },
+
+  // Before the Worker is killed: a reviewed background run waits, and the chat asks.
+  async "review-ask"() {
+    const page = await openApp();
+    await page.fill('[data-testid="topics"]', "QUIC");
+    await page.check('[data-testid="review"]');
+    await page.click('[data-testid="run-background"]');
+    await page.locator('[data-testid="approve"]').waitFor();
+    await waitChatIdle(page);
+  },
+
+  // After the restart: still asked once; approved, the run (run again by its child) writes.
+  async "review-answer"() {
+    const page = await openApp();
+    await page.locator('[data-testid="approve"]').waitFor();
+    assert.equal(await page.locator('[data-testid="approve"]').count(), 1, "asked once");
+    await page.click('[data-testid="approve"]');
+    await page.locator('[data-testid="tray"] [data-run-id][data-status="completed"]').waitFor({ timeout: 90_000 });
+    checkFinding(await page.locator('[data-testid="tray"] [data-testid="run-text"]').innerText());
+    await shot(page, "after-restart");
+  },
+
   // A denied call never dispatches its child; the model is told, and says so.
   async deny() {
     const page = await openApp();

@@ -87,6 +87,20 @@ async fn a_denied_call_runs_nothing_and_the_model_says_so() {
     scenario("deny", QUICK).await;
 }
 
+/// The seed's parent-mediated approval: a background run waits at `needs-approval`, the chat
+/// asks, and the approval reaches the run, which writes its findings.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_background_run_waits_for_the_chats_approval() {
+    scenario("review", QUICK).await;
+}
+
+/// The runtime killed while a background run waits for the chat's approval: after the restart
+/// the question is there once, and the approval reaches the run, run again by its child.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_background_run_waits_for_the_chats_approval_across_a_restart() {
+    across_a_restart("review-ask", "review-answer", QUICK).await;
+}
+
 /// The stock `onToolCall` answers the agent's client-side tool; the turn goes on with it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_side_tool_is_answered_by_the_browser() {

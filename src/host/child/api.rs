@@ -62,6 +62,30 @@ impl Host {
                 ChildReply::Done(json!({ "status": status }))
             }
             ChildCall::Clear => self.clear().await,
+            ChildCall::Message(message) => self.receive_message(message),
+        }
+    }
+
+    /// A message from the parent for a run: kept (the first of a name stays), and the run's
+    /// `wait_for` woken. A run that ended, or that this child does not know, refuses it.
+    fn receive_message(&self, message: crate::protocol::child_api::MessageRequest) -> ChildReply {
+        let run = match self.runs().get(&message.run_id) {
+            Ok(Some(run)) => run,
+            Ok(None) => return refused(404, format!("{} has no run {:?}", self.0.class, message.run_id)),
+            Err(e) => return refused(500, e.to_string()),
+        };
+        if run.status.is_terminal() {
+            return refused(409, format!("run {:?} already ended ({})", message.run_id, run.status.as_str()));
+        }
+        match self.runs().put_message(&message.run_id, &message.name, &message.value, self.now()) {
+            Ok(new) => {
+                let key = (message.run_id, message.name);
+                for waiter in self.0.inbox_waiters.borrow_mut().remove(&key).unwrap_or_default() {
+                    let _ = waiter.send(());
+                }
+                ChildReply::Done(json!({ "stored": new }))
+            }
+            Err(e) => refused(500, e.to_string()),
         }
     }
 

@@ -11,6 +11,7 @@ use crate::chat::message::text_of;
 use crate::chat::store::Messages;
 use crate::chat::turn::DynModel;
 use crate::child::progress::Report;
+use crate::child::runs::ChildRuns;
 use crate::error::Error;
 use crate::host::chat::{ChatEnd, TurnSpec};
 use crate::host::tools::HostTools;
@@ -142,6 +143,60 @@ impl<A: Agent> Turn<A> {
     /// window closes.
     pub fn report_progress(&self, progress: Progress) {
         self.host.host.child_progress(&self.run_id, Report { persist: progress.persist, progress });
+    }
+
+    /// Waits for the message `name` from the parent (`AgentHost::send_to_agent_tool_run`) and
+    /// returns it as `T`: the seed's parent-mediated workflow, where a run reports a milestone
+    /// (say `needs-approval`, in `react` mode), its parent asks a person, and sends the answer.
+    ///
+    /// The message is kept in the child's storage, so a run that a restart cut short and runs
+    /// again ([`crate::RecoveryPolicy::Rerun`]) gets it at once when it waits again; the parent
+    /// keeps sending it until the child has it. `Err` when the run is cancelled meanwhile, or
+    /// when the message is not a `T`. The wait counts against a detached run's no-progress
+    /// budget (one hour by default): a run that may wait longer sets its own.
+    ///
+    /// ```
+    /// use agent_tools::prelude::*;
+    ///
+    /// #[derive(serde::Deserialize)]
+    /// struct Decision {
+    ///     approved: bool,
+    /// }
+    ///
+    /// #[derive(Default)]
+    /// pub struct Writer;
+    ///
+    /// impl Agent for Writer {
+    ///     async fn run(&self, turn: &Turn<Self>) -> Result<TurnOutput, Error> {
+    ///         turn.report_progress(Progress::milestone("needs-approval").data(serde_json::json!({"draft": "…"})));
+    ///         let decision: Decision = turn.wait_for("approval").await?;
+    ///         Ok(TurnOutput::new(if decision.approved { "published" } else { "kept as a draft" }))
+    ///     }
+    /// }
+    /// # agent_tools::durable_object!(Writer, unchecked);
+    /// # fn main() {}
+    /// ```
+    pub async fn wait_for<T: serde::de::DeserializeOwned>(&self, name: &str) -> Result<T, Error> {
+        let key = (self.run_id.clone(), name.to_owned());
+        loop {
+            let kept = ChildRuns::new(self.host.host.sql()).message(&self.run_id, name);
+            match kept {
+                Ok(Some(value)) => {
+                    return serde_json::from_value(value).map_err(|e| {
+                        Error::Invalid(format!("the message {name:?} is not what the run waits for: {e}"))
+                    })
+                }
+                Ok(None) => {}
+                Err(e) => return Err(Error::Storage(e.to_string())),
+            }
+            let (sender, arrived) = futures::channel::oneshot::channel();
+            self.host.host.0.inbox_waiters.borrow_mut().entry(key.clone()).or_default().push(sender);
+            let cancelled = self.cancel.cancelled();
+            futures::pin_mut!(cancelled);
+            if let futures::future::Either::Right(_) = select(arrived, cancelled).await {
+                return Err(Error::Cancelled(self.cancel.reason().unwrap_or_else(|| "cancelled".into())));
+            }
+        }
     }
 
     /// Waits `duration`, or less if the run is cancelled meanwhile.

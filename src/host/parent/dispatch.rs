@@ -13,7 +13,9 @@ use crate::host::core::{missing_binding, AgentHost, Host};
 use crate::host::{ChildCall, ChildReply};
 use crate::parent::agent_tool::ChildRef;
 use crate::parent::engine::{current_result, Admitted, Called, Cleared, Dispatch};
+use crate::parent::outbox::{Outbox, Sent};
 use crate::parent::registry::{NewRun, RunRecord};
+use crate::protocol::child_api::MessageRequest;
 use crate::protocol::tail::{LineSplitter, TailLine};
 use crate::types::AgentClass;
 use crate::types::{
@@ -104,6 +106,33 @@ impl<A: Agent> AgentHost<A> {
     /// `Err` says storage failed and nothing changed.
     pub fn cancel_agent_tool(&self, run_id: &str, reason: Option<String>) -> Result<(), Error> {
         self.host.cancel_agent_tool(run_id, reason).map_err(Error::Storage)
+    }
+
+    /// Sends a running run the message `name` its [`crate::Turn::wait_for`] waits for: the
+    /// seed's parent-mediated workflow (a child reports `needs-approval`, the parent asks a
+    /// person, and sends the answer). The message is kept here until the child has it, so a
+    /// deploy or a restart of either side loses nothing: the alarm delivers what could not be
+    /// delivered at once. The first message of a name stays; sending it again is a no-op, and a
+    /// different one is refused.
+    ///
+    /// `Err(NotFound)` for an unknown run, `Err(Refused)` for a run that ended or a name already
+    /// sent with another value, `Err(Storage)` when nothing could be kept.
+    ///
+    /// ```
+    /// use agent_tools::prelude::*;
+    ///
+    /// async fn approve(host: &AgentHost<impl Agent>, run_id: &str) -> Result<(), Error> {
+    ///     host.send_to_agent_tool_run(run_id, "approval", &serde_json::json!({ "approved": true })).await
+    /// }
+    /// ```
+    pub async fn send_to_agent_tool_run<T: serde::Serialize>(
+        &self,
+        run_id: &str,
+        name: &str,
+        message: &T,
+    ) -> Result<(), Error> {
+        let value = serde_json::to_value(message).map_err(|e| Error::Invalid(e.to_string()))?;
+        self.host.send_to_agent_tool_run(run_id, name, value).await
     }
 
     /// Removes retained runs: cancels the live ones, deletes each child's storage and this
@@ -234,6 +263,65 @@ impl Host {
         result.map_err(|e| e.to_string())
     }
 
+    pub(crate) async fn send_to_agent_tool_run(&self, run_id: &str, name: &str, value: Value) -> Result<(), Error> {
+        let Some(run) = self.registry().get(run_id).map_err(|e| Error::Storage(e.to_string()))? else {
+            return Err(Error::NotFound(format!("no agent-tool run {run_id:?}")));
+        };
+        if !matches!(run.status, crate::RunStatus::Starting | crate::RunStatus::Running) {
+            return Err(Error::Refused(format!("run {run_id:?} already ended ({})", run.status.as_str())));
+        }
+        let outbox = Outbox::new(self.parent_sql());
+        match outbox.send(run_id, name, &value, self.now()).map_err(|e| Error::Storage(e.to_string()))? {
+            Sent::New | Sent::Again => {}
+            Sent::Taken(first) => {
+                return Err(Error::Refused(format!("run {run_id:?} was already sent {name:?}: {first}")));
+            }
+        }
+        self.deliver_messages(Some(run_id)).await;
+        Ok(())
+    }
+
+    /// Delivers the messages children do not have yet (of `run_id` only, when given); what a
+    /// child could not take now is tried again by the alarm, which is armed while runs live.
+    pub(crate) async fn deliver_messages(&self, run_id: Option<&str>) {
+        if !self.0.parent_tables.get() {
+            return;
+        }
+        let outbox = Outbox::new(self.parent_sql());
+        let pending = match outbox.pending(run_id) {
+            Ok(pending) => pending,
+            Err(e) => return self.storage_failed("messages to children", &e),
+        };
+        let parent = self.name().unwrap_or_default();
+        for message in pending {
+            let Ok(Some(run)) = self.registry().get(&message.run_id) else { continue };
+            let to = crate::parent::engine::child_address(self.0.class, &parent, &run);
+            let request =
+                MessageRequest { run_id: message.run_id.clone(), name: message.name.clone(), value: message.value };
+            let delivered = match self.0.io.call_child(&to, ChildCall::Message(request)).await {
+                Ok(ChildReply::Done(_)) => true,
+                // The child's run ended or is gone: it can never take it.
+                Ok(ChildReply::Refused { status: 404 | 409, .. }) => true,
+                Ok(ChildReply::Refused { body, .. }) | Err(body) => {
+                    self.log_error(&format!(
+                        "sending {:?} to {} failed (tried again): {body}",
+                        message.name, message.run_id
+                    ));
+                    false
+                }
+                Ok(_) => false,
+            };
+            if delivered {
+                if let Err(e) = Outbox::new(self.parent_sql()).delivered(&message.run_id, &message.name, self.now()) {
+                    self.storage_failed("messages to children", &e);
+                }
+            } else {
+                let retry = self.now() + crate::parent::engine::MESSAGE_RETRY_MS;
+                self.arm_alarm_at(retry).await;
+            }
+        }
+    }
+
     pub(crate) async fn clear_agent_tool_runs(&self, filter: &ClearFilter) -> Result<Vec<String>, String> {
         // An object with no registry has no runs: nothing to clear, and no tables to make for it.
         if !self.0.parent_tables.get() {
@@ -241,6 +329,10 @@ impl Host {
         }
         let Called { result, actions } = self.0.parent.borrow_mut().clear(self.parent_sql(), filter, self.now());
         self.carry_out(actions);
+        // The messages of cleared runs go with them.
+        if let Err(e) = Outbox::new(self.parent_sql()).prune() {
+            self.storage_failed("messages to children", &e);
+        }
         match result {
             Ok(Cleared { runs, failed: None }) => Ok(runs),
             Ok(Cleared { runs, failed: Some(e) }) => {
