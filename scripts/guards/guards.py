@@ -73,4 +73,23 @@ GUARDS = [
   "self.live.values().filter_map(|run| run.progress.due()).min()", "self.live.values().filter_map(|run| run.progress.due()).min().filter(|_| false)"),
  ("a scheduled task is held for its lease", "src/schedule.rs",
   "WHERE at <= ?1 AND (claimed_at IS NULL OR claimed_at <= ?2)", "WHERE at <= ?1 AND (claimed_at IS NULL OR claimed_at <= ?2 OR 1)"),
+
+ # A person in the turn: the kit suites that show them (tests/kit_approvals.rs, tests/kit_mediated.rs).
+ ("the first answer wins", "src/chat/interaction.rs",
+  "WHERE call_id = ? AND answer_json IS NULL RETURNING 1", "WHERE call_id = ? RETURNING 1"),
+ ("an approved call runs when the turn goes on", "src/chat/journal.rs",
+  "                None if last && waits.approved.contains(&call.id) => pending.push((call.clone(), Redo::Run)),\n", "",
+  ["--features", "testing", "--test", "kit_approvals"]),
+ ("a turn goes on only once every waiting call is answered", "src/chat/interaction.rs",
+  "Ok(!all.is_empty() && all.iter().all(|i| i.answer.is_some()) && all.iter().any(|i| i.auto_continue))",
+  "Ok(!all.is_empty() && all.iter().any(|i| i.auto_continue))",
+  ["--features", "testing", "--test", "kit_approvals"]),
+ ("a new message closes the questions left open", "src/host/chat.rs",
+  "            self.supersede_waiting();\n", "", ["--features", "testing", "--test", "kit_approvals"]),
+ ("a message from the parent wakes the run that waits for it", "src/host/child/api.rs",
+  "                    let _ = waiter.send(());\n", "                    std::mem::forget(waiter);\n",
+  ["--features", "testing", "--test", "kit_mediated"]),
+ ("a message the child could not take is sent again (by the alarm)", "src/host/core.rs",
+  "            self.deliver_messages(None).await;\n", "",
+  ["--features", "testing", "--test", "kit_mediated"]),
 ]

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Removes each guard of guards.py in turn, runs the native tests (`cargo test --lib`, the
-simulation at SIM_SCHEDULES schedules, 3 000 by default), restores it, and prints which tests
-failed: a guard no test misses is listed with nothing after its arrow. Arguments: the indexes of
-the guards to try (all by default). Results also go to target/guards.json."""
+simulation at SIM_SCHEDULES schedules, 3 000 by default; a guard may name other cargo test
+arguments, a kit suite), restores it, and prints which tests failed: a guard no test misses is
+listed with nothing after its arrow. Arguments: the indexes of the guards to try (all by default).
+Results also go to target/guards.json."""
 import subprocess, sys, os, re, json
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from guards import GUARDS
@@ -10,7 +11,7 @@ os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))
 env = dict(os.environ, SIM_SCHEDULES=os.environ.get('SIM_SCHEDULES', '3000'))
 results = []
 only = sys.argv[1:]
-for i, (name, f, old, new) in enumerate(GUARDS):
+for i, (name, f, old, new, *args) in enumerate(GUARDS):
     if only and str(i) not in only:
         continue
     src = open(f).read()
@@ -20,7 +21,8 @@ for i, (name, f, old, new) in enumerate(GUARDS):
         continue
     open(f, 'w').write(src.replace(old, new, 1))
     try:
-        out = subprocess.run(['cargo', 'test', '--lib'], env=env, capture_output=True, text=True, timeout=1200).stdout
+        cmd = ['cargo', 'test'] + (args[0] if args else ['--lib'])
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200).stdout
     finally:
         open(f, 'w').write(src)
     failed = re.findall(r'^test (\S+) \.\.\. FAILED', out, re.M)

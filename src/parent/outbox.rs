@@ -1,23 +1,11 @@
 //! Messages a parent sends its running children (`AgentHost::send_to_agent_tool_run`): kept in
-//! the parent's SQL until the child has them, so a deploy or a restart of either side between
+//! the parent's SQL (`agent_tool_messages`, made with the registry) until the child has them, so a deploy or a restart of either side between
 //! the send and the delivery loses nothing. The child keeps the first message of a name; so does
 //! the parent: a second send of a name with another value is refused.
 
 use serde_json::Value;
 
 use crate::store::{Sql, StoreError, Value as V};
-
-/// The outbox's table, made with the registry.
-pub const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS agent_tool_messages (
-  run_id TEXT NOT NULL,
-  name TEXT NOT NULL,
-  value_json TEXT NOT NULL,
-  sent_at INTEGER NOT NULL,
-  delivered_at INTEGER,
-  PRIMARY KEY (run_id, name)
-) WITHOUT ROWID;
-";
 
 /// What a send found.
 #[derive(Debug, Clone, PartialEq)]
@@ -116,7 +104,6 @@ mod tests {
     fn db() -> rusqlite::Connection {
         let db = sqlite::memory();
         db.batch(crate::parent::registry::SCHEMA).unwrap();
-        db.batch(SCHEMA).unwrap();
         for (run, status) in [("r1", "running"), ("r2", "completed")] {
             db.exec(
                 "INSERT INTO agent_tool_runs (run_id, agent_type, status, started_at) VALUES (?, 'Writer', ?, 0)",

@@ -69,6 +69,14 @@ CREATE TABLE IF NOT EXISTS agent_tool_runs (
   reruns INTEGER NOT NULL DEFAULT 0,
   started_seq INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS agent_tool_messages (
+  run_id TEXT NOT NULL,
+  name TEXT NOT NULL,
+  value_json TEXT NOT NULL,
+  sent_at INTEGER NOT NULL,
+  delivered_at INTEGER,
+  PRIMARY KEY (run_id, name)
+) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS agent_tool_runs_by_call
   ON agent_tool_runs (parent_tool_call_id, display_order);
 CREATE INDEX IF NOT EXISTS agent_tool_runs_by_status ON agent_tool_runs (status);
@@ -212,7 +220,6 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
     /// table an earlier version created (a deploy keeps the rows).
     pub fn migrate(&self) -> Result<(), StoreError> {
         self.sql.batch(SCHEMA)?;
-        self.sql.batch(crate::parent::outbox::SCHEMA)?;
         crate::store::ensure_columns(self.sql, "agent_tool_runs", ADDED_COLUMNS)?;
         crate::store::ensure_columns(self.sql, "agent_tool_frames", &[("event", "INTEGER NOT NULL DEFAULT 0")])
     }

@@ -468,7 +468,7 @@ pub const SCHEMAS: [&str; 3] = [super::registry::SCHEMA, super::detached::LEDGER
 /// Makes the parent role's own tables (the registry and the ledger) on a store that has none:
 /// what an object does at its first parent work, every column already there.
 pub fn create_tables(sql: &(impl Sql + ?Sized)) -> Result<(), StoreError> {
-    sql.batch(&[super::registry::SCHEMA, super::outbox::SCHEMA, super::detached::LEDGER_SCHEMA].concat())
+    sql.batch(&[super::registry::SCHEMA, super::detached::LEDGER_SCHEMA].concat())
 }
 
 /// Whether the store has the parent role's tables (an earlier instance made them).
