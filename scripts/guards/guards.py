@@ -92,4 +92,7 @@ GUARDS = [
  ("a message the child could not take is sent again (by the alarm)", "src/host/core.rs",
   "            self.deliver_messages(None).await;\n", "",
   ["--features", "testing", "--test", "kit_mediated"]),
+ ("a cleared child keeps the clears it owes its own children", "src/host/child/api.rs",
+  "        if let Some(first) = owed.iter().map(|o| o.next_at).min() {", "        if let Some(first) = owed.iter().filter(|_| false).map(|o| o.next_at).min() {",
+  ["--features", "testing", "--test", "kit_clear"]),
 ]

@@ -8,6 +8,7 @@ use serde_json::json;
 use crate::child::engine::{TailError, TailStart};
 use crate::host::core::Host;
 use crate::host::{ByteStream, ChildCall, ChildReply};
+use crate::parent::registry::Registry;
 use crate::protocol::child_api::StartRequest;
 use crate::store::meta;
 use crate::types::ClearFilter;
@@ -133,6 +134,14 @@ impl Host {
         if let Err(e) = self.clear_agent_tool_runs(&ClearFilter::default()).await {
             self.log_error(&format!("clearing the runs of a cleared child failed: {e}"));
         }
+        // What it still owes its own children survives its wipe: they are asked again.
+        let owed = match self.0.parent_tables.get() {
+            true => Registry::new(self.sql()).owed_child_clears().unwrap_or_else(|e| {
+                self.storage_failed("owed child clears", &e);
+                Vec::new()
+            }),
+            false => Vec::new(),
+        };
         let mut live: Vec<_> = self.0.turns.borrow().values().cloned().collect();
         live.extend(self.0.chat.running()); // a drill-in chat turn
         for token in live {
@@ -149,11 +158,20 @@ impl Host {
         if let Err(e) = self.0.io.delete_all().await {
             return refused(500, e);
         }
+        // The wipe took the alarm with it.
+        self.0.alarm_at.set(None);
         self.0.chat.reset();
         self.0.child.borrow_mut().reset();
+        self.0.parent.borrow_mut().reset();
         match crate::host::core::migrate(self.sql()) {
             Ok(parent_tables) => self.0.parent_tables.set(parent_tables),
             Err(e) => return refused(500, e.to_string()),
+        }
+        if let Some(first) = owed.iter().map(|o| o.next_at).min() {
+            if let Err(e) = Registry::new(self.parent_sql()).restore_owed_child_clears(&owed) {
+                return refused(500, e.to_string());
+            }
+            self.arm_alarm_at(first.max(self.now())).await;
         }
         ChildReply::Done(json!({ "cleared": true }))
     }

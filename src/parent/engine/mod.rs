@@ -242,6 +242,14 @@ impl ParentEngine {
         }
     }
 
+    /// The object's storage was wiped (its own parent cleared it): nothing it drove, queued,
+    /// finished or delivered is known any more, and its name is read again. Exchange numbers go
+    /// on rising, so an answer to an exchange from before the wipe settles nothing.
+    pub fn reset(&mut self) {
+        let fresh = Self::new(&self.class, self.options.clone(), 0);
+        *self = Self { next_gen: self.next_gen, ..fresh };
+    }
+
     /// Whether this instance drives the run.
     #[cfg(test)]
     pub fn is_driving(&self, run_id: &str) -> bool {

@@ -87,6 +87,44 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
         Ok(())
     }
 
+    /// Every clear still owed, as it is kept: an object that wipes its own storage (its parent
+    /// cleared it) puts them back after ([`Registry::restore_owed_child_clears`]), so its
+    /// children are still asked.
+    pub fn owed_child_clears(&self) -> Result<Vec<OwedClear>, StoreError> {
+        let rows = self.sql.exec(
+            "SELECT run_id, binding, name, attempts, next_at FROM agent_tool_child_clears ORDER BY next_at, run_id",
+            &[],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| OwedClear {
+                run_id: r.text(0).unwrap_or_default(),
+                binding: r.text(1).unwrap_or_default(),
+                name: r.text(2).unwrap_or_default(),
+                attempts: r.int(3).unwrap_or(0),
+                next_at: r.int(4).unwrap_or(0),
+            })
+            .collect())
+    }
+
+    /// Puts owed clears back (after a wipe).
+    pub fn restore_owed_child_clears(&self, owed: &[OwedClear]) -> Result<(), StoreError> {
+        for o in owed {
+            self.sql.exec(
+                "INSERT OR REPLACE INTO agent_tool_child_clears (run_id, binding, name, attempts, next_at) \
+                 VALUES (?, ?, ?, ?, ?)",
+                &[
+                    V::from(o.run_id.as_str()),
+                    V::from(o.binding.as_str()),
+                    V::from(o.name.as_str()),
+                    V::Int(o.attempts),
+                    V::Int(o.next_at),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
     /// The child of `run_id` deleted its storage.
     pub fn child_cleared(&self, run_id: &str) -> Result<(), StoreError> {
         self.sql.exec("DELETE FROM agent_tool_child_clears WHERE run_id = ?", &[V::from(run_id)])?;
@@ -132,4 +170,19 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
             })
             .collect())
     }
+}
+
+/// A clear a child still owes (see [`Registry::owed_child_clears`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OwedClear {
+    /// The run whose child it is.
+    pub run_id: String,
+    /// The child's binding.
+    pub binding: String,
+    /// The child's object name.
+    pub name: String,
+    /// Times asked so far.
+    pub attempts: i64,
+    /// When it is asked next (epoch ms).
+    pub next_at: i64,
 }

@@ -129,3 +129,19 @@ fn a_child_clear_is_given_up_after_its_attempts_and_not_before() {
     assert_eq!(given_up, Some(json!(MAX_CHILD_CLEAR_ATTEMPTS)), "then given up, with an event");
     assert_eq!(Registry::new(&db).child_clears_pending().unwrap(), 0);
 }
+
+/// An engine whose object was wiped (its own parent cleared it) knows nothing it drove before,
+/// and its exchange numbers go on rising (so an answer from before the wipe settles nothing).
+#[test]
+fn a_reset_engine_forgets_its_runs_and_its_exchange_numbers_go_on_rising() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let (_, actions) = dispatch(&mut engine, &db, "r1", json!(1));
+    let gen = gen_of(&actions, "start", "r1").expect("a start exchange");
+    assert!(engine.is_driving("r1"));
+    engine.reset();
+    assert!(!engine.is_driving("r1"), "nothing is driven after the wipe");
+    // The storage comes back empty; the same run id dispatched again is a new exchange.
+    let (_, again) = dispatch(&mut engine, &db, "r1", json!(1));
+    let new_gen = gen_of(&again, "start", "r1").expect("a start exchange");
+    assert!(new_gen > gen, "exchange numbers go on rising: {gen} then {new_gen}");
+}
