@@ -390,6 +390,17 @@ impl Host {
         meta::get(self.sql(), "name").ok().flatten()
     }
 
+    /// This agent's name, to address its children by (`<Class>/<name>/<run>`): an error when it
+    /// cannot be read or the agent has none yet, never an empty name that would address another
+    /// parent's children.
+    pub(crate) fn own_name(&self) -> Result<String, String> {
+        match meta::get(self.sql(), "name") {
+            Ok(Some(name)) if !name.is_empty() => Ok(name),
+            Ok(_) => Err(format!("this {} has no name yet", self.0.class)),
+            Err(e) => Err(format!("this agent's name could not be read: {e}")),
+        }
+    }
+
     pub(crate) fn broadcast(&self, text: &str) {
         for socket in self.0.io.sockets() {
             socket.send(text);
@@ -529,7 +540,11 @@ impl Host {
                 false => Reply::Http(json_error(404, message)),
             };
         };
-        let to = crate::parent::engine::child_address(self.0.class, &self.name().unwrap_or_default(), &run);
+        let parent = match self.own_name() {
+            Ok(parent) => parent,
+            Err(e) => return Reply::Http(json_error(500, e)),
+        };
+        let to = crate::parent::engine::child_address(self.0.class, &parent, &run);
         let child_path = format!("/agents/{}/{}{}", sub.agent, crate::routing::percent_encode(&sub.name), path.rest);
         let url = RequestUrl::of(&req).with_path(&child_path);
         let (mut parts, body) = req.into_parts();

@@ -292,7 +292,11 @@ impl Host {
             Ok(pending) => pending,
             Err(e) => return self.storage_failed("messages to children", &e),
         };
-        let parent = self.name().unwrap_or_default();
+        let parent = match self.own_name() {
+            Ok(parent) => parent,
+            // Tried again by the alarm.
+            Err(e) => return self.log_error(&format!("messages to children wait: {e}")),
+        };
         for message in pending {
             let Ok(Some(run)) = self.registry().get(&message.run_id) else { continue };
             let to = crate::parent::engine::child_address(self.0.class, &parent, &run);
@@ -385,7 +389,7 @@ impl Host {
     /// A run's chunks after log index `after`, read from its child: the log's size first (a
     /// live run's tail would wait for more), then its tail up to there.
     async fn child_chunks(&self, record: &RunRecord, after: i64) -> Result<Vec<AgentToolChunk>, String> {
-        let to = crate::parent::engine::child_address(self.0.class, &self.name().unwrap_or_default(), record);
+        let to = crate::parent::engine::child_address(self.0.class, &self.own_name()?, record);
         let run_id = record.run_id.clone();
         let count = match self.0.io.call_child(&to, ChildCall::Inspect { run_id: run_id.clone() }).await? {
             ChildReply::Inspection(Some(reply)) => reply.chunk_count.unwrap_or(0),
