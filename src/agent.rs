@@ -253,7 +253,8 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
 
     /// The drill-in gate: runs before a `/sub/<child>/<name>` request reaches the child. Return
     /// a response to refuse it. The default refuses (404) any name that is not a known run of
-    /// that child class, so a guessed id never creates a child.
+    /// that child class, so a guessed id never creates a child (and answers 500 when the
+    /// registry cannot be read: nothing is let through on a failed check).
     async fn on_before_sub_agent(
         &self,
         host: &AgentHost<Self>,
@@ -261,10 +262,14 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
         child: &SubAgent,
     ) -> Option<HttpResponse> {
         let _ = request;
-        if host.has_agent_tool_run(&child.class, &child.name) {
-            return None;
+        match host.has_agent_tool_run(&child.class, &child.name) {
+            Ok(true) => None,
+            Ok(false) => Some(crate::host::json_error(
+                404,
+                format!("no {} run {:?} on this {}", child.class, child.name, Self::CLASS),
+            )),
+            Err(e) => Some(crate::host::json_error(500, e.to_string())),
         }
-        Some(crate::host::json_error(404, format!("no {} run {:?} on this {}", child.class, child.name, Self::CLASS)))
     }
 
     // ----- as a child -------------------------------------------------------------------

@@ -153,7 +153,7 @@ fn seeded_schedules_of_the_demo_keep_the_contract() {
     .schedules(std::env::var("SCHEDULES").ok().and_then(|n| n.parse().ok()).unwrap_or(200))
     .check(|world| {
         let host = world.host::<Assistant>("sim");
-        match host.agent_tool_runs().iter().find(|r| matches!(r.status, RunStatus::Error | RunStatus::Aborted)) {
+        match host.agent_tool_runs().expect("the runs").iter().find(|r| matches!(r.status, RunStatus::Error | RunStatus::Aborted)) {
             Some(run) => Err(format!("run {} ended {:?}", run.run_id, run.status)),
             None => Ok(()),
         }

@@ -112,8 +112,14 @@ fn dispatch(world: &World) {
 }
 
 fn run_summary(world: &World) -> (RunStatus, Option<String>) {
-    let run = world.host::<Lead>("l").agent_tool_runs().into_iter().find(|r| r.run_id == "w1").expect("the run");
-    let result = world.host::<Lead>("l").inspect_agent_tool_run("w1").and_then(|i| i.result);
+    let run = world
+        .host::<Lead>("l")
+        .agent_tool_runs()
+        .expect("the runs")
+        .into_iter()
+        .find(|r| r.run_id == "w1")
+        .expect("the run");
+    let result = world.host::<Lead>("l").inspect_agent_tool_run("w1").expect("the registry").and_then(|i| i.result);
     (run.status, result.and_then(|r| r.summary))
 }
 
@@ -217,7 +223,7 @@ fn seeded_schedules_with_crashes_end_with_the_childs_answer() {
     .check(|world| {
         let (status, summary) = run_summary(world);
         if status != RunStatus::Completed || summary.as_deref() != Some("published") {
-            let run = world.host::<Lead>("l").inspect_agent_tool_run("w1");
+            let run = world.host::<Lead>("l").inspect_agent_tool_run("w1").expect("the registry");
             return Err(format!("the run ended {status:?} with {summary:?}: {run:?}"));
         }
         let asked = texts(world).iter().filter(|t| t.starts_with("review w1")).count();

@@ -145,7 +145,7 @@ fn detach<P: Agent>(world: &World, parent: &str, options: RunOptions, detached: 
 
 /// A parent's registry row of `run_id`.
 fn row<P: Agent>(world: &World, parent: &str, run_id: &str) -> RunInfo {
-    let runs = world.host::<P>(parent).agent_tool_runs();
+    let runs = world.host::<P>(parent).agent_tool_runs().expect("the runs");
     runs.into_iter().find(|r| r.run_id == run_id).unwrap_or_else(|| panic!("no run {run_id}"))
 }
 
@@ -285,7 +285,7 @@ fn a_detached_run_ignores_the_callers_signal() {
     world.settle();
     let host = world.host::<Desk>("cy");
     for run_id in ["d1", "d2"] {
-        let inspection = host.inspect_agent_tool_run(run_id).expect("a run");
+        let inspection = host.inspect_agent_tool_run(run_id).expect("the registry").expect("a run");
         let result = inspection.result.expect("a result");
         assert_eq!((result.status, result.summary.as_deref()), (RunStatus::Completed, Some(answer)), "{run_id}");
         assert_eq!(world.finish_hooks(&ObjectRef::of::<Desk>("cy"), run_id), 1);
@@ -355,13 +355,13 @@ fn reporting_progress_outside_a_run_only_warns() {
     let warned = |object: &ObjectRef| world.logs().iter().filter(|l| &l.object == object && l.text == warning).count();
     assert_eq!(warned(&ObjectRef::of::<Desk>("flo")), 1);
     assert!(client.events().is_empty(), "no agent-tool frame: {:#?}", client.events());
-    assert!(world.host::<Desk>("flo").agent_tool_runs().is_empty());
+    assert!(world.host::<Desk>("flo").agent_tool_runs().expect("the runs").is_empty());
     let sent = serde_json::to_string(&client.frames()).expect("JSON");
     assert!(!sent.contains("data-agent-milestone"), "no milestone reached the client: {sent}");
 
     // The same tool in a child's run reports its milestone, with no warning.
     run::<Desk, Writer>(&world, "flo", RunOptions::new(json!("work")).run_id("w1"));
-    let inspection = world.host::<Desk>("flo").inspect_agent_tool_run("w1").expect("the run");
+    let inspection = world.host::<Desk>("flo").inspect_agent_tool_run("w1").expect("the registry").expect("the run");
     let milestones: Vec<(&str, Option<&Value>)> =
         inspection.milestones.iter().map(|m| (m.name.as_str(), m.data.as_ref())).collect();
     assert_eq!(milestones, [("outlined", None), ("checkpoint", Some(&json!({ "note": "in a run" })))]);
@@ -381,7 +381,7 @@ fn a_milestone_replays_on_drill_in() {
     let _parent = world.connect("/agents/desk/gus");
     detach::<Desk>(&world, "gus", RunOptions::new(json!("count")).run_id("m1"), DetachedOptions::default());
     world.advance(2_500);
-    let reached = world.host::<Desk>("gus").inspect_agent_tool_run("m1").expect("the run");
+    let reached = world.host::<Desk>("gus").inspect_agent_tool_run("m1").expect("the registry").expect("the run");
     assert_eq!((reached.info.status, reached.milestones.len()), (RunStatus::Running, 1), "reported, still running");
     let child = world.connect("/agents/desk/gus/sub/writer/m1");
     let resuming = child.frames().into_iter().find(|f| f["type"] == "cf_agent_stream_resuming").expect("a stream");
@@ -506,13 +506,14 @@ fn a_reattach_follows_a_streaming_child_past_any_fixed_time() {
     world.crash(&parent);
     let crashed_at = world.now();
     world.settle();
-    let run = &world.host::<Desk>("kai").agent_tool_runs()[0];
+    let run = &world.host::<Desk>("kai").agent_tool_runs().expect("the runs")[0];
     assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     let reattached = logged_events(&world, &parent, "agent_tool:recovery:reattach");
     assert!(reattached.iter().any(|r| r["runId"] == run.run_id.as_str()), "re-attached: {reattached:#?}");
     let followed = run.completed_at.expect("ended") - crashed_at;
     assert!(followed > 25 * 60_000, "followed for {followed} ms");
-    let result = world.host::<Desk>("kai").inspect_agent_tool_run(&run.run_id).and_then(|i| i.result);
+    let result =
+        world.host::<Desk>("kai").inspect_agent_tool_run(&run.run_id).expect("the registry").and_then(|i| i.result);
     assert_eq!(result.and_then(|r| r.summary), Some(answer));
 }
 
@@ -540,5 +541,5 @@ fn a_refused_detached_dispatch_is_an_error_and_writes_nothing() {
         async move { host.run_agent_tool_detached::<Writer>(options, DetachedOptions::default().on_finish(&tag)).await }
     });
     assert!(matches!(&invalid, Err(Error::Invalid(why)) if why.contains("on_finish tag")), "{invalid:?}");
-    assert!(host.agent_tool_runs().is_empty(), "nothing written");
+    assert!(host.agent_tool_runs().expect("the runs").is_empty(), "nothing written");
 }

@@ -386,7 +386,7 @@ fn a_child_whose_run_panics_every_time_still_ends_the_parents_turn() {
     assert_eq!(messages.len(), 2, "{messages:#?}");
     assert!(tool_parts(&messages[1]).iter().all(|p| p["state"] == "output-available"), "{:#}", messages[1]);
     // Every run ended (never left running), each with a failure the model could read.
-    for run in world.host::<Planner>("p").agent_tool_runs() {
+    for run in world.host::<Planner>("p").agent_tool_runs().expect("the runs") {
         assert!(!run.status.is_live(), "{run:?}");
     }
 }
@@ -520,7 +520,7 @@ fn a_childs_state_is_visible_through_drill_in() {
         .model::<Stateful>(ScriptedModel::new().otherwise(|_| Step::new().words("notes", 5)));
     let client = world.connect("/agents/delegator/d");
     client.chat("go");
-    let run_id = world.host::<Delegator>("d").agent_tool_runs()[0].run_id.clone();
+    let run_id = world.host::<Delegator>("d").agent_tool_runs().expect("the runs")[0].run_id.clone();
     let drilled = world.connect(&format!("/agents/delegator/d/sub/stateful/{run_id}"));
     world.settle();
     assert_eq!(drilled.state(), Some(json!({ "phase": "done" })), "the child's state, through the parent's gate");

@@ -246,7 +246,7 @@ impl Agent for Assistant {
             "cancel" => {
                 let RunArg { run_id, reason, .. } = rpc_arg("cancel", "{runId, reason?}", arg)?;
                 host.cancel_agent_tool(&run_id, reason)?;
-                Ok(run_json(host, &run_id).await)
+                run_json(host, &run_id).await
             }
             "clear" => {
                 let ClearArgs { status, older_than } =
@@ -261,18 +261,18 @@ impl Agent for Assistant {
             }
             "runs" => {
                 let mut rows = Vec::new();
-                for run in host.agent_tool_runs() {
-                    rows.push(run_json(host, &run.run_id).await);
+                for run in host.agent_tool_runs()? {
+                    rows.push(run_json(host, &run.run_id).await?);
                 }
                 Ok(Value::Array(rows))
             }
             "inspect" => {
                 let RunArg { run_id, .. } = rpc_arg("inspect", "{runId}", arg)?;
-                serde_json::to_value(host.inspect_agent_tool_run(&run_id)).map_err(|e| Error::Failed(e.to_string()))
+                serde_json::to_value(host.inspect_agent_tool_run(&run_id)?).map_err(|e| Error::Failed(e.to_string()))
             }
             "chunks" => {
                 let RunArg { run_id, after, .. } = rpc_arg("chunks", "{runId, after?}", arg)?;
-                serde_json::to_value(host.agent_tool_chunks(&run_id, after).await)
+                serde_json::to_value(host.agent_tool_chunks(&run_id, after).await?)
                     .map_err(|e| Error::Failed(e.to_string()))
             }
             "ask" => ask(host, rpc_arg("ask", "{name, message?, turnId?, after?, stopAfter?}", arg)?).await,
@@ -312,8 +312,8 @@ struct ScheduledResearch {
 
 /// A run as the demo's `runs` and `cancel` return it: what the registry knows, its result
 /// flattened beside, its latest progress and milestones, and how many chunks it stored.
-async fn run_json(host: &AgentHost<Assistant>, run_id: &str) -> Value {
-    let Some(inspection) = host.inspect_agent_tool_run(run_id) else { return Value::Null };
+async fn run_json(host: &AgentHost<Assistant>, run_id: &str) -> Result<Value, Error> {
+    let Some(inspection) = host.inspect_agent_tool_run(run_id)? else { return Ok(Value::Null) };
     let mut out = serde_json::to_value(&inspection.info).unwrap_or_default();
     if let (Value::Object(o), Some(result)) = (&mut out, &inspection.result) {
         for key in ["summary", "output", "error", "reason", "childStillRunning"] {
@@ -324,8 +324,8 @@ async fn run_json(host: &AgentHost<Assistant>, run_id: &str) -> Value {
     }
     out["progress"] = serde_json::to_value(&inspection.progress).unwrap_or_default();
     out["milestones"] = serde_json::to_value(&inspection.milestones).unwrap_or_default();
-    out["chunks"] = host.agent_tool_chunks(run_id, None).await.len().into();
-    out
+    out["chunks"] = host.agent_tool_chunks(run_id, None).await?.len().into();
+    Ok(out)
 }
 
 /// Which child class a dispatch names: the demo's two, by their class names.

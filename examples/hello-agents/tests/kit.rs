@@ -41,12 +41,12 @@ fn the_researcher_dispatches_its_own_child() {
     assert_eq!(researchers.len(), 1);
     assert!(researchers[0].name.starts_with("Planner/alice/"), "{}", researchers[0].name);
     let researcher = world.host::<Researcher>(&researchers[0].name);
-    let checks = researcher.agent_tool_runs();
+    let checks = researcher.agent_tool_runs().expect("the runs");
     assert_eq!(checks.len(), 1);
     assert_eq!((checks[0].agent_type.as_str(), checks[0].status), ("FactChecker", RunStatus::Completed));
     assert_eq!(world.objects_of::<FactChecker>().len(), 1);
     // Drilling in to the researcher's run shows its own run of the fact checker.
-    let run_id = world.host::<Planner>("alice").agent_tool_runs()[0].run_id.clone();
+    let run_id = world.host::<Planner>("alice").agent_tool_runs().expect("the runs")[0].run_id.clone();
     let drilled = world.connect(&format!("/agents/planner/alice/sub/researcher/{run_id}"));
     world.settle();
     let nested = drilled.runs();
@@ -67,7 +67,7 @@ fn a_post_starts_a_background_run() {
     let run_id = handle["runId"].as_str().expect("a run id").to_owned();
     world.settle();
     let planner = world.host::<Planner>("bob");
-    let runs = planner.agent_tool_runs();
+    let runs = planner.agent_tool_runs().expect("the runs");
     assert_eq!(runs.len(), 1);
     assert_eq!((runs[0].run_id.as_str(), runs[0].status), (run_id.as_str(), RunStatus::Completed));
     assert_eq!(world.finish_hooks(&ObjectRef::of::<Planner>("bob"), &run_id), 1);
@@ -75,7 +75,7 @@ fn a_post_starts_a_background_run() {
     let refused = world.post("/agents/planner/bob/runs", &json!({ "topic": 3 }));
     assert_eq!(refused.status(), 400);
     world.settle();
-    assert_eq!(planner.agent_tool_runs().len(), 1);
+    assert_eq!(planner.agent_tool_runs().expect("the runs").len(), 1);
 }
 
 #[test]
@@ -93,7 +93,7 @@ fn a_child_that_crashes_mid_run_is_run_again_and_the_chat_gets_its_answer() {
     assert_eq!(reply.error, None, "{reply:?}");
     assert!(reply.text.starts_with("Done. research: Done. fact_check: "), "{}", reply.text);
     let planner = world.host::<Planner>("carol");
-    let run = &planner.agent_tool_runs()[0];
+    let run = &planner.agent_tool_runs().expect("the runs")[0];
     assert_eq!(run.status, RunStatus::Completed);
     assert_eq!(world.finish_hooks(&ObjectRef::of::<Planner>("carol"), &run.run_id), 1);
     // The researcher healed by running its turn again.
@@ -112,7 +112,7 @@ fn a_parent_that_crashes_mid_run_recovers_the_run() {
     // The client reconnected by itself and holds the run, completed, as the registry does.
     assert!(client.reconnects() >= 1);
     let planner = world.host::<Planner>("dave");
-    let runs = planner.agent_tool_runs();
+    let runs = planner.agent_tool_runs().expect("the runs");
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0].status, RunStatus::Completed);
     assert_eq!(client.run(&runs[0].run_id).map(|r| r["status"].clone()), Some(json!("completed")));
@@ -133,7 +133,7 @@ fn seeded_schedules_with_faults_keep_the_contract() {
         .faults(Faults::chaos())
         .schedules(schedules)
         .check(|world| {
-            let runs = world.host::<Planner>("sim").agent_tool_runs();
+            let runs = world.host::<Planner>("sim").agent_tool_runs().expect("the runs");
             let faults = world.injected_faults() > 0;
             let allowed = |s: RunStatus| s == RunStatus::Completed || (faults && s == RunStatus::Interrupted);
             match runs.iter().find(|r| !allowed(r.status)) {

@@ -145,20 +145,23 @@ impl<A: Agent> AgentHost<A> {
 
     /// Whether `run_id` is a known run of the child class `agent_type` (`Researcher::CLASS`, or
     /// the class a drill-in path names): the default drill-in gate's test, the TypeScript SDK's
-    /// `hasAgentToolRun(className, runId)`.
-    pub fn has_agent_tool_run(&self, agent_type: &str, run_id: &str) -> bool {
-        self.host.has_agent_tool_run(agent_type, run_id)
+    /// `hasAgentToolRun(className, runId)`. `Err(Storage)` when the registry could not be read
+    /// (never a silent `false`).
+    pub fn has_agent_tool_run(&self, agent_type: &str, run_id: &str) -> Result<bool, Error> {
+        self.host.has_agent_tool_run(agent_type, run_id).map_err(Error::Storage)
     }
 
-    /// Every retained run, oldest first.
-    pub fn agent_tool_runs(&self) -> Vec<RunInfo> {
-        self.host.agent_tool_runs()
+    /// Every retained run, oldest first. `Err(Storage)` when the registry could not be read
+    /// (never a silent empty list).
+    pub fn agent_tool_runs(&self) -> Result<Vec<RunInfo>, Error> {
+        self.host.agent_tool_runs().map_err(Error::Storage)
     }
 
-    /// One run with its result, latest progress and milestones; `None` when the run is
-    /// unknown here (never dispatched, or cleared). `None` never means "failed".
-    pub fn inspect_agent_tool_run(&self, run_id: &str) -> Option<RunInspection> {
-        self.host.inspect_agent_tool_run(run_id)
+    /// One run with its result, latest progress and milestones; `Ok(None)` when the run is
+    /// unknown here (never dispatched, or cleared): `None` never means "failed", a failed read
+    /// is `Err(Storage)`.
+    pub fn inspect_agent_tool_run(&self, run_id: &str) -> Result<Option<RunInspection>, Error> {
+        self.host.inspect_agent_tool_run(run_id).map_err(Error::Storage)
     }
 
     /// The run's stored chunks (its `UIMessageChunk`s and milestones), after `after_sequence`
@@ -166,8 +169,13 @@ impl<A: Agent> AgentHost<A> {
     /// `EventDelivery::Full` they are the frames this agent keeps, with the sequences they were
     /// sent with; for `EventDelivery::Terminal` (whose chunks never reached this agent) they are
     /// read from the child, which keeps its whole stream, and `sequence` is the chunk's index in
-    /// the child's log (a live run's chunks so far).
-    pub async fn agent_tool_chunks(&self, run_id: &str, after_sequence: Option<i64>) -> Vec<AgentToolChunk> {
+    /// the child's log (a live run's chunks so far). `Err(Storage)` when this agent's registry
+    /// could not be read, `Err(Unavailable)` when a `Terminal` run's child could not be read.
+    pub async fn agent_tool_chunks(
+        &self,
+        run_id: &str,
+        after_sequence: Option<i64>,
+    ) -> Result<Vec<AgentToolChunk>, Error> {
         self.host.agent_tool_chunks(run_id, after_sequence).await
     }
 }
@@ -348,42 +356,44 @@ impl Host {
 
     // ----- read-only views --------------------------------------------------------------
 
-    pub(crate) fn has_agent_tool_run(&self, agent_type: &str, run_id: &str) -> bool {
-        self.registry().has_run(agent_type, run_id).unwrap_or(false)
+    pub(crate) fn has_agent_tool_run(&self, agent_type: &str, run_id: &str) -> Result<bool, String> {
+        self.registry().has_run(agent_type, run_id).map_err(|e| self.read_failed("has_agent_tool_run", e))
     }
 
-    pub(crate) fn agent_tool_runs(&self) -> Vec<RunInfo> {
-        self.registry().all().unwrap_or_default().iter().map(RunRecord::info).collect()
+    pub(crate) fn agent_tool_runs(&self) -> Result<Vec<RunInfo>, String> {
+        let runs = self.registry().all().map_err(|e| self.read_failed("agent_tool_runs", e))?;
+        Ok(runs.iter().map(RunRecord::info).collect())
     }
 
-    pub(crate) fn inspect_agent_tool_run(&self, run_id: &str) -> Option<RunInspection> {
-        self.registry().inspection(run_id).unwrap_or_else(|e| {
-            self.storage_failed("inspect", &e);
-            None
-        })
+    pub(crate) fn inspect_agent_tool_run(&self, run_id: &str) -> Result<Option<RunInspection>, String> {
+        self.registry().inspection(run_id).map_err(|e| self.read_failed("inspect", e))
     }
 
-    pub(crate) async fn agent_tool_chunks(&self, run_id: &str, after: Option<i64>) -> Vec<AgentToolChunk> {
+    /// A read of the registry failed: reported (`agent_tool:storage_failed`), and its message.
+    fn read_failed(&self, step: &str, e: crate::store::StoreError) -> String {
+        self.storage_failed(step, &e);
+        e.to_string()
+    }
+
+    pub(crate) async fn agent_tool_chunks(
+        &self,
+        run_id: &str,
+        after: Option<i64>,
+    ) -> Result<Vec<AgentToolChunk>, Error> {
         let record = match self.registry().get(run_id) {
             Ok(Some(record)) => record,
-            Ok(None) => return Vec::new(),
-            Err(e) => {
-                self.storage_failed("agent_tool_chunks", &e);
-                return Vec::new();
-            }
+            Ok(None) => return Ok(Vec::new()),
+            Err(e) => return Err(Error::Storage(self.read_failed("agent_tool_chunks", e))),
         };
         if record.event_delivery == EventDelivery::Terminal {
-            return self.child_chunks(&record, after.unwrap_or(-1)).await.unwrap_or_else(|e| {
-                self.log_error(&format!("reading the chunks of {run_id} from its child failed: {e}"));
-                Vec::new()
-            });
+            return self
+                .child_chunks(&record, after.unwrap_or(-1))
+                .await
+                .map_err(|e| Error::Unavailable(format!("reading the chunks of {run_id} from its child failed: {e}")));
         }
-        self.registry()
-            .frames(run_id, after.unwrap_or(-1))
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(sequence, body)| AgentToolChunk { sequence, body })
-            .collect()
+        let frames = self.registry().frames(run_id, after.unwrap_or(-1));
+        let frames = frames.map_err(|e| Error::Storage(self.read_failed("agent_tool_chunks", e)))?;
+        Ok(frames.into_iter().map(|(sequence, body)| AgentToolChunk { sequence, body }).collect())
     }
 
     /// A run's chunks after log index `after`, read from its child: the log's size first (a
