@@ -255,9 +255,10 @@ impl<A: Agent> AgentHost<A> {
 
     /// This instance's name: the `<name>` of `/agents/<agent>/<name>` for an agent clients
     /// reach, `<Parent>/<parent-name>/<run-id>` for a child. Learned on the first request and
-    /// kept in SQL (an alarm wakes a Durable Object without one).
-    pub fn name(&self) -> Option<String> {
-        self.host.name()
+    /// kept in SQL (an alarm wakes a Durable Object without one). `Ok(None)` before the first
+    /// request; `Err(Storage)` when it cannot be read (never a silent `None`).
+    pub fn name(&self) -> Result<Option<String>, Error> {
+        meta::get(self.host.sql(), "name").map_err(|e| Error::Storage(e.to_string()))
     }
 
     /// Sends a text frame to every connected client (the TypeScript SDK's `broadcast`). The
