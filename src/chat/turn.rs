@@ -190,16 +190,13 @@ pub struct TurnOptions {
     /// Where a turn cut short goes on from (its journal's [`Continuation`]), or `None` for a
     /// new turn.
     pub resume: Option<Continuation>,
-    /// Chunks streamed right after `start` (a continuation's `tool-output-denied` for the calls
-    /// a person denied, so a client's part shows the denial as the AI SDK streams it).
-    pub opening: Vec<Value>,
 }
 
 #[cfg(test)]
 impl TurnOptions {
     /// A new turn writing `message_id`, at most `max_steps` model steps.
     pub fn new(message_id: impl Into<String>, max_steps: usize) -> Self {
-        Self { message_id: message_id.into(), max_steps, emit_start: true, resume: None, opening: Vec::new() }
+        Self { message_id: message_id.into(), max_steps, emit_start: true, resume: None }
     }
 }
 
@@ -308,8 +305,10 @@ pub async fn run_turn(
     let mut messages = history;
     if options.emit_start {
         emit(json!({ "type": "start", "messageId": options.message_id }));
-        for chunk in &options.opening {
-            emit(chunk.clone());
+        // The calls a person denied show it first, as the AI SDK streams a denial (the client's
+        // own copy of the part says only that it answered).
+        for (call, _) in options.resume.iter().flat_map(|r| &r.denied) {
+            emit(json!({ "type": "tool-output-denied", "toolCallId": call.id }));
         }
     }
     let mut finish_reason = String::from("stop");
@@ -641,6 +640,30 @@ mod tests {
         assert_eq!(starts, ids, "every chunk of a call uses its new id");
         let parts = message["parts"].as_array().unwrap();
         assert_eq!(parts.iter().filter(|p| p["type"] == "tool-research").count(), 2, "two distinct tool parts");
+    }
+
+    #[test]
+    fn a_continuation_shows_each_denial_first_then_goes_on() {
+        let denied = ToolCall::new("c1", "research", json!({"query": "x"}));
+        let resume = Continuation {
+            messages: vec![ModelMessage::Assistant { text: String::new(), tool_calls: vec![denied.clone()] }],
+            pending: Vec::new(),
+            awaiting: Vec::new(),
+            denied: vec![(denied, "no".into())],
+            next_step: 1,
+            answered: false,
+            refused: None,
+        };
+        let chunks = RefCell::new(Vec::new());
+        let emit = |v: Value| chunks.borrow_mut().push(v);
+        let options = TurnOptions { resume: Some(resume), ..TurnOptions::new("m", 3) };
+        let history = vec![ModelMessage::User("Research x".into())];
+        futures::executor::block_on(run_turn(&Offline, &NoTools, history, &options, &emit, &NoRecord));
+        let chunks = chunks.into_inner();
+        assert_eq!(chunks[0]["type"], "start");
+        assert_eq!(chunks[1], json!({"type": "tool-output-denied", "toolCallId": "c1"}));
+        assert_eq!(chunks.iter().filter(|c| c["type"] == "tool-output-denied").count(), 1);
+        assert_eq!(chunks.last().unwrap()["type"], "finish");
     }
 
     #[test]

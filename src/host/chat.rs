@@ -141,20 +141,6 @@ impl Record for Keeper<'_> {
     }
 }
 
-/// The `tool-output-denied` chunks of a message's last step: a continuation streams them first,
-/// so a client shows each denial as the AI SDK streams one (its own copy says only that it
-/// answered).
-fn denials(message: &Value) -> Vec<Value> {
-    let parts = message.get("parts").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
-    let last_step = parts.rsplit(|p| p.get("type").and_then(Value::as_str) == Some("step-start")).next().unwrap_or(&[]);
-    last_step
-        .iter()
-        .filter(|p| p.get("state").and_then(Value::as_str) == Some("output-denied"))
-        .filter_map(|p| p.get("toolCallId"))
-        .map(|id| serde_json::json!({ "type": "tool-output-denied", "toolCallId": id }))
-        .collect()
-}
-
 /// The chat of one agent: its state machine, the running turn's cancel token, and the lock
 /// that runs turns one at a time.
 pub struct Chat {
@@ -877,13 +863,11 @@ impl Chat {
             Some(keeper) => keeper,
             None => &NoRecord,
         };
-        let opening = if continues { denials(&builder.borrow().message()) } else { Vec::new() };
         let options = TurnOptions {
             message_id: options_message_id.clone(),
             max_steps: spec.max_steps,
             emit_start: kept < 0,
             resume: resume.map(|(_, plan)| plan),
-            opening,
         };
         let end = {
             let turn = run_turn(model, tools, history, &options, &emit, record);
