@@ -240,15 +240,7 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
     /// The chat line a milestone of an `on_milestones` run adds (empty: none). The default is
     /// the TypeScript SDK's wording.
     fn format_detached_milestone(&self, run: &RunInfo, milestone: &Milestone) -> String {
-        let detail = milestone
-            .data
-            .as_ref()
-            .map(|d| format!("\n\n{}", serde_json::to_string_pretty(d).unwrap_or_default()))
-            .unwrap_or_default();
-        format!(
-            "Background task \"{}\" (run {}) reached milestone \"{}\".{detail}",
-            run.agent_type, run.run_id, milestone.name
-        )
+        milestone_line(run, milestone)
     }
 
     /// The drill-in gate: runs before a `/sub/<child>/<name>` request reaches the child. Return
@@ -422,4 +414,18 @@ mod tests {
             constant_time_eq(b"abc", b"abc") && !constant_time_eq(b"abc", b"abd") && !constant_time_eq(b"ab", b"abc")
         );
     }
+}
+
+/// The default chat line of a detached run's milestone ([`Agent::format_detached_milestone`]),
+/// the TypeScript SDK's wording: for an override that changes some milestones only.
+pub fn milestone_line(run: &RunInfo, milestone: &Milestone) -> String {
+    let detail = milestone
+        .data
+        .as_ref()
+        .map(|d| format!("\n\n{}", serde_json::to_string_pretty(d).unwrap_or_default()))
+        .unwrap_or_default();
+    format!(
+        "Background task \"{}\" (run {}) reached milestone \"{}\".{detail}",
+        run.agent_type, run.run_id, milestone.name
+    )
 }

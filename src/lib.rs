@@ -514,7 +514,7 @@ pub mod model {
     pub use crate::platform::model::{ModelProvider, WorkersAiConfig};
 }
 
-pub use agent::{require_token, Agent, Refusal, SubAgent};
+pub use agent::{milestone_line, require_token, Agent, Refusal, SubAgent};
 pub use cancel::{CancelToken, Cancelled};
 pub use error::Error;
 pub use host::{

@@ -135,11 +135,7 @@ impl Agent for Assistant {
         if milestone.name == "needs-approval" {
             return format!("review {}", run.run_id);
         }
-        let detail = milestone.data.as_ref().map(|d| format!("\n\n{d:#}")).unwrap_or_default();
-        format!(
-            "Background task \"{}\" (run {}) reached milestone \"{}\".{detail}",
-            run.agent_type, run.run_id, milestone.name
-        )
+        agent_tools::milestone_line(run, milestone)
     }
 
     /// `MAX_CONCURRENT_AGENT_TOOLS` (default 64; `0` for unlimited), `AGENT_TOOL_ADMISSION`
