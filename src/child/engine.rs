@@ -93,7 +93,7 @@ pub enum ChildAction {
 }
 
 /// A run whose turn runs in this instance.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct LiveRun {
     subscribers: Vec<SubscriberId>,
     next_index: i64,
@@ -107,7 +107,7 @@ struct LiveRun {
 }
 
 /// A chunk emitted but not yet stored nor sent.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Pending {
     index: Option<i64>,
     kind: ChunkKind,
@@ -334,9 +334,25 @@ impl ChildEngine {
     /// summary and output, or its error), `None` when a cancel dropped it; `cancelled` holds the
     /// cancel's reason when the run was cancelled. A cancelled run ends `aborted` whatever its
     /// turn returned (a dropped turn's stream gets its `abort` chunk); otherwise the turn's
-    /// result is the run's. Then [`Self::turn_ended`].
+    /// result is the run's. Then [`Self::turn_ended`], all as one unit.
     #[allow(clippy::too_many_arguments)]
     pub fn turn_finished(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        returned: Option<Result<(String, Option<Value>), String>>,
+        cancelled: Option<Option<String>>,
+        chat_streaming: bool,
+        new_id: &dyn Fn() -> String,
+        now: i64,
+    ) -> Result<Vec<ChildAction>, StoreError> {
+        self.unit(sql, run_id, |engine| {
+            engine.finish_turn(sql, run_id, returned, cancelled, chat_streaming, new_id, now)
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn finish_turn(
         &mut self,
         sql: &(impl Sql + ?Sized),
         run_id: &str,
@@ -364,13 +380,29 @@ impl ChildEngine {
             }
             (None, None) => aborted(None),
         };
-        actions.extend(self.turn_ended(sql, run_id, &outcome, chat_streaming, new_id, now)?);
+        actions.extend(self.end_turn(sql, run_id, &outcome, chat_streaming, new_id, now)?);
         Ok(actions)
     }
 
     /// The run's turn ended with `outcome`: held progress goes out first, the outcome is
     /// recorded (unless the run already ended), every tail gets the `end` line and is closed.
+    /// One unit: when a statement fails, storage and the run's memory are as they were (the
+    /// chunks it held are still held, no tail was sent anything), so the platform can take the
+    /// same end again ([`Self::turn_lost`] when it gives up).
+    #[cfg(test)]
     pub fn turn_ended(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        outcome: &RunOutcome,
+        chat_streaming: bool,
+        new_id: &dyn Fn() -> String,
+        now: i64,
+    ) -> Result<Vec<ChildAction>, StoreError> {
+        self.unit(sql, run_id, |engine| engine.end_turn(sql, run_id, outcome, chat_streaming, new_id, now))
+    }
+
+    fn end_turn(
         &mut self,
         sql: &(impl Sql + ?Sized),
         run_id: &str,
@@ -383,6 +415,40 @@ impl ChildEngine {
         actions.extend(self.flush(sql, run_id, chat_streaming)?);
         actions.extend(self.seal(sql, run_id, outcome, now)?);
         Ok(actions)
+    }
+
+    /// Runs `work` as one unit of storage for `run_id`: when it fails, its statements are rolled
+    /// back and the run's memory (held chunks, next index, progress window, tails) is restored.
+    pub(super) fn unit(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        work: impl FnOnce(&mut Self) -> Result<Vec<ChildAction>, StoreError>,
+    ) -> Result<Vec<ChildAction>, StoreError> {
+        let before = self.live.get(run_id).cloned();
+        let done = crate::store::atomic(sql, || work(self));
+        if done.is_err() {
+            match before {
+                Some(run) => self.live.insert(run_id.to_owned(), run),
+                None => self.live.remove(run_id),
+            };
+        }
+        done
+    }
+
+    /// The platform could not record the end of the run's turn (storage kept failing): the run
+    /// is no longer live here, and its tails are closed without an `end` line, so each parent
+    /// asks where the run stands and the next request heals it by the recovery policy, as after
+    /// a restart (what the turn emitted and could not store is lost with it).
+    pub fn turn_lost(&mut self, run_id: &str) -> Vec<ChildAction> {
+        let Some(run) = self.live.remove(run_id) else { return Vec::new() };
+        let mut actions: Vec<ChildAction> =
+            run.subscribers.into_iter().map(|subscriber| ChildAction::Close { subscriber }).collect();
+        actions.push(ChildAction::Observe(
+            EventType::StorageFailed,
+            serde_json::json!({ "runId": run_id, "step": "child turn end", "error": "the end of the turn could not be stored; the run is healed by its recovery policy" }),
+        ));
+        actions
     }
 
     fn seal(

@@ -106,6 +106,9 @@ struct Keeper<'a> {
     last_index: &'a dyn Fn() -> i64,
 }
 
+/// How many times a chunk of a turn's stream is written before it goes out unlogged.
+const APPEND_TRIES: usize = 3;
+
 impl Record for Keeper<'_> {
     fn step(&self, step: usize, text: &str, calls: &[ToolCall]) {
         let kept = Journal::new(self.chat.sql()).step(self.request_id, step, text, calls, (self.last_index)());
@@ -748,13 +751,22 @@ impl Chat {
         let next = std::cell::Cell::new(first);
         let emit = |body: String| {
             let index = next.get();
-            match StreamLog::new(self.sql()).append(request_id, index, ChunkKind::Stored, &body) {
-                Ok(()) => {
-                    self.send(request_id, std::slice::from_ref(&body));
-                    next.set(index + 1);
+            let log = StreamLog::new(self.sql());
+            // A statement that failed is tried again; a chunk the log never takes still goes to
+            // the clients (the saved message holds it: what they show must too), and a client
+            // that resumes the stream misses it until the message is saved.
+            let mut stored = log.append(request_id, index, ChunkKind::Stored, &body);
+            for _ in 1..APPEND_TRIES {
+                if stored.is_ok() {
+                    break;
                 }
+                stored = log.append(request_id, index, ChunkKind::Stored, &body);
+            }
+            match stored {
+                Ok(()) => next.set(index + 1),
                 Err(e) => self.failed("stream", &e),
             }
+            self.send(request_id, std::slice::from_ref(&body));
         };
         let spec = TurnSpec {
             request_id: request_id.to_owned(),

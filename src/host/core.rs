@@ -52,6 +52,10 @@ pub(crate) struct Core {
     /// Why this agent cannot serve (a broken tool declaration, a missing binding); every
     /// request is answered with it.
     pub(crate) config_error: Option<String>,
+    /// Why its tables could not be made: tried again at each event (a statement that failed
+    /// once, say on a full disk, must not leave the object refusing everything until it is
+    /// evicted), and answered with while it keeps failing (a class with no SQLite storage).
+    pub(crate) storage_error: RefCell<Option<String>>,
     // ----- the parent role
     /// Whether the parent role's tables exist here: an object makes them with its first parent
     /// work ([`Host::parent_sql`]), so a child that never dispatches never has them.
@@ -133,26 +137,19 @@ impl<A: Agent> AgentHost<A> {
         let agent = A::default();
         let migrated = migrate(io.sql());
         let parent_tables = matches!(migrated, Ok(true));
-        let mut config_error = migrated.err().map(|e| {
-            format!(
-                "{}: its SQLite storage failed ({e}); list {:?} in a [[migrations]] new_sqlite_classes of wrangler.toml",
-                A::CLASS,
-                A::CLASS
-            )
-        });
+        let storage_error = migrated.err().map(|e| storage_problem(A::CLASS, &e));
         let tools = agent.tools();
-        if config_error.is_none() {
-            config_error = tools.check().err().map(|e| format!("{}: {e}", A::CLASS));
-        }
+        let mut config_error = tools.check().err().map(|e| format!("{}: {e}", A::CLASS));
         if config_error.is_none() {
             config_error = check_bindings(&tools, io.as_ref());
         }
-        if let Some(e) = &config_error {
+        if let Some(e) = config_error.as_ref().or(storage_error.as_ref()) {
             io.log(&format!("agent-tools: {e}"), true);
         }
         let options = agent.agent_tool_options(io.env());
         let parts = Rc::new(Parts { agent, tools });
         let host = Host::new(A::CLASS, watch(parts.clone()), io, options, config_error, parent_tables);
+        *host.0.storage_error.borrow_mut() = storage_error;
         Self { host, parts }
     }
 
@@ -333,6 +330,7 @@ impl Host {
             parent: RefCell::new(ParentEngine::new(class, options.clone(), incarnation)),
             child: RefCell::new(ChildEngine::new(options.recovery).with_recovery(options.max_recovery_attempts, keep)),
             config_error,
+            storage_error: RefCell::new(None),
             parent_tables: Cell::new(parent_tables),
             waiters: RefCell::new(HashMap::new()),
             inbox_waiters: RefCell::new(HashMap::new()),
@@ -465,8 +463,8 @@ impl Host {
     /// Serves a client's request: drill-in (`/sub/…`), WebSocket upgrades, `GET`,
     /// `GET /get-messages`, and anything else through [`Agent::on_request`].
     pub(crate) async fn fetch(&self, req: HttpRequest) -> Reply {
-        if let Some(problem) = &self.0.config_error {
-            return Reply::Http(json_error(500, problem.clone()));
+        if let Some(problem) = self.unready() {
+            return Reply::Http(json_error(500, problem));
         }
         let url = RequestUrl::of(&req);
         let Some(path) = parse_agent_path(url.path()) else {
@@ -617,7 +615,7 @@ impl Host {
     /// One client frame: RPC calls and chat frames. Anything malformed gets an error frame and
     /// the socket stays open.
     pub(crate) async fn websocket_message(&self, socket: Rc<dyn Socket>, message: Result<String, ()>) {
-        if self.0.config_error.is_some() {
+        if self.unready().is_some() {
             return;
         }
         self.ensure_recovery();
@@ -680,10 +678,14 @@ impl Host {
     /// The alarm: recovery, the detached backbone and retention (the parent engine), due
     /// scheduled tasks, and the alarm armed for whatever comes next.
     pub(crate) async fn alarm(&self) {
-        if self.0.config_error.is_some() {
-            return;
-        }
         self.0.alarm_at.set(None);
+        if let Some(problem) = self.unready() {
+            // Kept armed while the tables are only not made yet: the work it was for waits.
+            if self.0.config_error.is_none() {
+                self.arm_alarm_at(self.now() + UNREADY_RETRY_MS).await;
+            }
+            return self.log_error(&format!("the alarm waits: {problem}"));
+        }
         self.recover_chat_turns(true);
         // Approvals nobody answered in time are denied, and their turns go on.
         let next_expiry = self.0.chat.expire_approvals();
@@ -863,6 +865,37 @@ impl Host {
 /// added since. The parent role's tables (its registry and ledger) come with the object's first
 /// parent work ([`Host::parent_sql`]), or here when an earlier instance made them: the answer is
 /// whether they exist.
+/// How long an alarm that found the tables unmade waits before it tries again.
+const UNREADY_RETRY_MS: i64 = 5_000;
+
+/// A failure to make an object's tables, in words.
+fn storage_problem(class: &str, e: &StoreError) -> String {
+    format!("{class}: its SQLite storage failed ({e}); list {class:?} in a [[migrations]] new_sqlite_classes of wrangler.toml")
+}
+
+impl Host {
+    /// Why this agent cannot serve now: its configuration, or tables that could not be made
+    /// (tried again first).
+    pub(crate) fn unready(&self) -> Option<String> {
+        if let Some(problem) = &self.0.config_error {
+            return Some(problem.clone());
+        }
+        self.0.storage_error.borrow().as_ref()?;
+        match migrate(self.sql()) {
+            Ok(parent_tables) => {
+                self.0.parent_tables.set(parent_tables);
+                *self.0.storage_error.borrow_mut() = None;
+                None
+            }
+            Err(e) => {
+                let problem = storage_problem(self.0.class, &e);
+                *self.0.storage_error.borrow_mut() = Some(problem.clone());
+                Some(problem)
+            }
+        }
+    }
+}
+
 pub(crate) fn migrate(sql: &dyn Sql) -> Result<bool, StoreError> {
     let [_registry, _ledger, meta] = crate::parent::engine::SCHEMAS;
     let [child, chat] = crate::child::runs::SCHEMAS;

@@ -210,6 +210,11 @@ const HARD_TERMINALS: &str = "('completed','error','aborted')";
 /// Object SQL limit of 100 bound parameters per statement.
 const FRAMES_PER_INSERT: usize = 49;
 
+/// Whether a batch's milestone replaces the progress kept (`?9`: it comes after the batch's own
+/// progress; `?10`: its time, not before the kept progress's).
+const SUPERSEDES: &str =
+    "(?9 AND (progress_json IS NULL OR ?10 >= COALESCE(json_extract(progress_json, '$.data.at'), 0)))";
+
 impl<'a, S: Sql + ?Sized> Registry<'a, S> {
     /// A registry over `sql`; call [`Registry::migrate`] once per activation.
     pub fn new(sql: &'a S) -> Self {
@@ -412,6 +417,13 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
         let last_progress = chunks.iter().rposition(|c| c.kind == ChunkKind::Progress);
         let last_milestone = chunks.iter().rposition(|c| c.kind == ChunkKind::Milestone);
         let superseded = last_milestone.is_some_and(|m| last_progress.is_none_or(|p| m > p));
+        // ... unless the milestone is older than the progress kept (reported earlier by the
+        // child, delivered later: a re-tail after an inspection adopted the newer progress),
+        // which live clients keep too.
+        let milestone_at = last_milestone.and_then(|m| {
+            let body: serde_json::Value = serde_json::from_str(chunks[m].body).ok()?;
+            body["data"]["at"].as_i64()
+        });
         let progress = last_progress
             .filter(|_| !superseded)
             .map(|offset| (offset as i64, chunks[offset].replay.unwrap_or(chunks[offset].body)));
@@ -422,8 +434,9 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
                 "UPDATE agent_tool_runs SET next_seq = next_seq + ?1, \
                  child_cursor = MAX(child_cursor, ?2), \
                  last_signal_at = CASE WHEN ?3 THEN ?4 ELSE last_signal_at END, \
-                 progress_json = CASE WHEN ?9 THEN NULL ELSE COALESCE(?6, progress_json) END, \
-                 progress_seq = CASE WHEN ?9 THEN NULL WHEN ?6 IS NULL THEN progress_seq ELSE next_seq + ?7 END, \
+                 progress_json = CASE WHEN {SUPERSEDES} THEN NULL ELSE COALESCE(?6, progress_json) END, \
+                 progress_seq = CASE WHEN {SUPERSEDES} THEN NULL WHEN ?6 IS NULL THEN progress_seq \
+                                ELSE next_seq + ?7 END, \
                  reruns = reruns + ?8 \
                  WHERE run_id = ?5 AND status IN {LIVE_STATUSES} RETURNING next_seq - ?1"
             ),
@@ -437,6 +450,7 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
                 V::Int(progress.map_or(0, |(offset, _)| offset)),
                 V::Int(reruns),
                 V::from(superseded),
+                V::Int(milestone_at.unwrap_or(i64::MAX)),
             ],
         )?;
         let Some(first) = row.and_then(|r| r.int(0)) else { return Ok(None) };

@@ -20,6 +20,7 @@
 //! `SIM_SEED=<seed> cargo test --lib sim::replay -- --nocapture`.
 
 pub(crate) use crate::testing::reducer;
+mod shipped;
 mod world;
 
 use serde_json::Value;
@@ -451,6 +452,52 @@ fn replay() {
         println!("{line}");
     }
     if let Err(problem) = result {
+        fail(seed, &problem);
+    }
+}
+
+#[test]
+fn shipped_regression_seeds_hold() {
+    for &seed in shipped::REGRESSIONS {
+        if let Err(problem) = shipped::run(seed) {
+            fail(seed, &problem);
+        }
+    }
+}
+
+#[test]
+fn shipped_schedules_hold() {
+    let schedules: u64 = std::env::var("SIM_SCHEDULES").ok().and_then(|s| s.parse().ok()).unwrap_or(2_000);
+    let base: u64 = std::env::var("SIM_BASE").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
+    if let Some(seed) = std::env::var("SIM_SEED").ok().and_then(|s| s.parse().ok()) {
+        if let Err(problem) = shipped::run(seed) {
+            fail(seed, &problem);
+        }
+        return;
+    }
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get()).min(8) as u64;
+    let failure = std::sync::Mutex::new(None);
+    std::thread::scope(|scope| {
+        for t in 0..threads {
+            let failure = &failure;
+            scope.spawn(move || {
+                let mut seed = base + t;
+                while seed < base + schedules {
+                    if failure.lock().map(|f| f.is_some()).unwrap_or(true) {
+                        return;
+                    }
+                    if let Err(problem) = shipped::run(seed) {
+                        if let Ok(mut f) = failure.lock() {
+                            f.get_or_insert((seed, problem));
+                        }
+                        return;
+                    }
+                    seed += threads;
+                }
+            });
+        }
+    });
+    if let Some((seed, problem)) = failure.into_inner().ok().flatten() {
         fail(seed, &problem);
     }
 }

@@ -564,6 +564,18 @@ impl Client {
         self.inbox.drop_connection();
     }
 
+    /// Forgets the runs this client holds, as the stock hook's `resetLocalState()` does, and
+    /// takes the replay again (by reconnecting): what a page does after its app cleared runs
+    /// (the stock reducer ignores a `started` frame for a run it holds as finished, so a cleared
+    /// run id dispatched again would otherwise stay as it was).
+    pub fn reset_local_state(&self) {
+        self.inbox.reducer.borrow_mut().reset();
+        self.inbox.terminal.borrow_mut().clear();
+        if self.inbox.is_open() {
+            self.inbox.drop_connection();
+        }
+    }
+
     /// Whether the connection is open now.
     pub fn is_open(&self) -> bool {
         self.inbox.is_open()

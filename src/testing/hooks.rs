@@ -17,13 +17,17 @@ use crate::host::{HttpRequest, HttpResponse, TurnOutput};
 use crate::observability::ObservabilityEvent;
 use crate::types::{Milestone, ProgressSnapshot, RunInfo, RunResult, ScheduledTask};
 
-/// Hook calls, by parent object and run id.
+/// Which run a hook call is of: its parent, its id and when it started (a run id dispatched
+/// again after a clear is another run).
+pub(crate) type RunKey = (ObjectRef, String, i64);
+
+/// Hook calls, by run.
 #[derive(Debug, Default)]
 pub(crate) struct HookCounts {
-    pub(crate) finish: BTreeMap<(ObjectRef, String), usize>,
-    pub(crate) detached: BTreeMap<(ObjectRef, String), usize>,
+    pub(crate) finish: BTreeMap<RunKey, usize>,
+    pub(crate) detached: BTreeMap<RunKey, usize>,
     /// Finish hooks running now (a caller must not get the result before it returns).
-    pub(crate) finishing: BTreeMap<(ObjectRef, String), usize>,
+    pub(crate) finishing: BTreeMap<RunKey, usize>,
 }
 
 /// An agent's hooks, counted.
@@ -34,8 +38,8 @@ pub(crate) struct Watched {
 }
 
 impl Watched {
-    fn key(&self, run: &RunInfo) -> (ObjectRef, String) {
-        (self.object.clone(), run.run_id.clone())
+    fn key(&self, run: &RunInfo) -> RunKey {
+        (self.object.clone(), run.run_id.clone(), run.started_at)
     }
 }
 
@@ -175,7 +179,7 @@ impl Hooks for Watched {
 
 struct Finishing {
     counts: Rc<RefCell<HookCounts>>,
-    key: (ObjectRef, String),
+    key: RunKey,
 }
 
 impl Drop for Finishing {

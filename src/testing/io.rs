@@ -17,8 +17,26 @@ use crate::host::{ByteStream, ChildCall, ChildReply, HttpRequest, Io, LocalFutur
 use crate::parent::engine::ChildAddress;
 use crate::store::Sql;
 
-/// An object's storage: a real SQLite database, kept across the object's crashes.
-pub(crate) struct Db(pub(crate) rusqlite::Connection);
+/// An object's storage: a real SQLite database, kept across the object's crashes. In a seeded
+/// world with [`super::Faults::storage`], a statement fails now and then, as on a full disk (an
+/// atomic unit then rolls back, as `transactionSync` does); the kit's own reads go to the
+/// connection itself.
+pub(crate) struct Db {
+    pub(crate) conn: rusqlite::Connection,
+    pub(crate) world: Weak<WorldInner>,
+    /// Statements the faults failed so far.
+    pub(crate) failed: Cell<usize>,
+}
+
+impl Db {
+    fn fails(&self) -> Result<(), crate::store::StoreError> {
+        if self.world.upgrade().is_some_and(|world| world.storage_fails()) {
+            self.failed.set(self.failed.get() + 1);
+            return Err(crate::store::StoreError { message: "injected: the statement failed".into() });
+        }
+        Ok(())
+    }
+}
 
 impl Sql for Db {
     fn exec(
@@ -26,18 +44,20 @@ impl Sql for Db {
         sql: &str,
         params: &[crate::store::Value],
     ) -> Result<Vec<crate::store::Row>, crate::store::StoreError> {
-        self.0.exec(sql, params)
+        self.fails()?;
+        self.conn.exec(sql, params)
     }
 
     fn batch(&self, sql: &str) -> Result<(), crate::store::StoreError> {
-        self.0.batch(sql)
+        self.fails()?;
+        self.conn.batch(sql)
     }
 
     fn atomically(
         &self,
         work: &mut dyn FnMut() -> Result<(), crate::store::StoreError>,
     ) -> Result<(), crate::store::StoreError> {
-        self.0.atomically(work)
+        self.conn.atomically(work)
     }
 }
 
@@ -187,7 +207,7 @@ impl Io for KitIo {
         let world = self.world();
         let object = world.object(&self.object);
         object.alarm.set(None);
-        let wiped = wipe(&self.db.0);
+        let wiped = wipe(&self.db.conn);
         Box::pin(async move { wiped })
     }
 
@@ -221,7 +241,10 @@ impl Io for KitIo {
             let (served, ended) =
                 world.deliver_to(&to, move |host| Box::pin(async move { host.serve_child(call).await }));
             Ok(match served.await? {
-                ChildReply::Tail(stream) => ChildReply::Tail(Box::pin(Cut { stream, ended, to, cut: false })),
+                ChildReply::Tail(stream) => {
+                    let broken = world.open_tail(&to);
+                    ChildReply::Tail(Box::pin(Cut { stream, ended, broken, to, cut: false }))
+                }
                 reply => reply,
             })
         })
@@ -247,10 +270,11 @@ impl Io for KitIo {
 }
 
 /// A child's tail as the parent reads it: cut (an error, then the end) when the child's
-/// incarnation ends, as the connection to a dead isolate is.
+/// incarnation ends, as the connection to a dead isolate is, or when the network breaks it.
 struct Cut {
     stream: ByteStream,
     ended: Rc<Ended>,
+    broken: Rc<Ended>,
     to: ObjectRef,
     cut: bool,
 }
@@ -265,6 +289,10 @@ impl Stream for Cut {
         if self.ended.poll(cx) {
             self.cut = true;
             return Poll::Ready(Some(Err(format!("the connection to {} was lost: it restarted", self.to))));
+        }
+        if self.broken.poll(cx) {
+            self.cut = true;
+            return Poll::Ready(Some(Err(format!("the connection to {} broke", self.to))));
         }
         self.stream.as_mut().poll_next(cx)
     }

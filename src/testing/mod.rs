@@ -51,12 +51,12 @@
 
 mod client;
 mod exec;
-mod hooks;
+pub(crate) mod hooks;
 mod io;
 mod model;
 pub(crate) mod reducer;
-mod sim;
-mod world;
+pub(crate) mod sim;
+pub(crate) mod world;
 
 pub use client::{ChatReply, Client, DROPPED, RECONNECT_MS};
 pub use model::{ScriptedModel, Step};

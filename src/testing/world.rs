@@ -78,6 +78,13 @@ pub struct Faults {
     pub max_stall_ms: u64,
     /// A call between objects takes up to this long on its way.
     pub max_hop_ms: u64,
+    /// A storage statement fails (in every object's store), as on a full disk: the atomic unit
+    /// it belongs to rolls back.
+    pub storage: f64,
+    /// A call between objects is lost on its way (the caller gets an error).
+    pub drop_hop: f64,
+    /// An open tail of a child's stream breaks (the parent reads an error, then the end).
+    pub break_tail: f64,
     /// When the faults stop (ms after the start), so the world can settle.
     pub until_ms: i64,
 }
@@ -119,6 +126,24 @@ impl Faults {
         self
     }
 
+    /// Sets [`Self::storage`].
+    pub fn storage(mut self, chance: f64) -> Self {
+        self.storage = chance;
+        self
+    }
+
+    /// Sets [`Self::drop_hop`].
+    pub fn drop_hop(mut self, chance: f64) -> Self {
+        self.drop_hop = chance;
+        self
+    }
+
+    /// Sets [`Self::break_tail`].
+    pub fn break_tail(mut self, chance: f64) -> Self {
+        self.break_tail = chance;
+        self
+    }
+
     /// Sets [`Self::until_ms`].
     pub fn until_ms(mut self, ms: i64) -> Self {
         self.until_ms = ms;
@@ -136,6 +161,7 @@ impl Faults {
             max_stall_ms: 5_000,
             max_hop_ms: 50,
             until_ms: 60_000,
+            ..Self::default()
         }
     }
 }
@@ -221,8 +247,13 @@ struct HopFaults {
     drop: HashMap<String, usize>,
 }
 
+/// A check run after every step.
+pub(crate) type StepCheck = dyn Fn(&WorldInner) -> Result<(), String>;
+
 /// What the world holds (shared with its objects' platforms, its clients and its tasks).
 pub(crate) struct WorldInner {
+    /// Itself (what an object's storage asks whether a statement fails).
+    me: Weak<WorldInner>,
     pub(crate) exec: Exec,
     classes: RefCell<Vec<Class>>,
     routes: RefCell<Vec<(&'static str, &'static str)>>,
@@ -242,6 +273,11 @@ pub(crate) struct WorldInner {
     pub(crate) injected: Cell<usize>,
     /// Whether a crash or a hibernation happened (some guarantees are "without a crash").
     pub(crate) crashed: Cell<bool>,
+    /// The open tails of children's streams, by child (a broken one ends its `Ended`).
+    tails: RefCell<Vec<(ObjectRef, Weak<Ended>)>>,
+    /// Checks run after every step (the simulation's own), the first problem kept.
+    pub(crate) step_checks: RefCell<Vec<Box<StepCheck>>>,
+    pub(crate) step_problem: RefCell<Option<String>>,
     echo_logs: bool,
 }
 
@@ -269,7 +305,8 @@ impl World {
     }
 
     fn build(order: Option<u64>, seed: u64) -> Self {
-        let inner = Rc::new(WorldInner {
+        let inner = Rc::new_cyclic(|me| WorldInner {
+            me: me.clone(),
             exec: Exec::new(START_MS, order.map(Rng::new)),
             classes: RefCell::new(Vec::new()),
             routes: RefCell::new(Vec::new()),
@@ -286,6 +323,9 @@ impl World {
             seed: order,
             injected: Cell::new(0),
             crashed: Cell::new(false),
+            tails: RefCell::new(Vec::new()),
+            step_checks: RefCell::new(Vec::new()),
+            step_problem: RefCell::new(None),
             echo_logs: std::env::var_os("AGENT_TOOLS_KIT_LOG").is_some(),
         });
         // Code with no object at hand (a model's pace) waits on this world's clock.
@@ -391,11 +431,14 @@ impl World {
     /// first request (its children are named after it).
     pub fn host<A: Agent>(&self, name: &str) -> AgentHost<A> {
         let object = ObjectRef::of::<A>(name);
-        let (host, typed, _) = self.0.live(&object);
-        if host.name().is_none() {
-            if let Err(e) = crate::store::meta::set(host.sql(), "name", name) {
-                panic!("{object}: its name could not be kept: {e}");
-            }
+        let (_, typed, _) = self.0.live(&object);
+        // Past the faults: the platform, not the object's code, knows the name.
+        let named = self.0.read_sql(&object, |sql| match crate::store::meta::get(sql, "name")? {
+            Some(_) => Ok(()),
+            None => crate::store::meta::set(sql, "name", name),
+        });
+        if let Err(e) = named {
+            panic!("{object}: its name could not be kept: {e}");
         }
         typed
             .downcast::<AgentHost<A>>()
@@ -454,12 +497,14 @@ impl World {
     }
 
     /// Runs everything that can run, letting virtual time pass while something is scheduled
-    /// within [`QUIET_MS`] of the last event; stops when nothing is.
+    /// within [`QUIET_MS`] of the last event; stops when nothing is, or after
+    /// [`WAIT_LIMIT_MS`] of virtual time (a timer that fires forever).
     pub fn settle(&self) {
+        let limit = self.now() + WAIT_LIMIT_MS;
         loop {
             self.0.run_ready();
             match self.0.next_event() {
-                Some(at) if at <= self.now() + QUIET_MS => self.0.advance_to(at),
+                Some(at) if at <= self.now() + QUIET_MS && at <= limit => self.0.advance_to(at),
                 _ => break,
             }
         }
@@ -504,14 +549,15 @@ impl World {
         self.0.logs.borrow().clone()
     }
 
-    /// How many times `on_agent_tool_finish` ran for `run_id` on `parent`.
+    /// How many times `on_agent_tool_finish` ran for `run_id` on `parent` (for every run
+    /// dispatched under that id, when it was dispatched again after a clear).
     pub fn finish_hooks(&self, parent: &ObjectRef, run_id: &str) -> usize {
-        self.0.hooks.borrow().finish.get(&(parent.clone(), run_id.to_owned())).copied().unwrap_or(0)
+        sum_of(&self.0.hooks.borrow().finish, parent, run_id)
     }
 
     /// How many times `on_detached_finish` ran for `run_id` on `parent` (attempts included).
     pub fn detached_handlers(&self, parent: &ObjectRef, run_id: &str) -> usize {
-        self.0.hooks.borrow().detached.get(&(parent.clone(), run_id.to_owned())).copied().unwrap_or(0)
+        sum_of(&self.0.hooks.borrow().detached, parent, run_id)
     }
 
     /// Faults the world injected by itself so far.
@@ -533,13 +579,41 @@ impl World {
         read: impl FnOnce(&dyn Sql) -> Result<T, crate::store::StoreError>,
     ) -> Result<T, String> {
         let object = self.0.object(object);
-        read(object.sql()).map_err(|e| e.to_string())
+        read(&object.db.conn).map_err(|e| e.to_string())
+    }
+
+    /// The statements the faults failed in `object`'s store.
+    pub(crate) fn failed_statements(&self, object: &ObjectRef) -> usize {
+        self.0.object(object).db.failed.get()
+    }
+
+    /// Breaks the open tails of `child`'s stream, as a network that drops a connection does.
+    pub fn break_tails_to(&self, child: &ObjectRef) {
+        self.0.break_tails(Some(child));
+    }
+
+    #[cfg_attr(not(test), allow(dead_code))]
+    /// Checks `check` after every step (a task polled), the first problem kept
+    /// ([`World::step_problem`]).
+    pub(crate) fn check_each_step(&self, check: impl Fn(&WorldInner) -> Result<(), String> + 'static) {
+        self.0.step_checks.borrow_mut().push(Box::new(check));
+    }
+
+    #[cfg_attr(not(test), allow(dead_code))]
+    /// The first problem a step check found.
+    pub(crate) fn step_problem(&self) -> Option<String> {
+        self.0.step_problem.borrow().clone()
     }
 
     /// The class name of the agents bound to `binding`.
     pub(crate) fn class_name(&self, binding: &str) -> Option<&'static str> {
         self.0.classes.borrow().iter().find(|c| c.binding == binding).map(|c| c.class)
     }
+}
+
+/// The counts of every run dispatched as `run_id` on `parent`.
+fn sum_of(counts: &BTreeMap<super::hooks::RunKey, usize>, parent: &ObjectRef, run_id: &str) -> usize {
+    counts.iter().filter(|((p, r, _), _)| p == parent && r == run_id).map(|(_, n)| n).sum()
 }
 
 impl Drop for World {
@@ -568,6 +642,18 @@ impl WorldInner {
         uuid::Builder::from_random_bytes(bytes.try_into().unwrap_or([0; 16])).into_uuid().to_string()
     }
 
+    #[cfg_attr(not(test), allow(dead_code))]
+    /// Reads `key`'s storage, past the faults (for the kit's checks).
+    pub(crate) fn read_sql<T>(
+        &self,
+        key: &ObjectRef,
+        read: impl FnOnce(&dyn Sql) -> Result<T, crate::store::StoreError>,
+    ) -> Result<T, String> {
+        let object = self.objects.borrow().get(key).cloned();
+        let Some(object) = object else { return Err(format!("{key} has no storage yet")) };
+        read(&object.db.conn).map_err(|e| e.to_string())
+    }
+
     pub(crate) fn has_binding(&self, binding: &str) -> bool {
         self.classes.borrow().iter().any(|c| c.binding == binding)
     }
@@ -578,10 +664,10 @@ impl WorldInner {
         }
         let class = self.classes.borrow().iter().position(|c| c.binding == key.binding);
         let class = class.unwrap_or_else(|| panic!("no agent class is bound to {:?}", key.binding));
-        let db = rusqlite::Connection::open_in_memory().expect("an in-memory SQLite database");
+        let conn = rusqlite::Connection::open_in_memory().expect("an in-memory SQLite database");
         let object = Rc::new(Object {
             class,
-            db: Rc::new(Db(db)),
+            db: Rc::new(Db { conn, world: self.me.clone(), failed: Cell::new(0) }),
             alarm: Cell::new(None),
             live: RefCell::new(None),
             incarnation: Cell::new(0),
@@ -685,11 +771,12 @@ impl WorldInner {
             };
             (delay, dropped)
         };
-        let random = match self.chaos.borrow_mut().as_mut() {
-            Some((rng, faults)) if faults.max_hop_ms > 0 && self.faults_on(faults) => {
-                rng.next() % (faults.max_hop_ms + 1)
+        let (random, lost) = match self.chaos.borrow_mut().as_mut() {
+            Some((rng, faults)) if self.faults_on(faults) => {
+                let delay = if faults.max_hop_ms > 0 { rng.next() % (faults.max_hop_ms + 1) } else { 0 };
+                (delay, rng.chance(faults.drop_hop))
             }
-            _ => 0,
+            _ => (0, false),
         };
         if delay + random > 0 {
             self.exec.sleep(delay + random).await;
@@ -697,11 +784,53 @@ impl WorldInner {
         if dropped {
             return Err(format!("the connection to {to} was lost (a test's fault)"));
         }
+        if lost {
+            self.injected.set(self.injected.get() + 1);
+            self.log(to, "kit: a call to it was lost on its way", false);
+            return Err(format!("the connection to {to} was lost"));
+        }
         Ok(())
     }
 
     fn faults_on(&self, faults: &Faults) -> bool {
         self.exec.now() < super::world::START_MS + faults.until_ms
+    }
+
+    /// Whether the statement being run fails ([`Faults::storage`]).
+    pub(crate) fn storage_fails(&self) -> bool {
+        let Ok(mut chaos) = self.chaos.try_borrow_mut() else { return false };
+        match chaos.as_mut() {
+            Some((rng, faults)) if faults.storage > 0.0 && self.faults_on(faults) => {
+                let fails = rng.chance(faults.storage);
+                if fails {
+                    self.injected.set(self.injected.get() + 1);
+                }
+                fails
+            }
+            _ => false,
+        }
+    }
+
+    /// A tail of `child`'s stream opened: what breaks it.
+    pub(crate) fn open_tail(&self, child: &ObjectRef) -> Rc<Ended> {
+        let broken = Rc::new(Ended::default());
+        let mut tails = self.tails.borrow_mut();
+        tails.retain(|(_, t)| t.strong_count() > 0);
+        tails.push((child.clone(), Rc::downgrade(&broken)));
+        broken
+    }
+
+    /// Breaks the open tails of `child` (of every child when `None`). How many broke.
+    fn break_tails(&self, child: Option<&ObjectRef>) -> usize {
+        let broken: Vec<Rc<Ended>> = (self.tails.borrow().iter())
+            .filter(|(to, _)| child.is_none_or(|c| c == to))
+            .filter_map(|(_, t)| t.upgrade())
+            .filter(|t| !t.ended.get())
+            .collect();
+        for tail in &broken {
+            tail.end();
+        }
+        broken.len()
     }
 
     /// A client's request through the Worker's entry: routed as the entry routes, then served
@@ -919,6 +1048,13 @@ impl WorldInner {
             self.reset_instance(owner, &message);
         }
         self.inject();
+        if self.step_problem.borrow().is_none() {
+            let problem = self.step_checks.borrow().iter().find_map(|check| check(self).err());
+            if let Some(problem) = problem {
+                let at = self.exec.now() - START_MS;
+                *self.step_problem.borrow_mut() = Some(format!("@{at} ms: {problem}"));
+            }
+        }
         for inbox in self.clients.borrow().iter().filter_map(Weak::upgrade) {
             if let Some(problem) = inbox.violation() {
                 let seed = self.seed.map_or(String::new(), |s| format!(" (seed {s})"));
@@ -942,6 +1078,8 @@ impl WorldInner {
                 2
             } else if rng.chance(faults.stall) {
                 3
+            } else if rng.chance(faults.break_tail) {
+                4
             } else {
                 return;
             };
@@ -977,6 +1115,18 @@ impl WorldInner {
                 self.log(key, &format!("kit: stalled for {stall_ms} ms"), false);
                 self.injected.set(self.injected.get() + 1);
             }
+            4 => {
+                let open: Vec<ObjectRef> = (self.tails.borrow().iter())
+                    .filter(|(_, t)| t.upgrade().is_some_and(|t| !t.ended.get()))
+                    .map(|(to, _)| to.clone())
+                    .collect();
+                if !open.is_empty() {
+                    let key = &open[(pick % open.len() as u64) as usize];
+                    self.log(key, "kit: a tail of its stream broke", false);
+                    self.break_tails(Some(key));
+                    self.injected.set(self.injected.get() + 1);
+                }
+            }
             _ => {}
         }
     }
@@ -990,12 +1140,5 @@ impl WorldInner {
         }
         self.exec.kill(TEST);
         self.objects.borrow_mut().clear();
-    }
-}
-
-impl Object {
-    /// The object's storage.
-    pub(crate) fn sql(&self) -> &dyn Sql {
-        &*self.db
     }
 }

@@ -87,7 +87,22 @@ impl ChildEngine {
     /// sequence (one an earlier attempt of the run reached is dropped, with
     /// `agent_tool:progress:ignored`: a re-run does not repeat it); plain progress is coalesced (see [`Coalescer`]) and its latest snapshot kept on
     /// the row.
+    ///
+    /// One unit: when a statement fails, storage and the run's memory are as they were, so the
+    /// platform can report it again (a milestone must not be lost to a failed statement).
     pub fn report_progress(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        report: Report,
+        chat_streaming: bool,
+        new_id: &dyn Fn() -> String,
+        now: i64,
+    ) -> Result<Vec<ChildAction>, StoreError> {
+        self.unit(sql, run_id, |engine| engine.progress(sql, run_id, report, chat_streaming, new_id, now))
+    }
+
+    fn progress(
         &mut self,
         sql: &(impl Sql + ?Sized),
         run_id: &str,

@@ -27,8 +27,8 @@ fn refused(status: u16, body: impl Into<String>) -> ChildReply {
 impl Host {
     /// Serves a call of this agent's parent.
     pub(crate) async fn serve_child(&self, call: ChildCall) -> ChildReply {
-        if let Some(problem) = &self.0.config_error {
-            return refused(500, problem.clone());
+        if let Some(problem) = self.unready() {
+            return refused(500, problem);
         }
         match call {
             ChildCall::Start(start) => {

@@ -22,6 +22,12 @@ use crate::child::progress::Report;
 use crate::observability::EventType;
 use crate::protocol::tail::ChunkKind;
 
+/// The pauses between attempts at recording the end of a run's turn when storage fails.
+const END_RETRIES_MS: [u64; 4] = [1_000, 2_000, 4_000, 8_000];
+
+/// How many times a progress report storage refused is made again at once.
+const PROGRESS_TRIES: usize = 3;
+
 impl Host {
     /// Carries out the child engine's actions.
     pub(crate) fn carry_out_child(&self, actions: Vec<ChildAction>) {
@@ -93,16 +99,42 @@ impl Host {
     }
 
     pub(crate) fn child_progress(&self, run_id: &str, report: Report) {
+        // A report is one unit: one that storage refused is made again, at once and then after
+        // pauses (a milestone is durable; the turn goes on meanwhile).
+        let milestone = report.progress.milestone.is_some();
+        for _ in 0..PROGRESS_TRIES {
+            match self.try_progress(run_id, report.clone()) {
+                Ok(actions) => return self.carry_out_child(actions),
+                Err(e) => self.child_result(run_id, Err(e)),
+            }
+        }
+        if !milestone {
+            return;
+        }
+        let host = self.clone();
+        let run_id = run_id.to_owned();
+        self.spawn(async move {
+            for pause in END_RETRIES_MS {
+                host.0.io.sleep(pause).await;
+                match host.try_progress(&run_id, report.clone()) {
+                    Ok(actions) => return host.carry_out_child(actions),
+                    Err(e) => host.child_result(&run_id, Err(e)),
+                }
+            }
+            host.log_error(&format!("a milestone of {run_id} was lost: storage kept failing"));
+        });
+    }
+
+    fn try_progress(&self, run_id: &str, report: Report) -> Result<Vec<ChildAction>, crate::store::StoreError> {
         let streaming = self.0.chat.is_streaming(run_id);
-        let result = self.0.child.borrow_mut().report_progress(
+        self.0.child.borrow_mut().report_progress(
             self.sql(),
             run_id,
             report,
             streaming,
             &|| self.0.io.random_id(),
             self.now(),
-        );
-        self.child_result(run_id, result);
+        )
     }
 
     /// The child engine's deadline came: held progress whose window closed goes out.
@@ -158,18 +190,29 @@ impl Host {
                 host.cancel_runs(&dispatched, "the run that dispatched it was cancelled").await;
             }
             host.0.turns.borrow_mut().remove(&run_id);
-            let streaming = host.0.chat.is_streaming(&run_id);
-            let new_id = || host.0.io.random_id();
-            let result = host.0.child.borrow_mut().turn_finished(
-                host.sql(),
-                &run_id,
-                returned,
-                cancelled,
-                streaming,
-                &new_id,
-                host.now(),
-            );
-            host.child_result(&run_id, result);
+            // The end is one unit: a failed statement leaves the run as it was, so it is taken
+            // again after a pause, and given up (the run healed as after a restart) when storage
+            // keeps failing.
+            for pause in END_RETRIES_MS {
+                let streaming = host.0.chat.is_streaming(&run_id);
+                let new_id = || host.0.io.random_id();
+                let result = host.0.child.borrow_mut().turn_finished(
+                    host.sql(),
+                    &run_id,
+                    returned.clone(),
+                    cancelled.clone(),
+                    streaming,
+                    &new_id,
+                    host.now(),
+                );
+                match result {
+                    Ok(actions) => return host.carry_out_child(actions),
+                    Err(e) => host.child_result(&run_id, Err(e)),
+                }
+                host.0.io.sleep(pause).await;
+            }
+            let actions = host.0.child.borrow_mut().turn_lost(&run_id);
+            host.carry_out_child(actions);
         });
     }
 }

@@ -19,7 +19,13 @@ impl Host {
     /// Feeds what happened to the parent engine and carries out what it says.
     pub(crate) fn feed(&self, event: ParentEvent) {
         let now = self.now();
+        #[cfg(all(test, not(target_arch = "wasm32")))]
+        let traced = std::env::var_os("AGENT_TOOLS_TRACE").map(|_| format!("{event:?}"));
         let actions = self.0.parent.borrow_mut().handle(self.parent_sql(), event, now);
+        #[cfg(all(test, not(target_arch = "wasm32")))]
+        if let Some(event) = traced {
+            self.log(&format!("trace: {event} -> {actions:?}"));
+        }
         self.carry_out(actions);
     }
 
@@ -184,6 +190,9 @@ impl Host {
                 Ok(ChildReply::Tail(stream)) => {
                     host.0.started_tails.borrow_mut().insert(run_id.clone(), (tail_after, stream));
                     Ok(())
+                }
+                Ok(ChildReply::Refused { status, body }) if status >= 500 => {
+                    Err(StartError::Failed(format!("{} failed to start the run ({status}): {body}", to.binding)))
                 }
                 Ok(ChildReply::Refused { status, body }) => {
                     Err(StartError::Refused(format!("{} refused to start the run ({status}): {body}", to.binding)))

@@ -45,6 +45,21 @@ impl ParentEngine {
         match result {
             Ok(()) => {}
             Err(StartError::Refused(message)) => return self.conclude(sql, &record, Terminal::Error { message }, now),
+            Err(StartError::Failed(message)) => {
+                let gen = self.gen();
+                let Some(driver) = self.drivers.get_mut(run_id) else { return Ok(Vec::new()) };
+                driver.failed_starts += 1;
+                if driver.failed_starts >= START_ATTEMPTS {
+                    return self.conclude(sql, &record, Terminal::Error { message }, now);
+                }
+                // After the pause the run is tailed: a child that never took it says so, and
+                // the start is sent again (`Decide::Restart`).
+                let due = now + (START_RETRY_MS << (driver.failed_starts - 1));
+                driver.gen = gen;
+                driver.phase = Phase::Waiting;
+                driver.due = Some(due);
+                return Ok(vec![ParentAction::ArmAlarm { at: due }]);
+            }
             Err(StartError::Unreachable(message)) => {
                 let terminal = Terminal::Interrupted {
                     error: format!("the child could not be reached to start the run ({message}); dispatch it again"),

@@ -36,6 +36,10 @@ pub enum TailOpenError {
 pub enum StartError {
     /// The child answered and refused it (a real failure: the run ends `error`).
     Refused(String),
+    /// The child answered that it failed (a 5xx: its storage failed, it could not serve yet):
+    /// the start is sent again after a pause, up to [`super::START_ATTEMPTS`] times, then the run
+    /// ends `error`.
+    Failed(String),
     /// The child could not be reached (a deploy, an eviction, the network): the run ends
     /// `interrupted`, retryable, and dispatching its id again starts it afresh.
     Unreachable(String),

@@ -50,6 +50,14 @@ pub const INSPECT_TIMEOUT_MS: i64 = 2_000;
 pub const RECOVERY_DEADLINE_MS: i64 = 5_000;
 /// How soon a decision that a storage failure rolled back is taken again.
 pub const STORAGE_RETRY_MS: i64 = 1_000;
+
+/// How many times a start the child failed (a 5xx: its storage, an instance that could not
+/// serve yet) is sent, a pause after each that doubles from [`START_RETRY_MS`], before the run
+/// ends `error` with the child's answer.
+pub const START_ATTEMPTS: u32 = 4;
+
+/// The first pause before a failed start is sent again.
+pub const START_RETRY_MS: i64 = 1_000;
 /// The largest run input accepted (its JSON), in bytes.
 pub const MAX_INPUT_BYTES: usize = 256 * 1024;
 /// The largest `display` accepted (its JSON), in bytes.
@@ -95,6 +103,8 @@ struct Driver {
     last_progress: i64,
     window_end: Option<i64>,
     failed_tails: u32,
+    /// Starts the child failed (5xx) so far.
+    failed_starts: u32,
     /// The child said the run ended; the tail is read once more for the chunks after the
     /// cursor before the outcome is recorded.
     draining: Option<RunOutcome>,
@@ -118,6 +128,7 @@ impl Driver {
             last_progress: now,
             window_end: None,
             failed_tails: 0,
+            failed_starts: 0,
             draining: None,
             recovering: false,
             due: None,

@@ -800,3 +800,25 @@ fn a_child_clear_is_owed_until_the_child_says_it_cleared() {
     reg.child_cleared("r").unwrap();
     assert_eq!(reg.child_clear_owed("r").unwrap(), None);
 }
+
+#[test]
+fn a_milestone_delivered_after_newer_progress_does_not_replace_it() {
+    // The child reported the milestone at 7 and progress at 9; the parent adopted the progress
+    // from an inspection first and read the milestone from the log afterwards. Live clients keep
+    // the progress (the milestone is older), so the replay keeps it too.
+    let db = registry_db();
+    let reg = Registry::new(&db);
+    reg.insert(&new_run("r"), 1).unwrap();
+    let progress = r#"{"type":"data-agent-progress","transient":true,"data":{"fraction":1.0,"at":9}}"#;
+    let milestone = r#"{"type":"data-agent-milestone","data":{"name":"m","sequence":0,"at":7}}"#;
+    let forward = |kind, body| Forward { kind, body, replay: None };
+    reg.append("r", &[forward(ChunkKind::Progress, progress)], None, 10).unwrap();
+    reg.append("r", &[forward(ChunkKind::Milestone, milestone)], Some(3), 11).unwrap();
+    let seen = reg.inspection("r").unwrap().unwrap();
+    assert_eq!(seen.progress.and_then(|p| p.fraction), Some(1.0), "the newer progress stays the latest signal");
+    // A milestone newer than the progress replaces it.
+    let newer = r#"{"type":"data-agent-milestone","data":{"name":"n","sequence":1,"at":12}}"#;
+    reg.append("r", &[forward(ChunkKind::Milestone, newer)], Some(4), 12).unwrap();
+    let seen = reg.inspection("r").unwrap().unwrap();
+    assert_eq!(seen.progress.and_then(|p| p.milestone).as_deref(), Some("n"));
+}
