@@ -210,6 +210,12 @@ pub fn sleep(duration: std::time::Duration) -> impl Future<Output = ()> + 'stati
     pause(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX))
 }
 
+#[cfg(all(test, not(target_arch = "wasm32")))]
+thread_local! {
+    /// Whether the parent engine's events and decisions are logged (the simulation's replay).
+    pub(crate) static TRACE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Sets how native code waits (the test kit's clock), for this thread.
 #[cfg(all(any(test, feature = "testing"), not(target_arch = "wasm32")))]
 pub(crate) fn set_native_sleep(sleep: Option<Sleeper>) {

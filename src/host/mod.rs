@@ -7,7 +7,7 @@ pub(crate) mod chat;
 pub(crate) mod child;
 pub(crate) mod core;
 pub(crate) mod hooks;
-mod io;
+pub(crate) mod io;
 pub(crate) mod parent;
 pub(crate) mod tools;
 

@@ -278,7 +278,7 @@ pub(crate) struct WorldInner {
     /// Checks run after every step (the simulation's own), the first problem kept.
     pub(crate) step_checks: RefCell<Vec<Box<StepCheck>>>,
     pub(crate) step_problem: RefCell<Option<String>>,
-    echo_logs: bool,
+    echo_logs: Cell<bool>,
 }
 
 /// A simulated Worker in this process: the same agent code, host, engines and chat protocol a
@@ -326,7 +326,7 @@ impl World {
             tails: RefCell::new(Vec::new()),
             step_checks: RefCell::new(Vec::new()),
             step_problem: RefCell::new(None),
-            echo_logs: std::env::var_os("AGENT_TOOLS_KIT_LOG").is_some(),
+            echo_logs: Cell::new(std::env::var_os("AGENT_TOOLS_KIT_LOG").is_some()),
         });
         // Code with no object at hand (a model's pace) waits on this world's clock.
         let clock = Rc::downgrade(&inner);
@@ -599,8 +599,14 @@ impl World {
         self.0.step_checks.borrow_mut().push(Box::new(check));
     }
 
+    /// Prints every log line as it is written (what `AGENT_TOOLS_KIT_LOG=1` does).
     #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn echo_logs(&self) {
+        self.0.echo_logs.set(true);
+    }
+
     /// The first problem a step check found.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) fn step_problem(&self) -> Option<String> {
         self.0.step_problem.borrow().clone()
     }
@@ -943,7 +949,7 @@ impl WorldInner {
     }
 
     pub(crate) fn log(&self, object: &ObjectRef, text: &str, error: bool) {
-        if self.echo_logs {
+        if self.echo_logs.get() {
             eprintln!("[{} {object}] {text}", self.exec.now() - START_MS);
         }
         let line = LogLine { at: self.exec.now(), object: object.clone(), error, text: text.to_owned() };

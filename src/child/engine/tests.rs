@@ -607,3 +607,38 @@ fn a_report_for_a_run_that_is_not_live_is_ignored() {
     assert!(ChildRuns::new(&db).inspect("r").unwrap().unwrap().milestones.is_empty(), "nothing stored");
     assert!(ChildRuns::new(&db).chunks_after("r", -1, 100).unwrap().iter().all(|c| !c.body.contains("late")));
 }
+
+/// The end of a turn is one unit: when a statement fails half way (here the read after the
+/// outcome is written), nothing of it stays — not the chunks it flushed, not the outcome — and
+/// the run is still live with its held chunks and its tails, so the same end taken again sends
+/// the tail every chunk, then the end line.
+#[test]
+fn a_failed_end_of_turn_leaves_the_run_as_it_was_and_is_taken_again() {
+    use crate::parent::engine::testing::FailOn;
+    let db = FailOn { db: db(), pattern: "FROM agent_tool_child_runs WHERE run_id", times: std::cell::Cell::new(0) };
+    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    engine.start(&db, &start("r"), 1).unwrap();
+    let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, false, 1).unwrap();
+    let sub = tail.subscriber.unwrap();
+    engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":0}".into(), None, false).unwrap();
+    db.times.set(1);
+    let returned = Some(Ok(("s".to_owned(), None)));
+    let failed = engine.turn_finished(&db, "r", returned.clone(), None, false, &id, 2);
+    assert!(failed.is_err());
+    assert_eq!(StreamLog::new(&db).next_index("r").unwrap(), 0, "the chunk it flushed was rolled back");
+    assert!(!ChildRuns::new(&db.db).get("r").unwrap().unwrap().status.is_terminal(), "not ended");
+    assert!(engine.is_live("r"), "still live here, its tail still open");
+    let actions = engine.turn_finished(&db, "r", returned, None, false, &id, 3).unwrap();
+    let sent: Vec<String> = actions
+        .iter()
+        .filter_map(|a| match a {
+            ChildAction::Send { subscriber, line } if *subscriber == sub => {
+                Some(String::from_utf8_lossy(line).into_owned())
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(sent.iter().any(|l| l.contains("{\\\"n\\\":0}")), "the held chunk reaches the tail: {sent:?}");
+    assert!(actions.iter().any(|a| matches!(a, ChildAction::Close { subscriber } if *subscriber == sub)));
+    assert_eq!(StreamLog::new(&db).next_index("r").unwrap(), 1);
+}

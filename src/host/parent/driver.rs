@@ -20,7 +20,7 @@ impl Host {
     pub(crate) fn feed(&self, event: ParentEvent) {
         let now = self.now();
         #[cfg(all(test, not(target_arch = "wasm32")))]
-        let traced = std::env::var_os("AGENT_TOOLS_TRACE").map(|_| format!("{event:?}"));
+        let traced = crate::host::io::TRACE.with(|t| t.get()).then(|| format!("{event:?}"));
         let actions = self.0.parent.borrow_mut().handle(self.parent_sql(), event, now);
         #[cfg(all(test, not(target_arch = "wasm32")))]
         if let Some(event) = traced {
@@ -78,12 +78,12 @@ impl Host {
                         }
                     });
                 }
-                ParentAction::ClearChild { run_id, to } => {
+                ParentAction::ClearChild { run_id, to, gen } => {
                     let call = self.0.io.call_child(&to, ChildCall::Clear);
                     let host = self.clone();
                     self.spawn(async move {
                         let result = done(call.await);
-                        host.feed(ParentEvent::ChildCleared { run_id, result });
+                        host.feed(ParentEvent::ChildCleared { run_id, gen, result });
                     });
                 }
                 ParentAction::Resolve { run_id, result } => {
@@ -119,9 +119,9 @@ impl Host {
     async fn run_deferred(&self, action: ParentAction) {
         match action {
             ParentAction::Hook(HookCall::Start(run)) => self.hooks().on_agent_tool_start(self, &run).await,
-            ParentAction::Hook(HookCall::Finish(run, result)) => {
+            ParentAction::Hook(HookCall::Finish(run, result, gen)) => {
                 self.hooks().on_agent_tool_finish(self, &run, &result).await;
-                self.feed(ParentEvent::FinishHookDone { run_id: run.run_id });
+                self.feed(ParentEvent::FinishHookDone { run_id: run.run_id, gen });
             }
             ParentAction::Hook(HookCall::Progress(run, progress)) => {
                 self.hooks().on_progress(self, &run, &progress).await

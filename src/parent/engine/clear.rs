@@ -145,7 +145,7 @@ impl ParentEngine {
     /// the child says it did: the alarm asks again when no answer came (a failed call, or an
     /// answer this instance did not live to hear).
     pub(super) fn clear_child(
-        &self,
+        &mut self,
         sql: &(impl Sql + ?Sized),
         run: &RunRecord,
         now: i64,
@@ -153,13 +153,14 @@ impl ParentEngine {
         let to = self.address(sql, run)?;
         let retry_at = now + CHILD_CLEAR_RETRY_MS;
         Registry::new(sql).owe_child_clear(&run.run_id, &to.binding, &to.name, retry_at)?;
-        Ok([ParentAction::ClearChild { run_id: run.run_id.clone(), to }, ParentAction::ArmAlarm { at: retry_at }])
+        let gen = self.gen();
+        Ok([ParentAction::ClearChild { run_id: run.run_id.clone(), to, gen }, ParentAction::ArmAlarm { at: retry_at }])
     }
 
     /// The owed clears that are due again, asked again; one tried
     /// [`MAX_CHILD_CLEAR_ATTEMPTS`] times is given up with an event.
     pub(super) fn retry_child_clears(
-        &self,
+        &mut self,
         sql: &(impl Sql + ?Sized),
         now: i64,
     ) -> Result<Vec<ParentAction>, StoreError> {
@@ -175,7 +176,8 @@ impl ParentEngine {
                 ));
                 continue;
             }
-            actions.push(ParentAction::ClearChild { run_id, to: ChildAddress { binding, name } });
+            let gen = self.gen();
+            actions.push(ParentAction::ClearChild { run_id, to: ChildAddress { binding, name }, gen });
         }
         Ok(actions)
     }

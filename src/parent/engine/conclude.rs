@@ -46,7 +46,7 @@ impl ParentEngine {
             self.quiet_ticks = 0;
             actions.push(ParentAction::ArmAlarm { at: now + self.cadence() as i64 });
         } else if registry.claim_finish_hook(run_id, now)? {
-            actions.push(ParentAction::Hook(HookCall::Finish(done.info(), result.clone())));
+            actions.push(ParentAction::Hook(HookCall::Finish(done.info(), result.clone(), self.gen())));
         }
         if done.child_still_running == Some(true) {
             // Soft: the child goes on; the backbone watches it for a late result.
@@ -79,14 +79,17 @@ impl ParentEngine {
         let mut out = Vec::with_capacity(actions.len());
         for action in actions {
             match &action {
-                ParentAction::Hook(HookCall::Finish(run, _)) => {
-                    self.finishing.insert(run.run_id.clone(), None);
+                ParentAction::Hook(HookCall::Finish(run, _, gen)) => {
+                    self.finishing.insert(run.run_id.clone(), (*gen, None));
                 }
                 ParentAction::Resolve { run_id, result } => {
-                    if let Some(held) = self.finishing.get_mut(run_id) {
+                    if let Some((_, held)) = self.finishing.get_mut(run_id) {
                         *held = Some(result.clone());
                         continue;
                     }
+                }
+                ParentAction::ClearChild { run_id, gen, .. } => {
+                    self.clearing.insert(run_id.clone(), *gen);
                 }
                 ParentAction::Deliver { run, slot, gen, .. } => {
                     self.in_flight.insert((run.run_id.clone(), *slot), *gen);
@@ -102,11 +105,16 @@ impl ParentEngine {
     }
 
     /// A run's finish hook returned: its callers get the result now.
-    pub(super) fn finish_hook_done(&mut self, run_id: &str) -> Vec<ParentAction> {
-        match self.finishing.remove(run_id).flatten() {
+    /// `None` when the call is not the one this instance waits for (its run was cleared and
+    /// dispatched again, or the hook called again): it settles nothing.
+    pub(super) fn finish_hook_done(&mut self, run_id: &str, gen: u64) -> Option<Vec<ParentAction>> {
+        if self.finishing.get(run_id).is_none_or(|(current, _)| *current != gen) {
+            return None;
+        }
+        Some(match self.finishing.remove(run_id).and_then(|(_, held)| held) {
             Some(result) => self.resolve(run_id, result),
             None => Vec::new(),
-        }
+        })
     }
 
     /// What a detached run's ledger has due: its outcome (`finish`) or a give-up, each claimed
@@ -138,7 +146,7 @@ impl ParentEngine {
             let gen = self.gen();
             let (info, result) = (run.info(), run.result());
             if Registry::new(sql).claim_finish_hook(&run.run_id, now)? {
-                actions.push(ParentAction::Hook(HookCall::Finish(info.clone(), result.clone())));
+                actions.push(ParentAction::Hook(HookCall::Finish(info.clone(), result.clone(), self.gen())));
             }
             match (&detached.on_finish, detached.notify) {
                 (Some(handler), _) => actions.push(ParentAction::Deliver {

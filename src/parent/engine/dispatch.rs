@@ -124,7 +124,9 @@ impl ParentEngine {
                 "run id {:?} was cleared and its child has not yet deleted its storage; dispatch it again shortly",
                 new.run_id
             );
-            let retry = ParentAction::ClearChild { run_id: new.run_id.clone(), to: ChildAddress { binding, name } };
+            let gen = self.gen();
+            let retry =
+                ParentAction::ClearChild { run_id: new.run_id.clone(), to: ChildAddress { binding, name }, gen };
             return Ok((Admitted::Refused(problem), vec![retry]));
         }
         if let Some(limit) = self.options.max_concurrent {

@@ -107,6 +107,8 @@ pub enum ParentEvent {
     ChildCleared {
         /// The run.
         run_id: String,
+        /// The clear's exchange (an answer to a clear asked again since settles nothing).
+        gen: u64,
         /// The answer.
         result: Result<(), String>,
     },
@@ -128,6 +130,9 @@ pub enum ParentEvent {
     FinishHookDone {
         /// The run.
         run_id: String,
+        /// The hook call's exchange (a call for a run cleared and dispatched again since, or
+        /// called again, settles nothing).
+        gen: u64,
     },
 }
 
@@ -137,7 +142,8 @@ pub enum HookCall {
     /// `on_agent_tool_start`.
     Start(RunInfo),
     /// `on_agent_tool_finish` (once per run); answer with [`ParentEvent::FinishHookDone`].
-    Finish(RunInfo, RunResult),
+    /// With its exchange number ([`ParentEvent::FinishHookDone`] names it).
+    Finish(RunInfo, RunResult, u64),
     /// `on_progress` (best-effort).
     Progress(RunInfo, ProgressSnapshot),
 }
@@ -299,6 +305,8 @@ pub enum ParentAction {
         run_id: String,
         /// Where.
         to: ChildAddress,
+        /// The exchange.
+        gen: u64,
     },
     /// Make sure the agent's alarm fires by `at`.
     ArmAlarm {

@@ -226,7 +226,9 @@ pub struct ParentEngine {
     /// Dispatches waiting for a slot, first come first served.
     queue: VecDeque<Queued>,
     /// Runs whose finish hook is running, with the result their callers get once it returned.
-    finishing: HashMap<String, Option<RunResult>>,
+    finishing: HashMap<String, (u64, Option<RunResult>)>,
+    /// The exchange of the clear last asked of each run's child.
+    clearing: HashMap<String, u64>,
     /// Deliveries handed to the platform and not yet answered: not claimed again meanwhile,
     /// however slow the handler (the lease is for an instance that crashed).
     in_flight: HashMap<(String, Slot), u64>,
@@ -249,6 +251,7 @@ impl ParentEngine {
             next_gen: u64::from(incarnation) << 32,
             queue: VecDeque::new(),
             finishing: HashMap::new(),
+            clearing: HashMap::new(),
             in_flight: HashMap::new(),
         }
     }
@@ -348,7 +351,14 @@ impl ParentEngine {
         // A returned hook hands its run's callers their result whatever the storage does (a
         // failed write of its return only means a restart calls it again).
         let mut actions = match &event {
-            ParentEvent::FinishHookDone { run_id } => self.finish_hook_done(run_id),
+            ParentEvent::FinishHookDone { run_id, gen } => match self.finish_hook_done(run_id, *gen) {
+                Some(actions) => actions,
+                // A call this instance no longer waits for: it settles nothing.
+                None => return Vec::new(),
+            },
+            ParentEvent::ChildCleared { run_id, gen, .. } if self.clearing.get(run_id) != Some(gen) => {
+                return Vec::new();
+            }
             _ => Vec::new(),
         };
         actions.extend(self.unit(sql, Some(&run_id), "event", now, |e| e.on_event(sql, event, now)));
@@ -384,7 +394,8 @@ impl ParentEngine {
                 self.on_tail_ended(sql, &run_id, now)
             }
             ParentEvent::Inspected { run_id, gen, result } => self.on_inspected(sql, &run_id, gen, result, now),
-            ParentEvent::ChildCleared { run_id, result: Ok(()) } => {
+            ParentEvent::ChildCleared { run_id, result: Ok(()), .. } => {
+                self.clearing.remove(&run_id);
                 Registry::new(sql).child_cleared(&run_id)?;
                 Ok(Vec::new())
             }
@@ -396,7 +407,7 @@ impl ParentEngine {
                 let delivery = Delivery { slot, gen, attempt };
                 self.on_delivery_done(sql, &run_id, delivery, result, now)
             }
-            ParentEvent::FinishHookDone { run_id } => {
+            ParentEvent::FinishHookDone { run_id, .. } => {
                 Registry::new(sql).finish_hook_returned(&run_id, now)?;
                 Ok(Vec::new())
             }
@@ -476,7 +487,7 @@ fn event_run(event: &ParentEvent) -> &str {
         | ParentEvent::Inspected { run_id, .. }
         | ParentEvent::ChildCleared { run_id, .. }
         | ParentEvent::DeliveryDone { run_id, .. }
-        | ParentEvent::FinishHookDone { run_id } => run_id,
+        | ParentEvent::FinishHookDone { run_id, .. } => run_id,
     }
 }
 
@@ -546,4 +557,4 @@ fn cap_message(limit: usize) -> String {
 }
 
 #[cfg(all(test, not(target_arch = "wasm32")))]
-mod testing;
+pub(crate) mod testing;

@@ -27,10 +27,10 @@ impl ParentEngine {
     /// hook is at least once; exactly once unless the object dies while it runs).
     fn owed_finish_hooks(&mut self, sql: &(impl Sql + ?Sized)) -> Result<Vec<ParentAction>, StoreError> {
         let owed = Registry::new(sql).finish_hooks_owed()?;
+        let owed: Vec<RunRecord> = owed.into_iter().filter(|run| !self.finishing.contains_key(&run.run_id)).collect();
         Ok(owed
             .into_iter()
-            .filter(|run| !self.finishing.contains_key(&run.run_id))
-            .map(|run| ParentAction::Hook(HookCall::Finish(run.info(), run.result())))
+            .map(|run| ParentAction::Hook(HookCall::Finish(run.info(), run.result(), self.gen())))
             .collect())
     }
 

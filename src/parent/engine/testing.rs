@@ -92,16 +92,19 @@ impl Sql for FailOn {
     }
 }
 
-/// The exchange number of the last action of `kind` ("start", "tail", "inspect") for `run`.
+/// The exchange number of the last action of `kind` ("start", "tail", "inspect", "clear",
+/// "finish": the finish hook) for `run`.
 pub fn gen_of(actions: &[ParentAction], kind: &str, run: &str) -> Option<u64> {
     actions.iter().rev().find_map(|a| match (a, kind) {
         (ParentAction::StartChild { run_id, gen, .. }, "start")
         | (ParentAction::OpenTail { run_id, gen, .. }, "tail")
         | (ParentAction::InspectChild { run_id, gen, .. }, "inspect")
+        | (ParentAction::ClearChild { run_id, gen, .. }, "clear")
             if run_id == run =>
         {
             Some(*gen)
         }
+        (ParentAction::Hook(HookCall::Finish(info, _, gen)), "finish") if info.run_id == run => Some(*gen),
         _ => None,
     })
 }

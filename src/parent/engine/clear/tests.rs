@@ -91,9 +91,9 @@ fn clearing_cancels_the_live_runs_only() {
 /// down is not asked at every alarm.
 #[test]
 fn a_child_clear_asked_again_waits_its_retry_interval() {
-    let (db, engine) = engine(AgentToolOptions::default());
+    let (db, mut engine) = engine(AgentToolOptions::default());
     Registry::new(&db).owe_child_clear("gone", "Researcher", "Assistant/p/gone", 100).unwrap();
-    let asked = |now: i64| {
+    let mut asked = |now: i64| {
         engine
             .retry_child_clears(&db, now)
             .unwrap()
@@ -111,7 +111,7 @@ fn a_child_clear_asked_again_waits_its_retry_interval() {
 /// times, then given up with an event: not sooner, and never forgotten silently.
 #[test]
 fn a_child_clear_is_given_up_after_its_attempts_and_not_before() {
-    let (db, engine) = engine(AgentToolOptions::default());
+    let (db, mut engine) = engine(AgentToolOptions::default());
     Registry::new(&db).owe_child_clear("gone", "Researcher", "Assistant/p/gone", 0).unwrap();
     let (mut asked, mut given_up) = (0, None);
     for round in 0..MAX_CHILD_CLEAR_ATTEMPTS + 5 {
@@ -144,4 +144,48 @@ fn a_reset_engine_forgets_its_runs_and_its_exchange_numbers_go_on_rising() {
     let (_, again) = dispatch(&mut engine, &db, "r1", json!(1));
     let new_gen = gen_of(&again, "start", "r1").expect("a start exchange");
     assert!(new_gen > gen, "exchange numbers go on rising: {gen} then {new_gen}");
+}
+
+/// An answer to a clear this instance asked again since (a slow child, an alarm's retry)
+/// settles nothing: the owed clear is settled by the answer to the clear it waits for.
+#[test]
+fn an_answer_to_a_clear_asked_again_since_settles_nothing() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let tail = started(&db, &mut engine, "r", None);
+    let outcome = RunOutcome { status: OutcomeStatus::Completed, summary: Some("s".into()), output: None, error: None };
+    engine.handle(
+        &db,
+        ParentEvent::TailBatch {
+            run_id: "r".into(),
+            gen: tail,
+            lines: vec![crate::protocol::tail::TailLine::End { outcome }],
+        },
+        12,
+    );
+    let called = engine.clear(&db, &crate::ClearFilter::default(), 20);
+    let first = gen_of(&called.actions, "clear", "r").unwrap();
+    let retried = engine.alarm(&db, 20 + CHILD_CLEAR_RETRY_MS);
+    let second = gen_of(&retried, "clear", "r").expect("asked again");
+    let answer = |gen| ParentEvent::ChildCleared { run_id: "r".into(), gen, result: Ok(()) };
+    engine.handle(&db, answer(first), 20 + CHILD_CLEAR_RETRY_MS + 1);
+    assert_eq!(Registry::new(&db).child_clears_pending().unwrap(), 1, "the first answer settles nothing");
+    engine.handle(&db, answer(second), 20 + CHILD_CLEAR_RETRY_MS + 2);
+    assert_eq!(Registry::new(&db).child_clears_pending().unwrap(), 0, "the answer it waits for does");
+}
+
+/// A clear whose answer may be lost keeps the alarm armed for its retry, even with nothing
+/// else to wake the agent for.
+#[test]
+fn a_clear_arms_the_alarm_for_its_retry() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let registry = Registry::new(&db);
+    registry.insert(&new_run("r", &json!(1)), 1).unwrap();
+    registry.finish("r", &Terminal::Completed { summary: "s".into(), output: None }, 2).unwrap();
+    let called = engine.clear(&db, &crate::ClearFilter::default(), 20);
+    assert!(gen_of(&called.actions, "clear", "r").is_some());
+    let armed = called.actions.iter().filter_map(|a| match a {
+        ParentAction::ArmAlarm { at } => Some(*at),
+        _ => None,
+    });
+    assert_eq!(armed.min(), Some(20 + CHILD_CLEAR_RETRY_MS), "{:?}", called.actions);
 }

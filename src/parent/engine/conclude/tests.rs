@@ -25,12 +25,16 @@ fn a_caller_gets_the_result_only_after_the_finish_hook_returned() {
     let (db, mut engine) = engine(AgentToolOptions::default());
     let actions = ended(&db, &mut engine, None);
     assert_eq!(finish_hooks(&actions), 1);
+    let gen = gen_of(&actions, "finish", "r").unwrap();
     assert!(resolved(&actions).is_empty(), "held while the hook runs: {actions:?}");
     // Anything that would answer the callers meanwhile is held too.
     assert!(resolved(&engine.abandon(&db, "r", "late".into(), 13)).is_empty());
-    let actions = engine.handle(&db, ParentEvent::FinishHookDone { run_id: "r".into() }, 14);
+    // A call this instance does not wait for (another exchange) settles nothing.
+    let other = ParentEvent::FinishHookDone { run_id: "r".into(), gen: gen + 1000 };
+    assert!(engine.handle(&db, other, 14).is_empty(), "another call's return");
+    let actions = engine.handle(&db, ParentEvent::FinishHookDone { run_id: "r".into(), gen }, 14);
     assert_eq!(resolved(&actions), [("r".to_owned(), RunStatus::Completed)]);
-    assert!(engine.handle(&db, ParentEvent::FinishHookDone { run_id: "r".into() }, 15).is_empty(), "once");
+    assert!(engine.handle(&db, ParentEvent::FinishHookDone { run_id: "r".into(), gen }, 15).is_empty(), "once");
 }
 
 fn handler() -> Option<DetachedOptions> {
@@ -153,9 +157,10 @@ fn a_cleared_run_dispatched_again_posts_its_own_notices() {
     };
     let first = notice_of(&ended(&db, &mut engine, notify())).unwrap();
     engine.post_notice(&db, first.clone(), "first".into(), 20);
-    let cleared = engine.clear(&db, &crate::types::ClearFilter::default(), 30).result.unwrap();
-    assert_eq!(cleared.runs, ["r"]);
-    engine.handle(&db, ParentEvent::ChildCleared { run_id: "r".into(), result: Ok(()) }, 31);
+    let called = engine.clear(&db, &crate::types::ClearFilter::default(), 30);
+    assert_eq!(called.result.unwrap().runs, ["r"]);
+    let gen = gen_of(&called.actions, "clear", "r").unwrap();
+    engine.handle(&db, ParentEvent::ChildCleared { run_id: "r".into(), gen, result: Ok(()) }, 31);
     let second = notice_of(&ended(&db, &mut engine, notify())).unwrap();
     assert_ne!(second.id, first.id, "a new run under the old id: {}", second.id);
     let posted = engine.post_notice(&db, second, "second".into(), 40);

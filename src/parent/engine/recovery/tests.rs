@@ -140,7 +140,7 @@ fn finish_hooks(actions: &[ParentAction]) -> Vec<String> {
     actions
         .iter()
         .filter_map(|a| match a {
-            ParentAction::Hook(HookCall::Finish(run, _)) => Some(run.run_id.clone()),
+            ParentAction::Hook(HookCall::Finish(run, ..)) => Some(run.run_id.clone()),
             _ => None,
         })
         .collect()
@@ -152,24 +152,29 @@ fn finish_hooks(actions: &[ParentAction]) -> Vec<String> {
 #[test]
 fn a_finish_hook_that_never_returned_is_called_again_after_a_restart() {
     let (db, mut engine) = engine(AgentToolOptions::default());
+    let mut gens = Vec::new();
     for id in ["returned", "lost"] {
         let tail = started(&db, &mut engine, id, None);
         let actions = engine.handle(&db, end(tail, id), 12);
         assert_eq!(finish_hooks(&actions), [id]);
+        gens.push(gen_of(&actions, "finish", id).unwrap());
     }
-    let actions = engine.handle(&db, ParentEvent::FinishHookDone { run_id: "returned".into() }, 13);
+    let actions = engine.handle(&db, ParentEvent::FinishHookDone { run_id: "returned".into(), gen: gens[0] }, 13);
     assert_eq!(resolved(&actions), [("returned".to_owned(), RunStatus::Completed)]);
     // A restart before the other hook returned.
     let mut engine = ParentEngine::new("Parent", AgentToolOptions::default(), 2);
     let actions = engine.wake(&db, 100);
     assert_eq!(finish_hooks(&actions), ["lost"]);
+    let gen = gen_of(&actions, "finish", "lost").unwrap();
     // Its return, written this time, is the last call.
     let db = FailOn { db, pattern: "finish_hook_done_at = ?", times: std::cell::Cell::new(1) };
-    let actions = engine.handle(&db, ParentEvent::FinishHookDone { run_id: "lost".into() }, 101);
+    let actions = engine.handle(&db, ParentEvent::FinishHookDone { run_id: "lost".into(), gen }, 101);
     assert_eq!(observed(&actions), [EventType::StorageFailed], "the failed write is reported");
     let mut engine = ParentEngine::new("Parent", AgentToolOptions::default(), 3);
-    assert_eq!(finish_hooks(&engine.alarm(&db, 200)), ["lost"], "its return was not recorded");
-    engine.handle(&db, ParentEvent::FinishHookDone { run_id: "lost".into() }, 201);
+    let actions = engine.alarm(&db, 200);
+    assert_eq!(finish_hooks(&actions), ["lost"], "its return was not recorded");
+    let gen = gen_of(&actions, "finish", "lost").unwrap();
+    engine.handle(&db, ParentEvent::FinishHookDone { run_id: "lost".into(), gen }, 201);
     let mut engine = ParentEngine::new("Parent", AgentToolOptions::default(), 4);
     assert!(finish_hooks(&engine.wake(&db, 300)).is_empty(), "every hook returned");
 }
@@ -420,4 +425,26 @@ fn a_row_concluded_in_the_queue_is_not_sealed_at_the_deadline() {
     });
     assert_eq!(complete, Some(json!({ "runs": 2, "finalized": 1, "reattached": 0 })));
     assert_eq!(Registry::new(&db).get("b").unwrap().unwrap().status, RunStatus::Aborted);
+}
+
+/// Exchange numbers are unique across instances: an answer to an exchange a crashed instance
+/// began (a batch of its tail, its inspection) can never be taken by its successor for one of
+/// its own.
+#[test]
+fn exchange_numbers_are_unique_across_instances() {
+    let (db, mut first) = engine(AgentToolOptions::default());
+    let mut handed_out = Vec::new();
+    let (_, actions) = dispatch(&mut first, &db, "r", json!(1));
+    handed_out.extend(gen_of(&actions, "start", "r"));
+    let start = handed_out[0];
+    let actions = first.handle(&db, ParentEvent::StartReplied { run_id: "r".into(), gen: start, result: Ok(()) }, 11);
+    handed_out.extend(gen_of(&actions, "tail", "r"));
+    // The instance dies; the next one follows the run again.
+    let mut second = ParentEngine::new("Parent", AgentToolOptions::default(), 2);
+    let actions = second.wake(&db, 100);
+    let theirs: Vec<u64> = ["start", "tail", "inspect"].iter().filter_map(|k| gen_of(&actions, k, "r")).collect();
+    assert!(!theirs.is_empty(), "the successor follows the run: {actions:?}");
+    for gen in theirs {
+        assert!(!handed_out.contains(&gen), "exchange {gen} was handed out by both instances");
+    }
 }

@@ -1,19 +1,4 @@
-//! The orchestration's simulation over the code that ships: a parent agent (`Lead`) and its
-//! children (`Worker`) hosted by the kit's [`World`] — the real host, engines, chat and wire,
-//! over real SQLite — driven by one seed. The seed draws the runs (awaited or detached, their
-//! handlers, budgets and notices), the children's turns (words, pace, silences, a milestone),
-//! the options, and the faults: crashes of the parent, of a child, of everything (a deploy);
-//! broken tails; dropped clients; cancels, clears, re-dispatches and callers that give up; and,
-//! in a hostile world, slow and lost hops and broken tails at random, and storage statements
-//! that fail in every object's store.
-//!
-//! After every step it checks the cap and what callers get; the kit's clients check every
-//! frame (a `(run, sequence)` names one frame, nothing follows a terminal frame). At the end:
-//! the kit's invariants (every run ended, replays in order, no owed clear, finish hooks, every
-//! client in the state of a late one), then the orchestration's (no run `error`; no summary or
-//! replay joins two attempts; the replay's last attempt is the summary; a child's milestone is
-//! in the replay; every caller got its result; no slot leaked; detached outcomes delivered to a
-//! handler that can succeed, exactly once without a crash, never past the dead letter).
+//! The scenario: its agents, its draws, what it does at each time, and what the end must show.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -281,7 +266,8 @@ impl Agent for Worker {
     }
 }
 
-/// A deterministic generator for the scenario's draws.
+/// A deterministic generator for the scenario's draws (its own, fixed: a kept seed must keep
+/// drawing the same scenario whatever generator the kit's scheduler uses).
 struct Rng(u64);
 
 impl Rng {
@@ -542,16 +528,21 @@ fn child_of(world: &World, run_id: &str) -> Option<ObjectRef> {
 }
 
 /// Runs one schedule; `Err` describes the first broken invariant.
-pub(super) fn run(seed: u64) -> Result<(), String> {
+pub(super) fn run(seed: u64, tracing: bool) -> Result<(), String> {
     let (sim, timeline, faults, clients) = scenario(seed);
     let world = World::seeded(seed)
         .route::<Lead>()
         .agent::<Worker>()
         .model::<Lead>(ScriptedModel::new().otherwise(|_| Step::new().text("noted")))
         .faults(faults);
+    if tracing {
+        world.echo_logs();
+    }
+    crate::host::io::TRACE.with(|t| t.set(tracing));
     let sim = Rc::new(Sim { hooks: world.0.hooks.clone(), world: Rc::downgrade(&world.0), ..sim });
     SIM.with(|s| *s.borrow_mut() = Some(sim.clone()));
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drive(&world, &sim, &timeline, clients)));
+    let outcome =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drive(&world, &sim, &timeline, clients, tracing)));
     SIM.with(|s| *s.borrow_mut() = None);
     drop(world);
     match outcome {
@@ -564,7 +555,7 @@ pub(super) fn run(seed: u64) -> Result<(), String> {
     }
 }
 
-fn drive(world: &World, sim: &Rc<Sim>, timeline: &[(i64, Ev)], clients: usize) -> Result<(), String> {
+fn drive(world: &World, sim: &Rc<Sim>, timeline: &[(i64, Ev)], clients: usize, tracing: bool) -> Result<(), String> {
     let cap = sim.options.max_concurrent;
     world.check_each_step(move |inner| {
         let Some(cap) = cap else { return Ok(()) };
@@ -587,7 +578,7 @@ fn drive(world: &World, sim: &Rc<Sim>, timeline: &[(i64, Ev)], clients: usize) -
     let path = "/agents/lead/p";
     let clients: Vec<Client> = (0..clients).map(|_| world.connect(path)).collect();
     let start = crate::testing::START_MS;
-    if std::env::var_os("SIM_TRACE").is_some() {
+    if tracing {
         eprintln!("options: {:?}", sim.options);
         for plan in &sim.plans {
             eprintln!("plan: {plan:?}");
