@@ -52,11 +52,11 @@ impl ParentEngine {
                 if driver.failed_starts >= START_ATTEMPTS {
                     return self.conclude(sql, &record, Terminal::Error { message }, now);
                 }
-                // After the pause the run is tailed: a child that never took it says so, and
-                // the start is sent again (`Decide::Restart`).
+                // After the pause the start is sent again (it is idempotent by run id).
                 let due = now + (START_RETRY_MS << (driver.failed_starts - 1));
                 driver.gen = gen;
                 driver.phase = Phase::Waiting;
+                driver.start_again = true;
                 driver.due = Some(due);
                 return Ok(vec![ParentAction::ArmAlarm { at: due }]);
             }
@@ -86,6 +86,29 @@ impl ParentEngine {
             _ => {}
         }
         self.open_tail_at(sql, &record)
+    }
+
+    /// The pause after a failed start ended: the start is sent again.
+    pub(super) fn start_again(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        now: i64,
+    ) -> Result<Vec<ParentAction>, StoreError> {
+        let Some(record) = Registry::new(sql).get(run_id)? else { return self.forget(sql, run_id) };
+        let Some(input) = record.input.clone() else {
+            let message = "the child failed the start and the run's input was not kept; dispatch it again";
+            return self.conclude(sql, &record, Terminal::Error { message: message.into() }, now);
+        };
+        let gen = self.gen();
+        let start = self.start_action(sql, &record, input, gen)?;
+        if let Some(driver) = self.drivers.get_mut(run_id) {
+            driver.gen = gen;
+            driver.phase = Phase::Starting;
+            driver.start_again = false;
+            driver.due = None;
+        }
+        Ok(vec![start])
     }
 
     pub(super) fn open_tail(

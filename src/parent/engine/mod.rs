@@ -105,6 +105,8 @@ struct Driver {
     failed_tails: u32,
     /// Starts the child failed (5xx) so far.
     failed_starts: u32,
+    /// The wait ([`Phase::Waiting`]) is the pause before a failed start is sent again.
+    start_again: bool,
     /// The child said the run ended; the tail is read once more for the chunks after the
     /// cursor before the outcome is recorded.
     draining: Option<RunOutcome>,
@@ -129,6 +131,7 @@ impl Driver {
             window_end: None,
             failed_tails: 0,
             failed_starts: 0,
+            start_again: false,
             draining: None,
             recovering: false,
             due: None,
@@ -463,6 +466,7 @@ impl ParentEngine {
     fn on_due(&mut self, sql: &(impl Sql + ?Sized), run_id: &str, now: i64) -> Result<Vec<ParentAction>, StoreError> {
         let Some(driver) = self.drivers.get(run_id) else { return Ok(Vec::new()) };
         match driver.phase {
+            Phase::Waiting if driver.start_again => self.start_again(sql, run_id, now),
             Phase::Waiting => self.open_tail(sql, run_id, now),
             Phase::Inspecting => {
                 let gen = driver.gen;
