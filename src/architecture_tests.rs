@@ -45,26 +45,126 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// The code of a file as the library compiles it: its test module and its comments left out.
+/// The code of a file as the library compiles it: its comments and every item compiled for
+/// tests only (`#[cfg(test)]`, `#[cfg(all(test, ..))]`: a test module, a test helper) left out,
+/// wherever they stand in the file.
 fn library_code(text: &str) -> String {
-    let end = ["#[cfg(test)]", "#[cfg(all(test"]
-        .iter()
-        .filter_map(|marker| text.find(&format!("\n{marker}")))
-        .min()
-        .unwrap_or(text.len());
-    text[..end].lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
+    let code: String = text.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n");
+    let mut out = String::with_capacity(code.len());
+    let mut rest = code.as_str();
+    while let Some(at) = ["#[cfg(test)]", "#[cfg(all(test"].iter().filter_map(|m| rest.find(m)).min() {
+        out.push_str(&rest[..at]);
+        rest = skip_item(&rest[at..]);
+    }
+    out.push_str(rest);
+    out
 }
 
-/// The identifiers that follow `prefix::` in `code`.
+/// `code` after its first item (an attribute and what it applies to: up to the `;` or the
+/// `}` that closes the item's first block).
+fn skip_item(code: &str) -> &str {
+    let attribute_end = code.find(']').map_or(code.len(), |i| i + 1);
+    let mut depth = 0i32;
+    for (i, b) in code.bytes().enumerate().skip(attribute_end) {
+        match b {
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return &code[i + 1..];
+                }
+            }
+            b';' if depth == 0 => return &code[i + 1..],
+            _ => {}
+        }
+    }
+    ""
+}
+
+/// The names at the head of each path a `use` tree or a path expression starting at `rest`
+/// names: `a::b` gives `a`; `{a::X, b, c::{d}}` gives `a`, `b`, `c`.
+fn heads(rest: &str) -> Vec<&str> {
+    if let Some(group) = rest.strip_prefix('{') {
+        let mut out = Vec::new();
+        let (mut depth, mut start) = (0i32, 0usize);
+        for (i, b) in group.bytes().enumerate() {
+            match b {
+                b'{' => depth += 1,
+                b'}' if depth == 0 => {
+                    out.extend(ident_at(group[start..i].trim_start()));
+                    return out;
+                }
+                b'}' => depth -= 1,
+                b',' if depth == 0 => {
+                    out.extend(ident_at(group[start..i].trim_start()));
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        return out;
+    }
+    ident_at(rest).into_iter().collect()
+}
+
+fn ident_at(rest: &str) -> Option<&str> {
+    let end = rest.bytes().position(|b| !is_ident(b)).unwrap_or(rest.len());
+    (end > 0).then(|| &rest[..end])
+}
+
+/// The identifiers `code` names right after `prefix::` (each member of a group too).
 fn paths_after<'a>(code: &'a str, prefix: &str) -> BTreeSet<&'a str> {
     let needle = format!("{prefix}::");
     code.match_indices(&needle)
         .filter(|(at, _)| at.checked_sub(1).and_then(|i| code.as_bytes().get(i)).is_none_or(|b| !is_ident(*b)))
-        .map(|(at, _)| {
-            let rest = &code[at + needle.len()..];
-            &rest[..rest.bytes().position(|b| !is_ident(b)).unwrap_or(rest.len())]
-        })
+        .flat_map(|(at, _)| heads(&code[at + needle.len()..]))
         .collect()
+}
+
+/// The identifiers `code` names at the crate root through `super::` chains that climb past the
+/// top of the file's module (`depth`: how many modules deep the file's module is, 1 for a
+/// top-level module).
+fn paths_above<'a>(code: &'a str, depth: usize) -> BTreeSet<&'a str> {
+    let mut out = BTreeSet::new();
+    for (at, _) in code.match_indices("super::") {
+        if at.checked_sub(1).and_then(|i| code.as_bytes().get(i)).is_some_and(|b| is_ident(*b) || *b == b':') {
+            continue; // the middle of a chain, or a longer name
+        }
+        let mut rest = &code[at..];
+        let mut climbs = 0;
+        while let Some(next) = rest.strip_prefix("super::") {
+            climbs += 1;
+            rest = next;
+        }
+        if climbs >= depth {
+            out.extend(heads(rest));
+        }
+    }
+    out
+}
+
+/// The names the crate root re-exports (`pub use module::{Name, ..}`), and the module each
+/// comes from: `crate::Error` is a dependency on `error`.
+fn root_reexports(lib: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let code = library_code(lib);
+    for (at, _) in code.match_indices("\npub use ") {
+        let rest = &code[at + "\npub use ".len()..];
+        let Some(module) = ident_at(rest) else { continue };
+        let tail = &rest[module.len()..];
+        // `module::{A, b::B}` or `module::path::Name`: the names it binds at the root.
+        let statement = &tail[..tail.find(';').unwrap_or(tail.len())];
+        let names: Vec<&str> = statement
+            .split(|c: char| c == ',' || c == '{' || c == '}')
+            .filter_map(|item| item.rsplit("::").next().map(str::trim))
+            .map(|item| item.rsplit(" as ").next().unwrap_or(item).trim())
+            .filter(|item| !item.is_empty() && item.bytes().all(is_ident))
+            .collect();
+        for name in names {
+            out.insert(name.to_owned(), module.to_owned());
+        }
+    }
+    out
 }
 
 fn is_ident(b: u8) -> bool {
@@ -77,6 +177,7 @@ fn module_graph() -> BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
+    let reexports = root_reexports(&std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs"));
     let mut graph: BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> = BTreeMap::new();
     for file in files {
         let relative = file.strip_prefix(&src).expect("under src");
@@ -89,8 +190,14 @@ fn module_graph() -> BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)> {
             continue;
         }
         let code = library_code(&std::fs::read_to_string(&file).expect("readable"));
+        // How deep the file's module is: `a.rs` and `a/mod.rs` 1, `a/b.rs` 2.
+        let depth = relative.components().count() - usize::from(relative.file_name().is_some_and(|f| f == "mod.rs"));
+        let mut named = paths_after(&code, "crate");
+        named.extend(paths_above(&code, depth));
         let (deps, crates) = graph.entry(top.clone()).or_default();
-        deps.extend(paths_after(&code, "crate").into_iter().filter(|m| *m != top).map(str::to_owned));
+        // A name the root re-exports is a dependency on the module it comes from.
+        let modules = named.into_iter().map(|n| reexports.get(n).cloned().unwrap_or_else(|| n.to_owned()));
+        deps.extend(modules.filter(|m| *m != top));
         for name in PLATFORM_CRATES {
             if code.contains(&format!("{name}::")) && !paths_after(&code, name).is_empty() {
                 crates.insert((*name).to_owned());
@@ -178,4 +285,21 @@ fn the_checks_see_what_they_check() {
     assert_eq!(paths_after(&code, "crate"), BTreeSet::from(["platform"]));
     assert_eq!(paths_after(&code, "worker"), BTreeSet::from(["Delay"]));
     assert!(paths_after("my_crate::x", "crate").is_empty(), "a longer name is not `crate`");
+    // Grouped imports, code after a test module, and a test helper between two items.
+    let code = library_code(
+        "use crate::{parent::X, child::{a, b}, store};\n#[cfg(test)]\nmod tests { use crate::demo; }\n\
+         fn f() { crate::routing::x(); }\n#[cfg(all(test, not(x)))]\nfn helper() { crate::sim::y(); }\nuse crate::cancel::Z;",
+    );
+    assert_eq!(paths_after(&code, "crate"), BTreeSet::from(["cancel", "child", "parent", "routing", "store"]));
+    // `super::` chains that climb to the crate root from a file `depth` modules deep.
+    let code = "use super::super::host::X;\nuse super::sibling::Y;\nfn g() { super::super::super::types::Z; }";
+    assert_eq!(paths_above(code, 2), BTreeSet::from(["host", "types"]));
+    assert_eq!(paths_above(code, 3), BTreeSet::from(["types"]));
+    // Names the root re-exports lead to their module.
+    let lib = "\npub use host::{AgentHost, Env as WorkerEnv};\npub use error::Error;\npub use platform::route::{route, Routes};";
+    let reexports = root_reexports(lib);
+    assert_eq!(reexports.get("AgentHost").map(String::as_str), Some("host"));
+    assert_eq!(reexports.get("WorkerEnv").map(String::as_str), Some("host"));
+    assert_eq!(reexports.get("Error").map(String::as_str), Some("error"));
+    assert_eq!(reexports.get("Routes").map(String::as_str), Some("platform"));
 }
