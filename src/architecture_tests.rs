@@ -124,7 +124,7 @@ fn paths_after<'a>(code: &'a str, prefix: &str) -> BTreeSet<&'a str> {
 /// The identifiers `code` names at the crate root through `super::` chains that climb past the
 /// top of the file's module (`depth`: how many modules deep the file's module is, 1 for a
 /// top-level module).
-fn paths_above<'a>(code: &'a str, depth: usize) -> BTreeSet<&'a str> {
+fn paths_above(code: &str, depth: usize) -> BTreeSet<&str> {
     let mut out = BTreeSet::new();
     for (at, _) in code.match_indices("super::") {
         if at.checked_sub(1).and_then(|i| code.as_bytes().get(i)).is_some_and(|b| is_ident(*b) || *b == b':') {
@@ -155,7 +155,7 @@ fn root_reexports(lib: &str) -> BTreeMap<String, String> {
         // `module::{A, b::B}` or `module::path::Name`: the names it binds at the root.
         let statement = &tail[..tail.find(';').unwrap_or(tail.len())];
         let names: Vec<&str> = statement
-            .split(|c: char| c == ',' || c == '{' || c == '}')
+            .split([',', '{', '}'])
             .filter_map(|item| item.rsplit("::").next().map(str::trim))
             .map(|item| item.rsplit(" as ").next().unwrap_or(item).trim())
             .filter(|item| !item.is_empty() && item.bytes().all(is_ident))
