@@ -406,6 +406,7 @@ pub struct ChatState {
 
 impl ChatState {
     /// The stream being written, if any.
+    #[cfg(test)]
     pub fn active(&self) -> Option<&ActiveStream> {
         self.active.as_ref()
     }

@@ -18,7 +18,7 @@ use crate::chat::interaction::{self, Answer, Interactions, Kind};
 use crate::chat::journal::{self, Continuation, Held, Journal, OpenTurn, ToolResult, Waits};
 use crate::chat::message::MessageBuilder;
 pub use crate::chat::protocol::ChatEnd;
-use crate::chat::protocol::{ActiveStream, ChatFrame, ChatMessage, ChatOutput, ChatState};
+use crate::chat::protocol::{ChatFrame, ChatMessage, ChatOutput, ChatState};
 use crate::chat::store::{Messages, OpenStreams, StreamLog};
 use crate::chat::turn::{run_turn, DynModel, DynToolBox, NoRecord, Record, TurnOptions, TurnOutcome};
 use crate::llm::ToolCall;
@@ -162,6 +162,8 @@ pub struct Chat {
     /// Turns that paused for a person and may go on now, begun in the journal: the host runs
     /// them ([`Chat::take_continuations`]).
     continuations: RefCell<Vec<OpenTurn>>,
+    /// Who waits for the running turn to end ([`Chat::when_idle`]).
+    idle: RefCell<Vec<futures::channel::oneshot::Sender<()>>>,
 }
 
 /// Ends the running turn's stream when the turn ends, however it ends (a dropped turn too).
@@ -172,9 +174,18 @@ struct RunningGuard<'a> {
 
 impl Drop for RunningGuard<'_> {
     fn drop(&mut self) {
-        let mut running = self.chat.running.borrow_mut();
-        if running.as_ref().is_some_and(|(id, _)| *id == self.request_id) {
-            *running = None;
+        let ended = {
+            let mut running = self.chat.running.borrow_mut();
+            let ours = running.as_ref().is_some_and(|(id, _)| *id == self.request_id);
+            if ours {
+                *running = None;
+            }
+            ours
+        };
+        if ended {
+            for waiter in self.chat.idle.take() {
+                let _ = waiter.send(());
+            }
         }
     }
 }
@@ -198,6 +209,7 @@ impl Chat {
             sub_agent: None,
             approval_timeout: std::cell::Cell::new(None),
             continuations: RefCell::new(Vec::new()),
+            idle: RefCell::new(Vec::new()),
         }
     }
 
@@ -552,9 +564,14 @@ impl Chat {
         })
     }
 
-    /// The stream being written, if any.
-    pub fn active(&self) -> Option<ActiveStream> {
-        self.state.borrow().active().cloned()
+    /// Resolves when the turn running now has ended (at once when none runs).
+    pub fn when_idle(&self) -> futures::channel::oneshot::Receiver<()> {
+        let (sender, ended) = futures::channel::oneshot::channel();
+        match self.running.borrow().is_some() {
+            true => self.idle.borrow_mut().push(sender),
+            false => drop(sender.send(())),
+        }
+        ended
     }
 
     /// The running turn's cancel token, if one runs.

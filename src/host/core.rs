@@ -66,6 +66,8 @@ pub(crate) struct Core {
     pub(crate) waiters: RefCell<HashMap<String, Vec<oneshot::Sender<RunResult>>>>,
     /// The runs of this child waiting for a message from their parent, by (run id, name).
     pub(crate) inbox_waiters: RefCell<HashMap<(String, String), Vec<Arrival>>>,
+    /// Who waits for every run's turn here to have ended and recorded its end (a clear).
+    pub(crate) turns_idle: RefCell<Vec<futures::channel::oneshot::Sender<()>>>,
     /// The children's tails being read, by run id (cancel one to stop reading).
     pub(crate) tails: RefCell<HashMap<String, CancelToken>>,
     /// Tails that came back with their start (the child's log index they follow, and the
@@ -334,6 +336,7 @@ impl Host {
             parent_tables: Cell::new(parent_tables),
             waiters: RefCell::new(HashMap::new()),
             inbox_waiters: RefCell::new(HashMap::new()),
+            turns_idle: RefCell::new(Vec::new()),
             tails: RefCell::new(HashMap::new()),
             started_tails: RefCell::new(HashMap::new()),
             turn_runs: RefCell::new(HashMap::new()),

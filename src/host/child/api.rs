@@ -24,7 +24,37 @@ fn refused(status: u16, body: impl Into<String>) -> ChildReply {
     ChildReply::Refused { status, body: body.into() }
 }
 
+/// How long a clear waits for the turns it cancelled to end before it deletes anyway.
+const CLEAR_WAIT_MS: u64 = 30_000;
+
 impl Host {
+    /// Waits until no run's turn and no chat turn runs here, for at most `limit_ms`.
+    async fn turns_ended(&self, limit_ms: u64) {
+        let limit = self.0.io.sleep(limit_ms);
+        futures::pin_mut!(limit);
+        loop {
+            let turns = !self.0.turns.borrow().is_empty();
+            let chat = self.0.chat.running().is_some();
+            if !turns && !chat {
+                return;
+            }
+            let mut ended = Vec::new();
+            if turns {
+                let (sender, receiver) = futures::channel::oneshot::channel();
+                self.0.turns_idle.borrow_mut().push(sender);
+                ended.push(receiver);
+            }
+            if chat {
+                ended.push(self.0.chat.when_idle());
+            }
+            if let futures::future::Either::Right(_) =
+                futures::future::select(futures::future::select_all(ended), limit.as_mut()).await
+            {
+                return self.log_error(&format!("a clear waited {limit_ms} ms for turns to end; it deletes anyway"));
+            }
+        }
+    }
+
     /// Serves a call of this agent's parent.
     pub(crate) async fn serve_child(&self, call: ChildCall) -> ChildReply {
         if let Some(problem) = self.unready() {
@@ -148,13 +178,9 @@ impl Host {
             token.cancel(Some("cleared".into()));
         }
         // Let the cancelled turns finish writing (runs seal, a chat turn saves its message)
-        // before deleting, so nothing they write survives the clear.
-        for _ in 0..200 {
-            if self.0.turns.borrow().is_empty() && self.0.chat.active().is_none() {
-                break;
-            }
-            self.0.io.sleep(10).await;
-        }
+        // before deleting, so nothing they write survives the clear: woken when they end, for
+        // at most CLEAR_WAIT_MS.
+        self.turns_ended(CLEAR_WAIT_MS).await;
         if let Err(e) = self.0.io.delete_all().await {
             return refused(500, e);
         }

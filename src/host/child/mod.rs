@@ -25,6 +25,28 @@ use crate::protocol::tail::ChunkKind;
 /// The pauses between attempts at recording the end of a run's turn when storage fails.
 const END_RETRIES_MS: [u64; 4] = [1_000, 2_000, 4_000, 8_000];
 
+/// A run's turn is over here (its end recorded, or given up): it leaves `turns`, and a clear
+/// waiting for the turns to end hears of it. Dropped however the task ends (a crash too).
+struct TurnEnded {
+    host: Host,
+    run_id: String,
+}
+
+impl Drop for TurnEnded {
+    fn drop(&mut self) {
+        let idle = {
+            let mut turns = self.host.0.turns.borrow_mut();
+            turns.remove(&self.run_id);
+            turns.is_empty()
+        };
+        if idle {
+            for waiter in self.host.0.turns_idle.take() {
+                let _ = waiter.send(());
+            }
+        }
+    }
+}
+
 /// How many times a progress report storage refused is made again at once.
 const PROGRESS_TRIES: usize = 3;
 
@@ -189,10 +211,11 @@ impl Host {
             if cancelled.is_some() {
                 host.cancel_runs(&dispatched, "the run that dispatched it was cancelled").await;
             }
-            host.0.turns.borrow_mut().remove(&run_id);
             // The end is one unit: a failed statement leaves the run as it was, so it is taken
             // again after a pause, and given up (the run healed as after a restart) when storage
-            // keeps failing.
+            // keeps failing. The turn counts as running until its end is recorded (a clear waits
+            // for that, so nothing it writes survives the clear).
+            let _ended = TurnEnded { host: host.clone(), run_id: run_id.clone() };
             for pause in END_RETRIES_MS {
                 let streaming = host.0.chat.is_streaming(&run_id);
                 let new_id = || host.0.io.random_id();
