@@ -599,18 +599,24 @@ impl Host {
     async fn replay_to(&self, socket: Rc<dyn Socket>, connection: String) {
         let mut cursor = ReplayCursor::default();
         let mut send = |frame: crate::protocol::EventFrame| socket.send(&frame.to_json());
+        // A replay that cannot be read closes the socket, so the client reconnects and is
+        // replayed afresh (a socket left with half a replay would never see the runs it missed).
         loop {
-            match self.registry().replay_page(&mut cursor, REPLAY_PAGE, &mut send) {
-                Ok(true) => self.0.io.sleep(0).await,
-                Ok(false) => break,
+            let page = self.registry().replay_page(&mut cursor, REPLAY_PAGE, &mut send);
+            let done = match page {
+                Ok(true) => Ok(false),
+                Ok(false) => self.registry().replay_rest(&mut cursor, &mut send).map(|()| true),
+                Err(e) => Err(e),
+            };
+            match done {
+                Ok(true) => break,
+                Ok(false) => self.0.io.sleep(0).await,
                 Err(e) => {
-                    self.log_error(&format!("replay failed: {e}"));
-                    break;
+                    self.log_error(&format!("replay failed ({e}); the client is asked to reconnect"));
+                    self.0.catching_up.borrow_mut().remove(&connection);
+                    return socket.close(1011, "the replay could not be read; reconnect");
                 }
             }
-        }
-        if let Err(e) = self.registry().replay_rest(&mut cursor, &mut send) {
-            self.log_error(&format!("replay failed: {e}"));
         }
         self.0.catching_up.borrow_mut().remove(&connection);
     }

@@ -18,8 +18,9 @@ use crate::{ClearFilter, HandlerTag, OnMilestones, RunInfo, RunResult};
 /// written: its tails hung), 24 (a failed migration refused every request until eviction), 25
 /// (a child's 500 at start ended the run `error`), 44 (a milestone read late replaced newer
 /// progress in the replay only), 57 (a milestone lost to a failed statement), 178 (a chat chunk
-/// the stream log refused never reached the clients).
-pub(super) const REGRESSIONS: &[u64] = &[9, 24, 25, 44, 57, 178];
+/// the stream log refused never reached the clients), 1092 (a replay read that failed left the
+/// client with half a replay: it never saw the run end).
+pub(super) const REGRESSIONS: &[u64] = &[9, 24, 25, 44, 57, 178, 1092];
 
 /// The simulated time a schedule runs for: long enough for every budget and stall to play out.
 const HORIZON_MS: u64 = 30 * 60 * 1000;
@@ -187,9 +188,9 @@ impl Agent for Lead {
         // An `interrupted` outcome is delivered in a slot of its own (the give-up), the real
         // result that may follow it in the other.
         let slot = if result.status == RunStatus::Interrupted { "GiveUp" } else { "Finish" };
-        // A delivery in flight is never handed over again: per slot (a give-up and the late
+        // A delivery in flight is never handed over again: per run and slot (a give-up and the late
         // real result are two deliveries, each with its own lease).
-        let key = format!("{}/{slot}", run.run_id);
+        let key = format!("{}/{slot}", incarnation(&run.run_id, run.started_at));
         let attempt = {
             let mut seen = sim.seen.borrow_mut();
             let running = seen.running.entry(key.clone()).or_default();
