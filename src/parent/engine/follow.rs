@@ -100,9 +100,19 @@ impl ParentEngine {
             let message = "the child failed the start and the run's input was not kept; dispatch it again";
             return self.conclude(sql, &record, Terminal::Error { message: message.into() }, now);
         };
+        self.send_start(sql, &record, input)
+    }
+
+    /// Sends the run's start (again): the driver waits for its answer.
+    fn send_start(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        record: &RunRecord,
+        input: Value,
+    ) -> Result<Vec<ParentAction>, StoreError> {
         let gen = self.gen();
-        let start = self.start_action(sql, &record, input, gen)?;
-        if let Some(driver) = self.drivers.get_mut(run_id) {
+        let start = self.start_action(sql, record, input, gen)?;
+        if let Some(driver) = self.drivers.get_mut(&record.run_id) {
             driver.gen = gen;
             driver.phase = Phase::Starting;
             driver.start_again = false;
@@ -394,16 +404,7 @@ impl ParentEngine {
                 }
                 self.open_tail_at(sql, record)
             }
-            Decide::Restart(input) => {
-                let gen = self.gen();
-                let start = self.start_action(sql, record, input, gen)?;
-                if let Some(driver) = self.drivers.get_mut(run_id) {
-                    driver.gen = gen;
-                    driver.phase = Phase::Starting;
-                    driver.due = None;
-                }
-                Ok(vec![start])
-            }
+            Decide::Restart(input) => self.send_start(sql, record, input),
             Decide::Retail => {
                 let gen = self.gen();
                 if let Some(driver) = self.drivers.get_mut(run_id) {
