@@ -518,8 +518,8 @@ pub use agent::{milestone_line, require_token, Agent, Refusal, SubAgent};
 pub use cancel::{CancelToken, Cancelled};
 pub use error::Error;
 pub use host::{
-    json_error, json_response, sleep, AgentHost, ChatChunk, ChatOutcome, ChatStream, Env, HttpRequest, HttpResponse,
-    SubAgentStub, Turn, TurnOutput,
+    json_error, json_response, sleep, AgentHost, ChatChunk, ChatStream, Env, HttpRequest, HttpResponse, SubAgentStub,
+    Turn, TurnOutput,
 };
 pub use platform::route::{route, Routes};
 pub use routing::RequestUrl;
@@ -528,8 +528,8 @@ pub use tools::{AgentTool, ClientTool, Tool, ToolContext, Tools};
 pub use types::{
     Admission, AgentClass, AgentToolChunk, AgentToolFailure, AgentToolOptions, ChatRecovery, ClearFilter,
     DetachedHandle, DetachedOptions, EventDelivery, HandlerTag, InterruptedReason, InterruptedTurn, Milestone,
-    MilestoneMode, OnMilestones, Progress, ProgressSnapshot, RecoveryAttempt, RecoveryPolicy, Retention, RunInfo,
-    RunInspection, RunOptions, RunOutcome, RunResult, RunStatus, ScheduledTask, DEFAULT_NOTIFY_SOURCE,
+    MilestoneMode, OnMilestones, Outcome, Progress, ProgressSnapshot, RecoveryAttempt, RecoveryPolicy, Retention,
+    RunInfo, RunInspection, RunOptions, RunResult, RunStatus, ScheduledTask, UnknownStatus, DEFAULT_NOTIFY_SOURCE,
 };
 
 /// The fixed limits (see `docs/security.md`); the adjustable ones are
@@ -554,7 +554,7 @@ pub mod prelude {
     pub use crate::{
         Admission, Agent, AgentClass, AgentHost, AgentTool, AgentToolOptions, CancelToken, ClearFilter, ClientTool,
         DetachedHandle, DetachedOptions, Env, Error, HandlerTag, HttpRequest, HttpResponse, Milestone, OnMilestones,
-        Progress, ProgressSnapshot, Refusal, Retention, RunInfo, RunOptions, RunOutcome, RunResult, RunStatus,
+        Outcome, Progress, ProgressSnapshot, Refusal, Retention, RunInfo, RunOptions, RunResult, RunStatus,
         ScheduledTask, Tool, ToolContext, Tools, Turn, TurnOutput,
     };
 }

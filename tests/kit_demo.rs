@@ -239,8 +239,8 @@ fn a_sub_agent_chat_streams_to_the_caller_alone() {
         chunks.iter().filter(|c| c.chunk["type"] == "text-delta").filter_map(|c| c.chunk["delta"].as_str()).collect()
     };
     let (turn, chunks, outcome) = world.block_on(read(host.clone(), "Research QUIC"));
-    assert_eq!(outcome.status, RunStatus::Completed, "{outcome:?}");
-    assert_eq!(Some(text(&chunks)), outcome.summary, "the caller got the whole answer");
+    assert_eq!(outcome.status(), RunStatus::Completed, "{outcome:?}");
+    assert_eq!(Some(text(&chunks).as_str()), outcome.summary(), "the caller got the whole answer");
     let logged: Vec<ChatChunk> = chunks.iter().filter(|c| c.index.is_some()).cloned().collect();
     assert!(logged.windows(2).all(|w| w[1].index == w[0].index.map(|i| i + 1)), "in log order");
     assert!(runs(&client).is_empty(), "no registry row");
@@ -248,7 +248,7 @@ fn a_sub_agent_chat_streams_to_the_caller_alone() {
     assert!(!client.frames().iter().any(|f| f["type"] == "agent-tool-event"), "nothing reached the parent's clients");
     // The same name again: one conversation, in the child's own transcript.
     let (_, _, second) = world.block_on(read(host.clone(), "Research DNS"));
-    assert_eq!(second.status, RunStatus::Completed);
+    assert_eq!(second.status(), RunStatus::Completed);
     let child = world.host::<Researcher>("sub-agent:Assistant/fay/notes");
     let roles: Vec<Value> = child.messages().iter().map(|m| m["role"].clone()).collect();
     assert_eq!(roles, [json!("user"), json!("assistant"), json!("user"), json!("assistant")]);
@@ -281,5 +281,5 @@ fn a_sub_agent_chat_streams_to_the_caller_alone() {
         while stream.next().await.is_some() {}
         stream.outcome().cloned()
     });
-    assert_eq!(ended.map(|o| o.status), Some(RunStatus::Aborted));
+    assert_eq!(ended.map(|o| o.status()), Some(RunStatus::Aborted));
 }

@@ -62,7 +62,7 @@ GUARDS = [
  ("a tail stores what the turn emitted before reading the log (child)", "src/child/engine.rs",
   "        let mut actions = self.flush(sql, run_id, chat_streaming).map_err(TailError::Store)?;", "        let mut actions = Vec::new();"),
  ("a live run's start begins no second turn (child)", "src/child/engine.rs",
-  "if run.status.is_terminal() || self.is_live(&run.run_id) {", "if run.status.is_terminal() {"),
+  "if !run.status.is_live() || self.is_live(&run.run_id) {", "if !run.status.is_live() {"),
  ("reruns are bounded (child)", "src/child/engine.rs",
   "            && run.attempt < self.max_attempts\n", "            && run.attempt < i64::MAX\n"),
  ("a failed log write keeps the chunks for the next flush (child)", "src/child/engine/stream.rs",

@@ -22,12 +22,14 @@ use std::rc::Rc;
 use serde_json::Value;
 
 use super::progress::{Coalescer, Decision, Report};
-use super::runs::{ChildRun, ChildRuns, ChildStatus, Inspection};
+use super::runs::{ChildRun, ChildRuns};
 use crate::chat::store::StreamLog;
 use crate::observability::EventType;
+use crate::protocol::child_api::InspectionReply;
 use crate::protocol::child_api::{StartReply, StartRequest};
 use crate::protocol::chunk;
-use crate::protocol::tail::{ChunkKind, OutcomeStatus, RunOutcome, TailLine};
+use crate::protocol::outcome::{Outcome, RunStatus};
+use crate::protocol::tail::{ChunkKind, TailLine};
 use crate::store::{Sql, StoreError};
 use crate::types::{RecoveryAttempt, RecoveryPolicy};
 
@@ -223,7 +225,7 @@ impl ChildEngine {
         }
         let run = match run.status {
             // Sealed after a restart: a new dispatch runs it afresh.
-            ChildStatus::Interrupted => {
+            RunStatus::Interrupted => {
                 actions.extend(self.new_attempt(sql, &run, "redispatched")?);
                 runs.get(&run.run_id)?.unwrap_or(run)
             }
@@ -241,7 +243,7 @@ impl ChildEngine {
         now: i64,
         actions: &mut Vec<ChildAction>,
     ) -> Result<ChildRun, StoreError> {
-        if run.status.is_terminal() || self.is_live(&run.run_id) {
+        if !run.status.is_live() || self.is_live(&run.run_id) {
             return Ok(run);
         }
         let runs = ChildRuns::new(sql);
@@ -278,8 +280,7 @@ impl ChildEngine {
                 ),
                 RecoveryPolicy::Seal => LOST_TURN.to_owned(),
             };
-            let outcome =
-                RunOutcome { status: OutcomeStatus::Interrupted, summary: None, output: None, error: Some(error) };
+            let outcome = Outcome::sealed(error);
             runs.finish(&run.run_id, &outcome, now)?;
             actions.push(ChildAction::Observe(
                 EventType::ChildSealed,
@@ -363,7 +364,7 @@ impl ChildEngine {
         now: i64,
     ) -> Result<Vec<ChildAction>, StoreError> {
         let mut actions = Vec::new();
-        let aborted = |error| RunOutcome { status: OutcomeStatus::Aborted, summary: None, output: None, error };
+        let aborted = Outcome::aborted;
         let outcome = match (returned, cancelled) {
             (returned, Some(reason)) => {
                 if returned.is_none() {
@@ -372,12 +373,8 @@ impl ChildEngine {
                 }
                 aborted(reason)
             }
-            (Some(Ok((summary, output))), None) => {
-                RunOutcome { status: OutcomeStatus::Completed, summary: Some(summary), output, error: None }
-            }
-            (Some(Err(message)), None) => {
-                RunOutcome { status: OutcomeStatus::Error, summary: None, output: None, error: Some(message) }
-            }
+            (Some(Ok((summary, output))), None) => Outcome::Completed { summary, output },
+            (Some(Err(message)), None) => Outcome::failed(message),
             (None, None) => aborted(None),
         };
         actions.extend(self.end_turn(sql, run_id, &outcome, chat_streaming, new_id, now)?);
@@ -394,7 +391,7 @@ impl ChildEngine {
         &mut self,
         sql: &(impl Sql + ?Sized),
         run_id: &str,
-        outcome: &RunOutcome,
+        outcome: &Outcome,
         chat_streaming: bool,
         new_id: &dyn Fn() -> String,
         now: i64,
@@ -406,7 +403,7 @@ impl ChildEngine {
         &mut self,
         sql: &(impl Sql + ?Sized),
         run_id: &str,
-        outcome: &RunOutcome,
+        outcome: &Outcome,
         chat_streaming: bool,
         new_id: &dyn Fn() -> String,
         now: i64,
@@ -455,7 +452,7 @@ impl ChildEngine {
         &mut self,
         sql: &(impl Sql + ?Sized),
         run_id: &str,
-        outcome: &RunOutcome,
+        outcome: &Outcome,
         now: i64,
     ) -> Result<Vec<ChildAction>, StoreError> {
         let runs = ChildRuns::new(sql);
@@ -532,13 +529,17 @@ impl ChildEngine {
         run_id: &str,
         chat_streaming: bool,
         now: i64,
-    ) -> Result<(Option<Inspection>, Vec<ChildAction>), StoreError> {
+    ) -> Result<(Option<InspectionReply>, Vec<ChildAction>), StoreError> {
         let runs = ChildRuns::new(sql);
         let mut actions = self.flush(sql, run_id, chat_streaming)?;
-        if let Some(run) = runs.get(run_id)? {
-            self.reconcile(sql, run, now, &mut actions)?;
-        }
-        Ok((runs.inspect(run_id)?, actions))
+        let Some(run) = runs.get(run_id)? else { return Ok((None, actions)) };
+        self.reconcile(sql, run, now, &mut actions)?;
+        // Read again: reconciling may have ended it.
+        let reply = match runs.get(run_id)? {
+            Some(run) => Some(run.reply(runs.next_index(run_id)?)),
+            None => None,
+        };
+        Ok((reply, actions))
     }
 
     /// A parent cancels the run: a live turn is stopped (it ends `aborted` when its future is
@@ -554,8 +555,8 @@ impl ChildEngine {
             return Ok(vec![ChildAction::CancelTurn { run_id: run_id.to_owned(), reason }]);
         }
         match ChildRuns::new(sql).get(run_id)? {
-            Some(run) if !run.status.is_terminal() => {
-                let outcome = RunOutcome { status: OutcomeStatus::Aborted, summary: None, output: None, error: reason };
+            Some(run) if run.status.is_live() => {
+                let outcome = Outcome::aborted(reason);
                 self.seal(sql, run_id, &outcome, now)
             }
             _ => Ok(Vec::new()),

@@ -10,7 +10,8 @@ use serde_json::Value;
 
 pub use crate::chat::store::StoredChunk;
 use crate::chat::store::StreamLog;
-use crate::protocol::tail::{OutcomeStatus, RunOutcome};
+use crate::protocol::child_api::InspectionReply;
+use crate::protocol::outcome::{Outcome, RunStatus};
 use crate::store::{Row, Sql, StoreError, Value as V};
 
 /// The child's tables. Safe to run on every activation.
@@ -55,55 +56,6 @@ pub const SCHEMAS: [&str; 2] = [SCHEMA, crate::chat::store::SCHEMA];
 const ADDED_COLUMNS: &[(&str, &str)] =
     &[("attempt", "INTEGER NOT NULL DEFAULT 1"), ("attempt_start", "INTEGER NOT NULL DEFAULT 0")];
 
-/// A child run's status. `interrupted` only ever comes from the `seal` recovery policy: a
-/// restart cut the turn short and the child does not run it again by itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ChildStatus {
-    /// Accepted; the turn has not begun.
-    Starting,
-    /// The turn is under way.
-    Running,
-    /// Finished.
-    Completed,
-    /// Failed.
-    Error,
-    /// Cancelled.
-    Aborted,
-    /// Sealed after a restart (recovery policy `seal`); a new start runs it afresh.
-    Interrupted,
-}
-
-impl ChildStatus {
-    fn parse(s: &str) -> Self {
-        match s {
-            "starting" => Self::Starting,
-            "running" => Self::Running,
-            "completed" => Self::Completed,
-            "aborted" => Self::Aborted,
-            "interrupted" => Self::Interrupted,
-            _ => Self::Error,
-        }
-    }
-
-    /// The SQL and wire spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Starting => "starting",
-            Self::Running => "running",
-            Self::Completed => "completed",
-            Self::Error => "error",
-            Self::Aborted => "aborted",
-            Self::Interrupted => "interrupted",
-        }
-    }
-
-    /// Whether the run has ended (a sealed run too, until it is started again).
-    pub fn is_terminal(self) -> bool {
-        !matches!(self, Self::Starting | Self::Running)
-    }
-}
-
 /// A child run row.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -111,7 +63,7 @@ pub struct ChildRun {
     /// Run id.
     pub run_id: String,
     /// Status.
-    pub status: ChildStatus,
+    pub status: RunStatus,
     /// The input the parent sent.
     #[serde(skip)]
     pub input: Value,
@@ -153,7 +105,8 @@ impl ChildRun {
         let json = |i| r.text(i).and_then(|s| serde_json::from_str(&s).ok());
         Self {
             run_id: r.text(0).unwrap_or_default(),
-            status: ChildStatus::parse(&r.text(1).unwrap_or_default()),
+            // A spelling no version wrote reads as a failed run, never as a live one.
+            status: r.text(1).and_then(|s| RunStatus::parse(&s)).unwrap_or(RunStatus::Error),
             input: json(2).unwrap_or(Value::Null),
             summary: r.text(3),
             output: json(4),
@@ -168,49 +121,43 @@ impl ChildRun {
         }
     }
 
-    /// The outcome, for a terminal run.
-    pub fn outcome(&self) -> Option<RunOutcome> {
-        let status = match self.status {
-            ChildStatus::Completed => OutcomeStatus::Completed,
-            ChildStatus::Error => OutcomeStatus::Error,
-            ChildStatus::Aborted => OutcomeStatus::Aborted,
-            ChildStatus::Interrupted => OutcomeStatus::Interrupted,
-            ChildStatus::Starting | ChildStatus::Running => return None,
-        };
-        Some(RunOutcome {
-            status,
-            summary: self.summary.clone(),
-            output: self.output.clone(),
-            error: self.error_message.clone(),
-        })
+    /// The outcome, for a run that ended. A child's `interrupted` is a turn it sealed: it is
+    /// not running it.
+    pub fn outcome(&self) -> Option<Outcome> {
+        Outcome::from_parts(
+            self.status,
+            self.summary.clone(),
+            self.output.clone(),
+            self.error_message.clone(),
+            None,
+            Some(false),
+        )
+    }
+
+    /// What the parent's inspection reads of the run.
+    pub fn reply(&self, chunk_count: i64) -> InspectionReply {
+        InspectionReply {
+            status: self.status,
+            outcome: self.outcome(),
+            attempt: Some(self.attempt),
+            progress: self.progress.clone(),
+            chunk_count: Some(chunk_count),
+        }
     }
 }
 
-/// One milestone.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One milestone, as the child keeps it (read by tests: the parent keeps its own).
+#[cfg(all(test, not(target_arch = "wasm32")))]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Milestone {
     /// Per-run sequence from 0.
     pub sequence: i64,
     /// Name.
     pub name: String,
     /// Payload.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub data: Option<Value>,
     /// Epoch ms.
     pub at: i64,
-}
-
-/// What `inspect` answers: the row, its milestones and the size of its log.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Inspection {
-    /// The run.
-    #[serde(flatten)]
-    pub run: ChildRun,
-    /// Its milestones, by sequence.
-    pub milestones: Vec<Milestone>,
-    /// Number of chunks in its log.
-    pub chunk_count: i64,
 }
 
 /// The child run store over any [`Sql`].
@@ -342,15 +289,15 @@ impl<'a, S: Sql + ?Sized> ChildRuns<'a, S> {
     }
 
     /// Records the outcome unless the run already ended. Returns whether it was written.
-    pub fn finish(&self, run_id: &str, outcome: &RunOutcome, now: i64) -> Result<bool, StoreError> {
+    pub fn finish(&self, run_id: &str, outcome: &Outcome, now: i64) -> Result<bool, StoreError> {
         let rows = self.sql.exec(
             "UPDATE agent_tool_child_runs SET status = ?, summary = ?, output_json = ?, error_message = ?, \
              completed_at = ? WHERE run_id = ? AND status IN ('starting','running') RETURNING 1",
             &[
-                V::from(outcome.status.as_str()),
-                V::from(outcome.summary.clone()),
-                V::from(outcome.output.as_ref().map(Value::to_string)),
-                V::from(outcome.error.clone()),
+                V::from(outcome.status().as_str()),
+                V::from(outcome.summary()),
+                V::from(outcome.output().map(Value::to_string)),
+                V::from(outcome.error()),
                 V::Int(now),
                 V::from(run_id),
             ],
@@ -382,15 +329,14 @@ impl<'a, S: Sql + ?Sized> ChildRuns<'a, S> {
         row.and_then(|r| r.int(0)).ok_or_else(|| StoreError { message: "milestone insert returned nothing".into() })
     }
 
-    /// The run, its milestones and its log size; `None` when the run is unknown.
-    pub fn inspect(&self, run_id: &str) -> Result<Option<Inspection>, StoreError> {
-        let Some(run) = self.get(run_id)? else { return Ok(None) };
-        let milestones = self
-            .sql
-            .exec(
-                "SELECT sequence, name, data_json, at FROM agent_tool_child_milestones WHERE run_id = ? ORDER BY sequence",
-                &[V::from(run_id)],
-            )?
+    /// The run's milestones, by sequence.
+    #[cfg(all(test, not(target_arch = "wasm32")))]
+    pub fn milestones(&self, run_id: &str) -> Result<Vec<Milestone>, StoreError> {
+        let rows = self.sql.exec(
+            "SELECT sequence, name, data_json, at FROM agent_tool_child_milestones WHERE run_id = ? ORDER BY sequence",
+            &[V::from(run_id)],
+        )?;
+        Ok(rows
             .iter()
             .map(|r| Milestone {
                 sequence: r.int(0).unwrap_or(0),
@@ -398,9 +344,7 @@ impl<'a, S: Sql + ?Sized> ChildRuns<'a, S> {
                 data: r.text(2).and_then(|s| serde_json::from_str(&s).ok()),
                 at: r.int(3).unwrap_or(0),
             })
-            .collect();
-        let chunk_count = self.next_index(run_id)?;
-        Ok(Some(Inspection { run, milestones, chunk_count }))
+            .collect())
     }
 }
 
@@ -423,7 +367,7 @@ mod tests {
         let runs = ChildRuns::new(&db);
         let (run, created) = runs.start("r", &json!({"query": "x"}), false, 10).unwrap();
         assert!(created);
-        assert_eq!(run.status, ChildStatus::Starting);
+        assert_eq!(run.status, RunStatus::Starting);
         assert_eq!(run.input, json!({"query": "x"}));
         let (again, created) = runs.start("r", &json!({"query": "other"}), false, 20).unwrap();
         assert!(!created, "a second start must not begin a second turn");
@@ -434,7 +378,7 @@ mod tests {
     #[test]
     fn inspect_is_none_for_an_unknown_run() {
         let db = db();
-        assert_eq!(ChildRuns::new(&db).inspect("nope").unwrap(), None);
+        assert_eq!(ChildRuns::new(&db).get("nope").unwrap(), None);
     }
 
     #[test]
@@ -462,14 +406,9 @@ mod tests {
         let runs = ChildRuns::new(&db);
         runs.start("r", &json!("q"), false, 1).unwrap();
         runs.mark_running("r").unwrap();
-        let done = RunOutcome {
-            status: OutcomeStatus::Completed,
-            summary: Some("s".into()),
-            output: Some(json!({"k": 1})),
-            error: None,
-        };
+        let done = Outcome::completed_with("s", json!({"k": 1}));
         assert!(runs.finish("r", &done, 5).unwrap());
-        let abort = RunOutcome { status: OutcomeStatus::Aborted, summary: None, output: None, error: Some("x".into()) };
+        let abort = Outcome::aborted(Some("x".into()));
         assert!(!runs.finish("r", &abort, 6).unwrap());
         let run = runs.get("r").unwrap().unwrap();
         assert_eq!(run.outcome(), Some(done));
@@ -484,10 +423,11 @@ mod tests {
         assert_eq!(runs.add_milestone("r", "a", None, 2).unwrap(), 0);
         assert_eq!(runs.add_milestone("r", "b", Some(&json!({"n": 2})), 3).unwrap(), 1);
         runs.record_progress("r", &json!({"fraction": 0.5}), 4).unwrap();
-        let i = runs.inspect("r").unwrap().unwrap();
-        assert_eq!(i.milestones.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), vec!["a", "b"]);
-        assert_eq!(i.milestones[1].data, Some(json!({"n": 2})));
-        assert_eq!(i.run.progress, Some(json!({"fraction": 0.5})));
-        assert_eq!(i.run.last_signal_at, Some(4));
+        let milestones = runs.milestones("r").unwrap();
+        assert_eq!(milestones.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), vec!["a", "b"]);
+        assert_eq!(milestones[1].data, Some(json!({"n": 2})));
+        let run = runs.get("r").unwrap().unwrap();
+        assert_eq!(run.progress, Some(json!({"fraction": 0.5})));
+        assert_eq!(run.last_signal_at, Some(4));
     }
 }

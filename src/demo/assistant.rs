@@ -461,7 +461,7 @@ async fn ask(host: &AgentHost<Assistant>, args: AskArgs) -> Result<Value, Error>
             break;
         }
     }
-    let (status, summary) = turn.outcome().map(|o| (o.status, o.summary.clone())).unzip();
+    let (status, summary) = turn.outcome().map(|o| (o.status(), o.summary().map(str::to_owned))).unzip();
     Ok(
         json!({ "turnId": turn.turn_id(), "text": text, "chunks": chunks, "status": status, "summary": summary.flatten() }),
     )

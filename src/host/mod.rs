@@ -17,4 +17,4 @@ pub use core::AgentHost;
 pub(crate) use io::set_native_sleep;
 pub use io::{json_error, json_response, sleep, Env, HttpRequest, HttpResponse};
 pub(crate) use io::{pause, ByteStream, ChildCall, ChildReply, Io, LocalFuture, Reply, Socket};
-pub use parent::sub_agent::{ChatChunk, ChatOutcome, ChatStream, SubAgentStub};
+pub use parent::sub_agent::{ChatChunk, ChatStream, SubAgentStub};

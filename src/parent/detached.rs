@@ -255,7 +255,8 @@ impl<'a, S: Sql + ?Sized> Ledger<'a, S> {
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod tests {
     use super::*;
-    use crate::parent::registry::{NewRun, Registry, Terminal};
+    use crate::parent::registry::{NewRun, Registry};
+    use crate::protocol::Outcome;
     use crate::store::sqlite;
     use crate::types::{MilestoneMode, OnMilestones};
     use serde_json::json;
@@ -375,7 +376,7 @@ mod tests {
         let ledger = Ledger::new(&db);
         reg.finish(
             "r",
-            &Terminal::Interrupted {
+            &Outcome::Interrupted {
                 error: "x".into(),
                 reason: Some(InterruptedReason::BudgetExceeded),
                 child_still_running: Some(false),
@@ -388,15 +389,15 @@ mod tests {
         assert_eq!(finish_due(&run), FinishDue::No);
         ledger.claim("r", Slot::GiveUp, 2).unwrap();
         ledger.delivered("r", Slot::GiveUp, 3).unwrap();
-        reg.finish("r", &Terminal::Aborted { reason: Some("torn down".into()) }, 4).unwrap();
+        reg.finish("r", &Outcome::Aborted { reason: Some("torn down".into()) }, 4).unwrap();
         assert_eq!(finish_due(&reg.get("r").unwrap().unwrap()), FinishDue::Suppress);
         // A real completion after a give-up is news.
         detached(&db, "late", &DetachedOptions::default(), 0);
-        reg.finish("late", &Terminal::Interrupted { error: "x".into(), reason: None, child_still_running: None }, 1)
+        reg.finish("late", &Outcome::Interrupted { error: "x".into(), reason: None, child_still_running: None }, 1)
             .unwrap();
         ledger.claim("late", Slot::GiveUp, 2).unwrap();
         ledger.delivered("late", Slot::GiveUp, 3).unwrap();
-        reg.finish("late", &Terminal::Completed { summary: "s".into(), output: None }, 4).unwrap();
+        reg.finish("late", &Outcome::Completed { summary: "s".into(), output: None }, 4).unwrap();
         assert_eq!(finish_due(&reg.get("late").unwrap().unwrap()), FinishDue::Deliver);
     }
 
@@ -407,8 +408,8 @@ mod tests {
         let db = db();
         let reg = Registry::new(&db);
         let ledger = Ledger::new(&db);
-        let interrupted = Terminal::Interrupted { error: "x".into(), reason: None, child_still_running: None };
-        let completed = Terminal::Completed { summary: "s".into(), output: None };
+        let interrupted = Outcome::Interrupted { error: "x".into(), reason: None, child_still_running: None };
+        let completed = Outcome::Completed { summary: "s".into(), output: None };
         let due = |id: &str| {
             let run = reg.get(id).unwrap().unwrap();
             (finish_due(&run), give_up_due(&run))
@@ -450,9 +451,9 @@ mod tests {
         let ledger = Ledger::new(&db);
         detached(&db, "live", &DetachedOptions::default(), 0);
         detached(&db, "done", &DetachedOptions::default(), 0);
-        reg.finish("done", &Terminal::Completed { summary: "s".into(), output: None }, 1).unwrap();
+        reg.finish("done", &Outcome::Completed { summary: "s".into(), output: None }, 1).unwrap();
         detached(&db, "delivered", &DetachedOptions::default(), 0);
-        reg.finish("delivered", &Terminal::Error { message: "x".into() }, 1).unwrap();
+        reg.finish("delivered", &Outcome::Error { error: "x".into() }, 1).unwrap();
         ledger.delivered("delivered", Slot::Finish, 2).unwrap();
         reg.insert(&NewRun { run_id: "awaited".into(), agent_type: "R".into(), ..Default::default() }, 0).unwrap();
         let mut out = ledger.outstanding().unwrap();

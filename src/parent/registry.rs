@@ -17,11 +17,11 @@ mod retention;
 use serde_json::Value;
 
 use crate::types::{Milestone, ProgressSnapshot, RunInspection, RunStatus};
-pub use record::{NewRun, RunRecord, Terminal};
+pub use record::{NewRun, RunRecord};
 pub use replay::ReplayCursor;
 
 use crate::protocol::tail::ChunkKind;
-use crate::protocol::{AgentToolEvent, EventFrame, InterruptedReason, StoredEvent};
+use crate::protocol::{AgentToolEvent, EventFrame, InterruptedReason, Outcome, StoredEvent};
 use crate::store::{Sql, StoreError, Value as V};
 use record::COLUMNS;
 
@@ -478,7 +478,7 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
     /// one it replaces stays among the frames, see [`Registry::reattach`]). Returns the
     /// updated row when it was written (its `terminal_seq` names the terminal frame), `None`
     /// when the row was already final or is unknown.
-    pub fn finish(&self, run_id: &str, terminal: &Terminal, now: i64) -> Result<Option<RunRecord>, StoreError> {
+    pub fn finish(&self, run_id: &str, terminal: &Outcome, now: i64) -> Result<Option<RunRecord>, StoreError> {
         let interrupted = self.sql.one(
             &format!("SELECT {COLUMNS} FROM agent_tool_runs WHERE run_id = ? AND status = 'interrupted'"),
             &[V::from(run_id)],
@@ -488,12 +488,12 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
             self.keep_terminal_frame(&record)?;
         }
         let (summary, output, error, reason, still_running) = match terminal {
-            Terminal::Completed { summary, output } => {
+            Outcome::Completed { summary, output } => {
                 (Some(summary.clone()), output.as_ref().map(Value::to_string), None, None, None)
             }
-            Terminal::Error { message } => (None, None, Some(message.clone()), None, None),
-            Terminal::Aborted { reason } => (None, None, reason.clone(), None, None),
-            Terminal::Interrupted { error, reason, child_still_running } => {
+            Outcome::Error { error: message } => (None, None, Some(message.clone()), None, None),
+            Outcome::Aborted { reason } => (None, None, reason.clone(), None, None),
+            Outcome::Interrupted { error, reason, child_still_running } => {
                 (None, None, Some(error.clone()), reason.map(InterruptedReason::as_str), *child_still_running)
             }
         };

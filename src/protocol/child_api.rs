@@ -3,6 +3,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::outcome::{Outcome, RunStatus};
+
 /// The host of every internal child URL (the Worker entry never forwards to it).
 pub const HOST: &str = "agent-tools.internal";
 /// Base of every internal child URL.
@@ -80,21 +82,14 @@ pub fn inspect_url(run_id: &str) -> String {
 
 /// What the parent reads of a child's inspection (`GET {BASE}/inspect`); `null` on the wire
 /// when the child does not know the run.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InspectionReply {
-    /// The child's status (`starting`, `running`, `completed`, `error`, `aborted`,
-    /// `interrupted`).
-    pub status: String,
-    /// Summary (completed).
-    #[serde(default)]
-    pub summary: Option<String>,
-    /// Structured output (completed).
-    #[serde(default)]
-    pub output: Option<Value>,
-    /// Error or abort reason.
-    #[serde(default)]
-    pub error: Option<String>,
+    /// Where the run stands on the child.
+    pub status: RunStatus,
+    /// How it ended: present exactly when `status` is not `starting` or `running`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
     /// The attempt under way or last made.
     #[serde(default)]
     pub attempt: Option<i64>,
@@ -109,21 +104,15 @@ pub struct InspectionReply {
 }
 
 impl InspectionReply {
-    /// The outcome, if the run ended.
-    pub fn outcome(&self) -> Option<super::tail::RunOutcome> {
-        use super::tail::OutcomeStatus;
-        let status = match self.status.as_str() {
-            "completed" => OutcomeStatus::Completed,
-            "error" => OutcomeStatus::Error,
-            "aborted" => OutcomeStatus::Aborted,
-            "interrupted" => OutcomeStatus::Interrupted,
-            _ => return None,
-        };
-        Some(super::tail::RunOutcome {
-            status,
-            summary: self.summary.clone(),
-            output: self.output.clone(),
-            error: self.error.clone(),
-        })
+    /// A live run's reply (`starting` or `running`), with nothing else known.
+    #[cfg(all(test, not(target_arch = "wasm32")))]
+    pub fn live(status: RunStatus) -> Self {
+        Self { status, outcome: None, attempt: None, progress: None, chunk_count: None }
+    }
+
+    /// An ended run's reply.
+    #[cfg(all(test, not(target_arch = "wasm32")))]
+    pub fn ended(outcome: Outcome) -> Self {
+        Self { status: outcome.status(), outcome: Some(outcome), ..Self::live(RunStatus::Running) }
     }
 }

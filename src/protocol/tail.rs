@@ -6,6 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::outcome::Outcome;
+
 /// How a chunk travels and is kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -28,49 +30,6 @@ impl ChunkKind {
     }
 }
 
-/// The terminal state of a child run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OutcomeStatus {
-    /// The turn finished.
-    Completed,
-    /// The turn failed.
-    Error,
-    /// The turn was cancelled.
-    Aborted,
-    /// A restart cut the turn short and the child's recovery policy is `seal`: soft, a new
-    /// dispatch of the run starts it afresh.
-    Interrupted,
-}
-
-impl OutcomeStatus {
-    /// The status as stored in SQL.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Completed => "completed",
-            Self::Error => "error",
-            Self::Aborted => "aborted",
-            Self::Interrupted => "interrupted",
-        }
-    }
-}
-
-/// How a child run ended.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunOutcome {
-    /// Terminal status.
-    pub status: OutcomeStatus,
-    /// The summary (completed runs).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub summary: Option<String>,
-    /// Structured output (completed runs whose agent provides one).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub output: Option<serde_json::Value>,
-    /// The error or abort reason.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
 /// One line of a tail.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "t", rename_all = "lowercase")]
@@ -91,7 +50,7 @@ pub enum TailLine {
     /// The run ended; the last line.
     End {
         /// The outcome.
-        outcome: RunOutcome,
+        outcome: Outcome,
     },
 }
 
@@ -110,7 +69,7 @@ struct RawLine {
     #[serde(default)]
     r: Option<String>,
     #[serde(default)]
-    outcome: Option<RunOutcome>,
+    outcome: Option<Outcome>,
 }
 
 #[derive(Deserialize)]
@@ -225,14 +184,7 @@ mod tests {
                 b: r#"{"type":"data-agent-progress","data":{"data":1}}"#.into(),
                 r: Some(r#"{"type":"data-agent-progress","data":{}}"#.into()),
             },
-            TailLine::End {
-                outcome: RunOutcome {
-                    status: OutcomeStatus::Completed,
-                    summary: Some("done\nok".into()),
-                    output: None,
-                    error: None,
-                },
-            },
+            TailLine::End { outcome: Outcome::completed("done\nok") },
         ];
         let bytes: String = lines.iter().map(TailLine::to_line).collect();
         for split in 0..bytes.len() {

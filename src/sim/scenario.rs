@@ -649,11 +649,11 @@ fn check_end(world: &World, sim: &Sim) -> Result<(), String> {
         // Nothing in this world fails a run for real (its children never fail), so an `error`
         // is a run lost to a fault: a restart must heal or seal, never fail.
         if run.status == RunStatus::Error {
-            return Err(format!("run {} ended error: {:?}", run.run_id, run.error_message));
+            return Err(format!("run {} ended error: {:?}", run.run_id, run.outcome));
         }
         let total = sim.plan(&run.run_id).map_or(0, |p| p.script.words);
         if run.status == RunStatus::Completed {
-            one_attempt(run.summary.as_deref().unwrap_or_default(), Some(total))
+            one_attempt(run.outcome.as_ref().and_then(Outcome::summary).unwrap_or_default(), Some(total))
                 .map_err(|e| format!("run {}: the summary {e}", run.run_id))?;
         }
     }
@@ -688,10 +688,10 @@ fn check_end(world: &World, sim: &Sim) -> Result<(), String> {
         }
         if run.status == RunStatus::Completed && run.event_delivery == crate::types::EventDelivery::Full && drained {
             let last = segments.last().expect("one");
-            if Some(last.as_str()) != run.summary.as_deref() {
+            if Some(last.as_str()) != run.outcome.as_ref().and_then(Outcome::summary) {
                 return Err(format!(
                     "run {}: the replay's last attempt {last:?} is not the summary {:?}",
-                    run.run_id, run.summary
+                    run.run_id, run.outcome
                 ));
             }
         }

@@ -145,7 +145,7 @@ pub(crate) fn check_end(world: &World) -> Result<(), String> {
             if hooks == 0 || (hooks > 1 && !world.0.crashed.get() && !storage_failed) {
                 return Err(format!(
                     "{object}: the finish hook of {} ({:?}, {:?}) ran {hooks} times",
-                    run.run_id, run.status, run.error_message
+                    run.run_id, run.status, run.outcome
                 ));
             }
             let mine: Vec<Value> = (frames.iter())

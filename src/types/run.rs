@@ -9,63 +9,10 @@ use serde_json::Value;
 
 use crate::cancel::CancelToken;
 pub use crate::protocol::chunk::Progress;
+#[doc(inline)]
+pub use crate::protocol::outcome::UnknownStatus;
+pub use crate::protocol::outcome::{Outcome, RunStatus};
 pub use crate::protocol::InterruptedReason;
-
-/// Where a run is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-#[non_exhaustive]
-pub enum RunStatus {
-    /// Row inserted; the child has not accepted the run yet.
-    Starting,
-    /// The child accepted the run.
-    Running,
-    /// Finished with a result.
-    Completed,
-    /// Failed.
-    Error,
-    /// Cancelled.
-    Aborted,
-    /// The parent stopped waiting without a logical outcome; repairable.
-    Interrupted,
-}
-
-impl RunStatus {
-    /// The SQL spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Starting => "starting",
-            Self::Running => "running",
-            Self::Completed => "completed",
-            Self::Error => "error",
-            Self::Aborted => "aborted",
-            Self::Interrupted => "interrupted",
-        }
-    }
-
-    /// Parses the SQL spelling.
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "starting" => Self::Starting,
-            "running" => Self::Running,
-            "completed" => Self::Completed,
-            "error" => Self::Error,
-            "aborted" => Self::Aborted,
-            "interrupted" => Self::Interrupted,
-            _ => return None,
-        })
-    }
-
-    /// `completed`, `error` and `aborted`: final, never overwritten.
-    pub fn is_hard_terminal(self) -> bool {
-        matches!(self, Self::Completed | Self::Error | Self::Aborted)
-    }
-
-    /// `starting` and `running`: holds a concurrency slot.
-    pub fn is_live(self) -> bool {
-        matches!(self, Self::Starting | Self::Running)
-    }
-}
 
 /// Whether a run's ordinary chunks reach clients. In JSON, `"full"` or `"terminal"` (the
 /// TypeScript SDK's `eventDelivery`).
@@ -203,42 +150,6 @@ pub struct RunResult {
     pub child_still_running: Option<bool>,
 }
 
-/// A run's outcome, by its terminal state ([`RunResult::outcome`]). New states may come in a
-/// minor version: match with a wildcard arm.
-#[derive(Debug, Clone, Copy, PartialEq)]
-#[non_exhaustive]
-pub enum RunOutcome<'a> {
-    /// The child finished its work.
-    Completed {
-        /// Its summary.
-        summary: &'a str,
-        /// Its structured output, when it has one.
-        output: Option<&'a Value>,
-    },
-    /// The run failed (the child's turn, its model, a refused dispatch).
-    Error {
-        /// Why, safe to surface.
-        error: &'a str,
-    },
-    /// The run was cancelled.
-    Aborted {
-        /// The reason given.
-        reason: Option<&'a str>,
-    },
-    /// The parent stopped waiting without a logical outcome; dispatching the same run id again
-    /// can succeed.
-    Interrupted {
-        /// The machine-readable cause.
-        reason: Option<InterruptedReason>,
-        /// The human-readable one.
-        error: Option<&'a str>,
-        /// Whether the child was still working when the parent stopped waiting.
-        child_still_running: Option<bool>,
-    },
-    /// Not finished (a detached run's state, read while it runs).
-    Live(RunStatus),
-}
-
 /// What an agent tool returns to the model when its run does not complete (the TypeScript
 /// SDK's `AgentToolFailure`): `{"ok":false,"status","error","retryable","reason"?,"childStillRunning"?}`.
 /// `retryable` is true only for `interrupted`.
@@ -315,35 +226,53 @@ impl RunResult {
         }
     }
 
-    /// The outcome as one of its states, each with what it carries: match on it instead of
-    /// reading the optional fields.
+    /// A run that ended with `outcome` (for a hook's unit test, or an RPC method's answer).
     ///
     /// ```
-    /// use agent_tools::{RunOutcome, RunResult};
+    /// use agent_tools::{Outcome, RunResult, RunStatus};
+    ///
+    /// let result = RunResult::new("run-1", "Researcher", Outcome::completed("3 sources"));
+    /// assert_eq!(result.status, RunStatus::Completed);
+    /// assert_eq!(result.outcome(), Some(Outcome::completed("3 sources")));
+    /// ```
+    pub fn new(run_id: impl Into<String>, agent_type: impl Into<String>, outcome: Outcome) -> Self {
+        Self {
+            run_id: run_id.into(),
+            agent_type: agent_type.into(),
+            status: outcome.status(),
+            summary: outcome.summary().map(str::to_owned),
+            output: outcome.output().cloned(),
+            error: outcome.error().map(str::to_owned),
+            reason: outcome.interrupted_reason(),
+            child_still_running: outcome.child_still_running(),
+        }
+    }
+
+    /// How the run ended, as one of its states with what it carries: match on it instead of
+    /// reading the optional fields. `None` while it is live (a detached run read as it runs).
+    ///
+    /// ```
+    /// use agent_tools::{Outcome, RunResult};
     ///
     /// fn report(result: &RunResult) -> String {
     ///     match result.outcome() {
-    ///         RunOutcome::Completed { summary, .. } => format!("done: {summary}"),
-    ///         RunOutcome::Interrupted { reason, .. } => format!("interrupted ({reason:?}); retry it"),
-    ///         RunOutcome::Aborted { reason } => format!("cancelled: {}", reason.unwrap_or("no reason")),
-    ///         RunOutcome::Error { error } => format!("failed: {error}"),
-    ///         _ => "still running".into(),
+    ///         Some(Outcome::Completed { summary, .. }) => format!("done: {summary}"),
+    ///         Some(Outcome::Interrupted { reason, .. }) => format!("interrupted ({reason:?}); retry it"),
+    ///         Some(Outcome::Aborted { reason }) => format!("cancelled: {}", reason.unwrap_or_default()),
+    ///         Some(other) => format!("failed: {}", other.error().unwrap_or_default()),
+    ///         None => "still running".into(),
     ///     }
     /// }
     /// ```
-    pub fn outcome(&self) -> RunOutcome<'_> {
-        let error = self.error.as_deref();
-        match self.status {
-            RunStatus::Completed => {
-                RunOutcome::Completed { summary: self.summary.as_deref().unwrap_or(""), output: self.output.as_ref() }
-            }
-            RunStatus::Error => RunOutcome::Error { error: error.unwrap_or("agent tool run error") },
-            RunStatus::Aborted => RunOutcome::Aborted { reason: error },
-            RunStatus::Interrupted => {
-                RunOutcome::Interrupted { reason: self.reason, error, child_still_running: self.child_still_running }
-            }
-            status => RunOutcome::Live(status),
-        }
+    pub fn outcome(&self) -> Option<Outcome> {
+        Outcome::from_parts(
+            self.status,
+            self.summary.clone(),
+            self.output.clone(),
+            self.error.clone(),
+            self.reason,
+            self.child_still_running,
+        )
     }
 
     /// The failure envelope, for a run that did not complete.
@@ -581,21 +510,16 @@ mod tests {
         let mut done = result(RunStatus::Completed);
         done.summary = Some("text".into());
         done.output = Some(json!({"k": 1}));
-        assert_eq!(done.outcome(), RunOutcome::Completed { summary: "text", output: Some(&json!({"k": 1})) });
-        assert_eq!(result(RunStatus::Error).outcome(), RunOutcome::Error { error: "boom" });
-        assert_eq!(result(RunStatus::Aborted).outcome(), RunOutcome::Aborted { reason: Some("boom") });
+        assert_eq!(done.outcome(), Some(Outcome::completed_with("text", json!({"k": 1}))));
+        assert_eq!(result(RunStatus::Error).outcome(), Some(Outcome::failed("boom")));
+        assert_eq!(result(RunStatus::Aborted).outcome(), Some(Outcome::aborted(Some("boom".into()))));
         let mut interrupted = result(RunStatus::Interrupted);
         interrupted.reason = Some(InterruptedReason::NoProgress);
         interrupted.child_still_running = Some(true);
-        assert_eq!(
-            interrupted.outcome(),
-            RunOutcome::Interrupted {
-                reason: Some(InterruptedReason::NoProgress),
-                error: Some("boom"),
-                child_still_running: Some(true)
-            }
-        );
-        assert_eq!(result(RunStatus::Running).outcome(), RunOutcome::Live(RunStatus::Running));
+        let back = Outcome::interrupted("boom", Some(InterruptedReason::NoProgress), Some(true));
+        assert_eq!(interrupted.outcome(), Some(back.clone()));
+        assert_eq!(RunResult::new(&interrupted.run_id, &interrupted.agent_type, back), interrupted);
+        assert_eq!(result(RunStatus::Running).outcome(), None);
     }
 
     #[test]

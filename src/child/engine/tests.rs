@@ -95,7 +95,7 @@ fn a_tail_gets_the_log_then_live_chunks_then_the_end() {
     assert!(
         matches!(&actions[..], [ChildAction::FlushSoon { .. }, ChildAction::Send { subscriber, .. }] if *subscriber == sub)
     );
-    let done = RunOutcome { status: OutcomeStatus::Completed, summary: Some("s".into()), output: None, error: None };
+    let done = Outcome::completed("s");
     let actions = engine.turn_ended(&db, "r", &done, false, &id, 3).unwrap();
     assert!(matches!(&actions[..], [ChildAction::Send { .. }, ChildAction::Close { .. }]));
     let (tail, _) = engine.tail(&db, "r", 0, usize::MAX, false, 4).unwrap();
@@ -139,7 +139,7 @@ fn a_lost_turn_reruns_once_per_activation_behind_a_marker() {
     let (inspection, actions) = after.inspect(&db, "r", false, 5).unwrap();
     assert_eq!(begins(&actions), [2]);
     let inspection = inspection.unwrap();
-    assert_eq!((inspection.run.status, inspection.run.attempt), (ChildStatus::Running, 2));
+    assert_eq!((inspection.status, inspection.attempt), (RunStatus::Running, Some(2)));
     let (_, again) = after.inspect(&db, "r", false, 6).unwrap();
     assert!(begins(&again).is_empty(), "never re-run twice for one restart");
     let (tail, _) = after.tail(&db, "r", -1, usize::MAX, false, 7).unwrap();
@@ -156,9 +156,9 @@ fn sealing_keeps_the_partial_and_a_new_start_runs_afresh() {
     let mut after = ChildEngine::new(RecoveryPolicy::Seal);
     let (inspection, actions) = after.inspect(&db, "r", false, 5).unwrap();
     assert!(begins(&actions).is_empty());
-    let run = inspection.unwrap().run;
-    assert_eq!(run.status, ChildStatus::Interrupted);
-    assert_eq!(run.error_message.as_deref(), Some(LOST_TURN), "sealed by the policy, retryable");
+    let reply = inspection.unwrap();
+    assert_eq!(reply.status, RunStatus::Interrupted);
+    assert_eq!(reply.outcome, Some(Outcome::sealed(LOST_TURN)), "sealed by the policy, retryable");
     let (reply, actions) = after.start(&db, &start("r"), 6).unwrap();
     assert_eq!((reply.created, reply.status.as_str()), (false, "running"));
     assert_eq!(begins(&actions), [2], "a new dispatch runs it afresh");
@@ -178,10 +178,10 @@ fn reruns_are_bounded() {
     engine = ChildEngine::new(RecoveryPolicy::Rerun);
     let (inspection, actions) = engine.inspect(&db, "r", false, 9).unwrap();
     assert!(begins(&actions).is_empty());
-    let run = inspection.unwrap().run;
-    assert_eq!(run.status, ChildStatus::Interrupted);
+    let reply = inspection.unwrap();
+    assert_eq!(reply.status, RunStatus::Interrupted);
     assert!(
-        run.error_message.unwrap().contains(&format!("{MAX_ATTEMPTS} times")),
+        reply.outcome.unwrap().error().unwrap().contains(&format!("{MAX_ATTEMPTS} times")),
         "sealed for the bound, not the policy"
     );
 }
@@ -243,7 +243,7 @@ fn a_turn_cut_short_before_it_said_anything_begins_again_as_the_same_attempt() {
     let mut after = ChildEngine::new(RecoveryPolicy::Seal);
     let (inspection, actions) = after.inspect(&db, "r", false, 5).unwrap();
     assert_eq!(begins(&actions), [1]);
-    assert_eq!(inspection.unwrap().run.status, ChildStatus::Running);
+    assert_eq!(inspection.unwrap().status, RunStatus::Running);
     let (tail, _) = after.tail(&db, "r", -1, usize::MAX, false, 6).unwrap();
     assert!(tail.lines.is_empty(), "no marker: there is no earlier attempt to set apart");
 }
@@ -300,8 +300,9 @@ fn progress_is_coalesced_and_its_held_report_goes_out_at_the_engines_deadline() 
     assert_eq!(sent(&out), ["progress:0.1", "milestone:m", "progress:0.3"]);
     assert_eq!(engine.poll_timeout(), None);
     let inspection = engine.inspect(&db, "r", false, 1_300).unwrap().0.unwrap();
-    assert_eq!(inspection.milestones.iter().map(|m| (m.name.as_str(), m.sequence)).collect::<Vec<_>>(), [("m", 0)]);
-    assert_eq!(inspection.run.progress.unwrap()["fraction"], 0.3, "the latest snapshot is kept");
+    let milestones = ChildRuns::new(&db).milestones("r").unwrap();
+    assert_eq!(milestones.iter().map(|m| (m.name.as_str(), m.sequence)).collect::<Vec<_>>(), [("m", 0)]);
+    assert_eq!(inspection.progress.unwrap()["fraction"], 0.3, "the latest snapshot is kept");
 }
 
 /// A database whose inserts into the stream log fail once.
@@ -344,7 +345,7 @@ fn a_failed_log_write_keeps_the_chunks_for_the_next_flush() {
     assert!(bodies[0].contains("\"i\":0") && bodies[1].contains("\"i\":1"), "{bodies:?}");
 }
 
-fn status(db: &rusqlite::Connection, run_id: &str) -> ChildStatus {
+fn status(db: &rusqlite::Connection, run_id: &str) -> RunStatus {
     ChildRuns::new(db).get(run_id).unwrap().unwrap().status
 }
 
@@ -365,20 +366,20 @@ fn end_line(actions: &[ChildAction], to: SubscriberId) -> Option<Value> {
 fn a_turns_end_is_the_runs_outcome_unless_it_was_cancelled() {
     type Returned = Option<Result<(String, Option<Value>), String>>;
     /// (run id, what the turn returned, the cancel it saw, the run's status, an abort chunk)
-    type Case = (&'static str, Returned, Option<Option<String>>, ChildStatus, bool);
+    type Case = (&'static str, Returned, Option<Option<String>>, RunStatus, bool);
     let cases: [Case; 4] = [
-        ("done", Some(Ok(("sum".into(), None))), None, ChildStatus::Completed, false),
-        ("failed", Some(Err("boom".into())), None, ChildStatus::Error, false),
-        ("dropped", None, Some(Some("stop".into())), ChildStatus::Aborted, true),
-        ("late", Some(Ok(("sum".into(), None))), Some(None), ChildStatus::Aborted, false),
+        ("done", Some(Ok(("sum".into(), None))), None, RunStatus::Completed, false),
+        ("failed", Some(Err("boom".into())), None, RunStatus::Error, false),
+        ("dropped", None, Some(Some("stop".into())), RunStatus::Aborted, true),
+        ("late", Some(Ok(("sum".into(), None))), Some(None), RunStatus::Aborted, false),
     ];
     for (run_id, returned, cancelled, expected, abort_chunk) in cases {
         let db = db();
         let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
         engine.start(&db, &start(run_id), 1).unwrap();
-        assert_eq!(status(&db, run_id), ChildStatus::Starting);
+        assert_eq!(status(&db, run_id), RunStatus::Starting);
         engine.turn_begins(&db, run_id).unwrap();
-        assert_eq!(status(&db, run_id), ChildStatus::Running, "{run_id}");
+        assert_eq!(status(&db, run_id), RunStatus::Running, "{run_id}");
         let (tail, _) = engine.tail(&db, run_id, -1, usize::MAX, false, 1).unwrap();
         let sub = tail.subscriber.unwrap();
         let actions = engine.turn_finished(&db, run_id, returned, cancelled, false, &id, 2).unwrap();
@@ -403,17 +404,20 @@ fn a_cancel_stops_the_turn_or_records_the_run_aborted() {
     assert!(
         matches!(&actions[..], [ChildAction::CancelTurn { run_id, reason }] if run_id == "live" && reason.as_deref() == Some("stop"))
     );
-    assert_eq!(status(&db, "live"), ChildStatus::Starting, "the turn's end records it");
+    assert_eq!(status(&db, "live"), RunStatus::Starting, "the turn's end records it");
     // Another instance: the run has no turn here.
     let mut other = ChildEngine::new(RecoveryPolicy::Rerun);
     assert!(other.cancel(&db, "live", Some("stop".into()), 3).unwrap().is_empty());
     let run = ChildRuns::new(&db).get("live").unwrap().unwrap();
-    assert_eq!((run.status, run.outcome().and_then(|o| o.error)), (ChildStatus::Aborted, Some("stop".into())));
+    assert_eq!(
+        (run.status, run.outcome().and_then(|o| o.error().map(str::to_owned))),
+        (RunStatus::Aborted, Some("stop".into()))
+    );
     // Ended: nothing changes.
     let mut third = ChildEngine::new(RecoveryPolicy::Rerun);
     assert!(third.cancel(&db, "live", Some("again".into()), 4).unwrap().is_empty());
     let run = ChildRuns::new(&db).get("live").unwrap().unwrap();
-    assert_eq!(run.outcome().and_then(|o| o.error), Some("stop".into()), "the first reason stays");
+    assert_eq!(run.outcome().and_then(|o| o.error().map(str::to_owned)), Some("stop".into()), "the first reason stays");
     assert!(third.cancel(&db, "unknown", None, 5).unwrap().is_empty());
 }
 
@@ -460,17 +464,8 @@ fn the_log_reads_after_its_cursor_and_statuses_round_trip() {
     let runs = ChildRuns::new(&db);
     assert!(runs.mark_running("r").unwrap(), "starting → running");
     assert!(!runs.mark_running("r").unwrap(), "once");
-    for status in [ChildStatus::Completed, ChildStatus::Error, ChildStatus::Aborted] {
-        let outcome = RunOutcome {
-            status: match status {
-                ChildStatus::Completed => OutcomeStatus::Completed,
-                ChildStatus::Error => OutcomeStatus::Error,
-                _ => OutcomeStatus::Aborted,
-            },
-            summary: None,
-            output: None,
-            error: None,
-        };
+    for outcome in [Outcome::completed(""), Outcome::failed("x"), Outcome::aborted(None)] {
+        let status = outcome.status();
         let id = format!("s-{}", status.as_str());
         engine.start(&db, &start(&id), 1).unwrap();
         runs.finish(&id, &outcome, 2).unwrap();
@@ -510,8 +505,7 @@ fn a_rerun_does_not_repeat_a_milestone_an_earlier_attempt_reached() {
     engine.report_progress(&db, "r", progress(0.5), false, &id, 1_000).unwrap();
     out.extend(engine.flush(&db, "r", false).unwrap());
     assert_eq!(sent(&out), ["milestone:draft-written", "milestone:draft-written", "progress:0.5"]);
-    let names: Vec<String> =
-        ChildRuns::new(&db).inspect("r").unwrap().unwrap().milestones.into_iter().map(|m| m.name).collect();
+    let names: Vec<String> = ChildRuns::new(&db).milestones("r").unwrap().into_iter().map(|m| m.name).collect();
     assert_eq!(names, ["sources-gathered", "draft-written", "draft-written"]);
     let last = out.iter().rev().find_map(|a| match a {
         ChildAction::Send { line, .. } => Some(String::from_utf8_lossy(line).into_owned()),
@@ -525,9 +519,9 @@ fn a_rerun_does_not_repeat_a_milestone_an_earlier_attempt_reached() {
     );
     // The latest snapshot is kept on the row, with its time, and the parent's inspection
     // reply carries it (a parent that was away rebuilds its snapshot from it).
-    let inspection = ChildRuns::new(&db).inspect("r").unwrap().unwrap();
+    let reply = engine.inspect(&db, "r", false, 1_001).unwrap().0.unwrap();
     let reply: crate::protocol::child_api::InspectionReply =
-        serde_json::from_value(serde_json::to_value(&inspection).unwrap()).unwrap();
+        serde_json::from_value(serde_json::to_value(&reply).unwrap()).unwrap();
     assert_eq!(reply.progress, Some(json!({ "fraction": 0.5, "at": 1_000 })));
 }
 
@@ -556,7 +550,7 @@ fn a_rerun_is_bounded_by_the_options_and_asked_of_the_agent() {
     let (_, begun) = restart(fresh(), &db, 9);
     assert!(begun.is_empty());
     let run = ChildRuns::new(&db).get("r").unwrap().unwrap();
-    assert_eq!(run.status, ChildStatus::Interrupted);
+    assert_eq!(run.status, RunStatus::Interrupted);
     assert!(run.error_message.unwrap().contains("5 times"));
 
     // The agent stops after its second attempt.
@@ -580,7 +574,7 @@ fn a_rerun_is_bounded_by_the_options_and_asked_of_the_agent() {
     let (_, begun) = restart(fresh(), &db, 3);
     assert!(begun.is_empty(), "declined");
     let run = ChildRuns::new(&db).get("r").unwrap().unwrap();
-    assert_eq!(run.status, ChildStatus::Interrupted);
+    assert_eq!(run.status, RunStatus::Interrupted);
     assert!(run.error_message.unwrap().contains("should_keep_recovering declined"));
     let asked: Vec<(String, u32, u64)> =
         asked.borrow().iter().map(|a| (a.run_id.clone(), a.attempt, a.chunks)).collect();
@@ -604,7 +598,7 @@ fn a_report_for_a_run_that_is_not_live_is_ignored() {
             "{run_id}: {actions:?}"
         );
     }
-    assert!(ChildRuns::new(&db).inspect("r").unwrap().unwrap().milestones.is_empty(), "nothing stored");
+    assert!(ChildRuns::new(&db).milestones("r").unwrap().is_empty(), "nothing stored");
     assert!(ChildRuns::new(&db).chunks_after("r", -1, 100).unwrap().iter().all(|c| !c.body.contains("late")));
 }
 
@@ -626,7 +620,7 @@ fn a_failed_end_of_turn_leaves_the_run_as_it_was_and_is_taken_again() {
     let failed = engine.turn_finished(&db, "r", returned.clone(), None, false, &id, 2);
     assert!(failed.is_err());
     assert_eq!(StreamLog::new(&db).next_index("r").unwrap(), 0, "the chunk it flushed was rolled back");
-    assert!(!ChildRuns::new(&db.db).get("r").unwrap().unwrap().status.is_terminal(), "not ended");
+    assert!(ChildRuns::new(&db.db).get("r").unwrap().unwrap().status.is_live(), "not ended");
     assert!(engine.is_live("r"), "still live here, its tail still open");
     let actions = engine.turn_finished(&db, "r", returned, None, false, &id, 3).unwrap();
     let sent: Vec<String> = actions

@@ -76,9 +76,7 @@ impl Host {
                 match result {
                     Ok((inspection, actions)) => {
                         self.carry_out_child(actions);
-                        let reply = inspection.and_then(|i| serde_json::from_value(serde_json::to_value(i).ok()?).ok());
-                        let reply = reply.map(Box::new);
-                        ChildReply::Inspection(reply)
+                        ChildReply::Inspection(inspection.map(Box::new))
                     }
                     Err(e) => refused(500, e.to_string()),
                 }
@@ -105,7 +103,7 @@ impl Host {
             Ok(None) => return refused(404, format!("{} has no run {:?}", self.0.class, message.run_id)),
             Err(e) => return refused(500, e.to_string()),
         };
-        if run.status.is_terminal() {
+        if !run.status.is_live() {
             return refused(409, format!("run {:?} already ended ({})", message.run_id, run.status.as_str()));
         }
         match self.runs().put_message(&message.run_id, &message.name, &message.value, self.now()) {

@@ -17,8 +17,8 @@ use crate::host::io::ByteStream;
 use crate::host::{ChildCall, ChildReply};
 use crate::parent::engine::ChildAddress;
 use crate::protocol::child_api::{CancelRequest, StartRequest};
-use crate::protocol::tail::{LineSplitter, OutcomeStatus, TailLine};
-use crate::types::{AgentClass, RunStatus};
+use crate::protocol::tail::{LineSplitter, Outcome, TailLine};
+use crate::types::AgentClass;
 
 /// A named sub-agent of class `C` that this agent talks to directly ([`AgentHost::sub_agent`]).
 /// Each name is one child object with its own transcript: successive chats with the same name
@@ -42,21 +42,6 @@ pub struct ChatChunk {
     pub chunk: Value,
 }
 
-/// How a sub-agent's chat turn ended.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct ChatOutcome {
-    /// `Completed`, `Error`, `Aborted` (cancelled) or `Interrupted` (a restart cut it short and
-    /// the child seals lost turns).
-    pub status: RunStatus,
-    /// The answer's text (completed).
-    pub summary: Option<String>,
-    /// Structured output, when the child has one.
-    pub output: Option<Value>,
-    /// The error or the cancel's reason.
-    pub error: Option<String>,
-}
-
 /// A sub-agent's chat turn as it streams ([`SubAgentStub::chat`]). Read it with
 /// [`ChatStream::next`] until `None`, then [`ChatStream::outcome`] says how it ended. Dropping
 /// it before the end cancels the turn (as [`ChatStream::cancel`] does).
@@ -67,7 +52,7 @@ pub struct ChatStream {
     body: Option<ByteStream>,
     lines: LineSplitter,
     ready: VecDeque<ChatChunk>,
-    outcome: Option<ChatOutcome>,
+    outcome: Option<Outcome>,
 }
 
 impl<A: Agent> AgentHost<A> {
@@ -91,7 +76,7 @@ impl<A: Agent> AgentHost<A> {
     ///         }
     ///     }
     ///     // Dropping `turn` before its end would have cancelled it in the child.
-    ///     Ok(turn.outcome().and_then(|o| o.summary.clone()).unwrap_or_default())
+    ///     Ok(turn.outcome().and_then(|o| o.summary()).unwrap_or_default().to_owned())
     /// }
     /// # fn main() {}
     /// ```
@@ -193,17 +178,7 @@ impl ChatStream {
                         Err(e) => return Some(Err(Error::Unavailable(format!("a chunk that is not JSON: {e}")))),
                     },
                     Ok(TailLine::End { outcome }) => {
-                        self.outcome = Some(ChatOutcome {
-                            status: match outcome.status {
-                                OutcomeStatus::Completed => RunStatus::Completed,
-                                OutcomeStatus::Error => RunStatus::Error,
-                                OutcomeStatus::Aborted => RunStatus::Aborted,
-                                OutcomeStatus::Interrupted => RunStatus::Interrupted,
-                            },
-                            summary: outcome.summary,
-                            output: outcome.output,
-                            error: outcome.error,
-                        });
+                        self.outcome = Some(outcome);
                         self.body = None;
                     }
                     Err(e) => return Some(Err(Error::Unavailable(e))),
@@ -212,17 +187,20 @@ impl ChatStream {
         }
     }
 
-    /// How the turn ended, once [`Self::next`] returned `None` after its end.
-    pub fn outcome(&self) -> Option<&ChatOutcome> {
+    /// How the turn ended, once [`Self::next`] returned `None` after its end: `Completed`,
+    /// `Error`, `Aborted` (cancelled) or `Interrupted` (a restart cut it short and the child
+    /// seals lost turns).
+    pub fn outcome(&self) -> Option<&Outcome> {
         self.outcome.as_ref()
     }
 
     /// Cancels the turn (the child stops it and records it `aborted`), and stops reading.
     pub async fn cancel(mut self, reason: Option<String>) {
         self.body = None;
-        let call = self.cancel_call(reason);
+        let call = self.cancel_call(reason.clone());
         let _ = self.host.0.io.call_child(&self.to, call).await;
-        self.outcome = Some(ChatOutcome { status: RunStatus::Aborted, summary: None, output: None, error: None });
+        // Ended: dropping it sends no second cancel.
+        self.outcome = Some(Outcome::aborted(reason));
     }
 
     fn cancel_call(&self, reason: Option<String>) -> ChildCall {

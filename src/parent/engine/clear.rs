@@ -55,7 +55,7 @@ impl ParentEngine {
         let to = self.address(sql, &record)?;
         self.watching.remove(run_id);
         let mut actions = vec![ParentAction::CancelChild { run_id: run_id.to_owned(), to, reason: reason.clone() }];
-        actions.extend(self.conclude(sql, &record, Terminal::Aborted { reason }, now)?);
+        actions.extend(self.conclude(sql, &record, Outcome::Aborted { reason }, now)?);
         Ok(actions)
     }
 

@@ -16,7 +16,7 @@ impl ParentEngine {
         &mut self,
         sql: &(impl Sql + ?Sized),
         record: &RunRecord,
-        terminal: Terminal,
+        terminal: Outcome,
         now: i64,
     ) -> Result<Vec<ParentAction>, StoreError> {
         self.conclude_run(sql, &record.run_id, terminal, now)
@@ -27,7 +27,7 @@ impl ParentEngine {
         &mut self,
         sql: &(impl Sql + ?Sized),
         run_id: &str,
-        terminal: Terminal,
+        terminal: Outcome,
         now: i64,
     ) -> Result<Vec<ParentAction>, StoreError> {
         let registry = Registry::new(sql);
@@ -48,7 +48,7 @@ impl ParentEngine {
         } else if registry.claim_finish_hook(run_id, now)? {
             actions.push(ParentAction::Hook(HookCall::Finish(done.info(), result.clone(), self.gen())));
         }
-        if done.child_still_running == Some(true) {
+        if done.outcome.as_ref().and_then(Outcome::child_still_running) == Some(true) {
             // Soft: the child goes on; the backbone watches it for a late result.
             actions.push(ParentAction::ArmAlarm { at: now + self.cadence() as i64 });
         }

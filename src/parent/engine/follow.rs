@@ -7,7 +7,7 @@ use super::*;
 use crate::parent::registry::Forward;
 use crate::protocol::child_api::InspectionReply;
 use crate::protocol::tail::{ChunkKind, TailLine};
-use crate::protocol::{EventFrame, InterruptedReason};
+use crate::protocol::{EventFrame, InterruptedReason, Outcome};
 use crate::types::{ms, Milestone, OnMilestones, ProgressSnapshot, DEFAULT_NOTIFY_SOURCE};
 
 /// A chunk of a tail batch to forward: its kind, its body, and what replay keeps instead.
@@ -17,11 +17,11 @@ type Forwarded = (ChunkKind, String, Option<String>);
 #[derive(Debug, Clone, PartialEq)]
 pub(super) enum Decide {
     /// Record this outcome.
-    Conclude(Terminal),
+    Conclude(Outcome),
     /// Stop the child, then record this outcome.
-    TearDown(Terminal),
+    TearDown(Outcome),
     /// The child ended: read what it stored after the cursor, then record this.
-    Drain(RunOutcome),
+    Drain(Outcome),
     /// The child does not know the run: start it again with this input.
     Restart(Value),
     /// The child still runs: tail it again after a pause.
@@ -44,13 +44,15 @@ impl ParentEngine {
         let Some(record) = registry.get(run_id)? else { return self.forget(sql, run_id) };
         match result {
             Ok(()) => {}
-            Err(StartError::Refused(message)) => return self.conclude(sql, &record, Terminal::Error { message }, now),
+            Err(StartError::Refused(message)) => {
+                return self.conclude(sql, &record, Outcome::Error { error: message }, now)
+            }
             Err(StartError::Failed(message)) => {
                 let gen = self.gen();
                 let Some(driver) = self.drivers.get_mut(run_id) else { return Ok(Vec::new()) };
                 driver.failed_starts += 1;
                 if driver.failed_starts >= START_ATTEMPTS {
-                    return self.conclude(sql, &record, Terminal::Error { message }, now);
+                    return self.conclude(sql, &record, Outcome::Error { error: message }, now);
                 }
                 // After the pause the start is sent again (it is idempotent by run id).
                 let due = now + (START_RETRY_MS << (driver.failed_starts - 1));
@@ -61,7 +63,7 @@ impl ParentEngine {
                 return Ok(vec![ParentAction::ArmAlarm { at: due }]);
             }
             Err(StartError::Unreachable(message)) => {
-                let terminal = Terminal::Interrupted {
+                let terminal = Outcome::Interrupted {
                     error: format!("the child could not be reached to start the run ({message}); dispatch it again"),
                     reason: Some(InterruptedReason::InspectFailed),
                     child_still_running: Some(false),
@@ -72,7 +74,7 @@ impl ParentEngine {
         if record.status.is_hard_terminal() {
             // A cancel landed while the child was being started: make sure the child stops.
             let to = self.address(sql, &record)?;
-            let reason = record.error_message.clone();
+            let reason = record.outcome.as_ref().and_then(Outcome::error).map(str::to_owned);
             self.stop_driving(run_id);
             let mut actions = vec![ParentAction::CancelChild { run_id: run_id.to_owned(), to, reason }];
             actions.extend(self.resolve(run_id, record.result()));
@@ -98,7 +100,7 @@ impl ParentEngine {
         let Some(record) = Registry::new(sql).get(run_id)? else { return self.forget(sql, run_id) };
         let Some(input) = record.input.clone() else {
             let message = "the child failed the start and the run's input was not kept; dispatch it again";
-            return self.conclude(sql, &record, Terminal::Error { message: message.into() }, now);
+            return self.conclude(sql, &record, Outcome::Error { error: message.into() }, now);
         };
         self.send_start(sql, &record, input)
     }
@@ -202,7 +204,7 @@ impl ParentEngine {
         }
         if let Some(outcome) = end {
             // The finish writes only a live row; a gone one is forgotten.
-            actions.extend(self.conclude_run(sql, run_id, terminal_from(outcome), now)?);
+            actions.extend(self.conclude_run(sql, run_id, outcome, now)?);
         }
         Ok(actions)
     }
@@ -294,7 +296,7 @@ impl ParentEngine {
         let to = self.address(sql, &record)?;
         let mut actions =
             vec![ParentAction::CancelChild { run_id: run_id.to_owned(), to, reason: Some(error.clone()) }];
-        actions.extend(self.conclude(sql, &record, Terminal::Error { message: error }, now)?);
+        actions.extend(self.conclude(sql, &record, Outcome::Error { error }, now)?);
         Ok(actions)
     }
 
@@ -322,9 +324,9 @@ impl ParentEngine {
             return Ok(vec![close]);
         }
         if let Some(outcome) = driver.draining.take() {
-            let payload = json!({ "runId": run_id, "status": outcome.status.as_str() });
+            let payload = json!({ "runId": run_id, "status": outcome.status().as_str() });
             let mut actions = vec![close, ParentAction::Observe(EventType::DrainIncomplete, payload)];
-            actions.extend(self.conclude(sql, &record, terminal_from(outcome), now)?);
+            actions.extend(self.conclude(sql, &record, outcome, now)?);
             return Ok(actions);
         }
         driver.reattaching = true;
@@ -375,7 +377,7 @@ impl ParentEngine {
         let decision = decide(driver, &record, result, &self.options, now);
         actions.extend(self.carry_decision(sql, &record, decision, now)?);
         if recovering {
-            let draining = self.drivers.get(run_id).and_then(|d| d.draining.as_ref()).map(|o| o.status);
+            let draining = self.drivers.get(run_id).and_then(|d| d.draining.as_ref()).map(|o| o.status());
             actions.push(self.row_recovered(sql, run_id, draining, now)?);
         }
         Ok(actions)
@@ -430,8 +432,8 @@ pub(super) fn decide(
     now: i64,
 ) -> Decide {
     match result {
-        Err(reason) => Decide::Conclude(Terminal::inspect_failed(reason)),
-        Ok(Some(inspection)) => match inspection.outcome() {
+        Err(reason) => Decide::Conclude(Outcome::inspect_failed(reason)),
+        Ok(Some(inspection)) => match inspection.outcome {
             // The run ended: read the chunks stored after the cursor first, then record it.
             Some(outcome) => Decide::Drain(outcome),
             None => keep_waiting(driver, options, now),
@@ -439,8 +441,8 @@ pub(super) fn decide(
         // The child does not know the run: its start was lost. Send it again.
         Ok(None) => match record.input.clone() {
             Some(input) => Decide::Restart(input),
-            None => Decide::Conclude(Terminal::Error {
-                message: "the child never accepted the run and its input was not kept; dispatch it again".into(),
+            None => Decide::Conclude(Outcome::Error {
+                error: "the child never accepted the run and its input was not kept; dispatch it again".into(),
             }),
         },
     }
@@ -450,7 +452,7 @@ pub(super) fn decide(
 /// bounded by its own budgets instead, on the backbone).
 fn keep_waiting(driver: &Driver, options: &AgentToolOptions, now: i64) -> Decide {
     if driver.failed_tails >= NOT_TAILABLE_AFTER {
-        return Decide::Conclude(Terminal::Interrupted {
+        return Decide::Conclude(Outcome::Interrupted {
             error: format!(
                 "the child's stream could not be tailed ({NOT_TAILABLE_AFTER} attempts); it may still be running"
             ),
@@ -462,7 +464,7 @@ fn keep_waiting(driver: &Driver, options: &AgentToolOptions, now: i64) -> Decide
         return Decide::Retail;
     }
     if driver.window_end.is_some_and(|end| now >= end) {
-        return Decide::TearDown(Terminal::Interrupted {
+        return Decide::TearDown(Outcome::Interrupted {
             error: "the re-attach window ran out; the child was torn down".into(),
             reason: Some(InterruptedReason::WindowExceeded),
             child_still_running: Some(false),
@@ -470,7 +472,7 @@ fn keep_waiting(driver: &Driver, options: &AgentToolOptions, now: i64) -> Decide
     }
     let no_progress = ms(options.reattach_no_progress_timeout);
     if now - driver.last_progress >= no_progress {
-        return Decide::Conclude(Terminal::Interrupted {
+        return Decide::Conclude(Outcome::Interrupted {
             error: format!("the child made no progress for {no_progress} ms; it may still be running"),
             reason: Some(InterruptedReason::NoProgress),
             child_still_running: Some(true),

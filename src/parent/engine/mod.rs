@@ -27,8 +27,8 @@ use serde_json::{json, Value};
 
 use crate::observability::EventType;
 use crate::parent::detached::{Ledger, Slot};
-use crate::parent::registry::{Registry, RunRecord, Terminal};
-use crate::protocol::tail::{OutcomeStatus, RunOutcome};
+use crate::parent::registry::{Registry, RunRecord};
+use crate::protocol::Outcome;
 use crate::store::{atomic, meta, Sql, StoreError};
 use crate::types::{ms, AgentToolOptions, EventDelivery, RunResult, RunStatus};
 
@@ -109,7 +109,7 @@ struct Driver {
     start_again: bool,
     /// The child said the run ended; the tail is read once more for the chunks after the
     /// cursor before the outcome is recorded.
-    draining: Option<RunOutcome>,
+    draining: Option<Outcome>,
     /// Part of a recovery pass.
     recovering: bool,
     /// When the phase's wait ends ([`Phase::Inspecting`], [`Phase::Waiting`]).
@@ -535,24 +535,6 @@ pub fn current_result(sql: &(impl Sql + ?Sized), run_id: &str, agent_type: &str)
             RunResult { status: RunStatus::Aborted, ..RunResult::refused(run_id, agent_type, "the run was cleared") }
         }
     })
-}
-
-/// The terminal a child's outcome records.
-pub fn terminal_from(outcome: RunOutcome) -> Terminal {
-    match outcome.status {
-        OutcomeStatus::Completed => {
-            Terminal::Completed { summary: outcome.summary.unwrap_or_default(), output: outcome.output }
-        }
-        OutcomeStatus::Error => {
-            Terminal::Error { message: outcome.error.unwrap_or_else(|| "the child run failed".into()) }
-        }
-        OutcomeStatus::Aborted => Terminal::Aborted { reason: outcome.error },
-        OutcomeStatus::Interrupted => Terminal::Interrupted {
-            error: outcome.error.unwrap_or_else(|| "the child's turn was cut short by a restart".into()),
-            reason: None,
-            child_still_running: Some(false),
-        },
-    }
 }
 
 /// Admission in words, for a dispatch over the cap that does not queue.

@@ -7,7 +7,7 @@ use super::conclude::milestone_data;
 use super::*;
 use crate::parent::detached::{budget_exceeded, cadence_ms};
 use crate::protocol::child_api::InspectionReply;
-use crate::protocol::InterruptedReason;
+use crate::protocol::{InterruptedReason, Outcome};
 use crate::types::ms;
 
 impl ParentEngine {
@@ -180,7 +180,7 @@ impl ParentEngine {
         if now >= deadline {
             actions.push(ParentAction::Observe(EventType::RecoveryDeadline, json!({ "runId": run_id })));
             // The child was never asked: it is left running, and watched for a late result.
-            let terminal = Terminal::Interrupted {
+            let terminal = Outcome::Interrupted {
                 error: "recovery ran out of time before this run could be inspected".into(),
                 reason: Some(InterruptedReason::RecoveryDeadline),
                 child_still_running: Some(true),
@@ -213,7 +213,7 @@ impl ParentEngine {
         &self,
         sql: &(impl Sql + ?Sized),
         run_id: &str,
-        draining: Option<OutcomeStatus>,
+        draining: Option<RunStatus>,
         now: i64,
     ) -> Result<ParentAction, StoreError> {
         let record = Registry::new(sql).get(run_id)?;
@@ -223,7 +223,7 @@ impl ParentEngine {
             (Some(record), None) => record.status.as_str().to_owned(),
             (None, None) => "cleared".to_owned(),
         };
-        let reason = record.as_ref().and_then(|r| r.interrupted_reason).map(|r| r.as_str());
+        let reason = record.as_ref().and_then(|r| r.outcome.as_ref()?.interrupted_reason()).map(|r| r.as_str());
         let agent_type = record.as_ref().map(|r| r.agent_type.clone());
         Ok(ParentAction::Observe(
             EventType::RecoveryRow,
@@ -252,7 +252,7 @@ impl ParentEngine {
                     json!({ "runId": run_id, "error": reason.as_str() }),
                 ));
             }
-            Ok(Some(inspection)) if inspection.outcome().is_some() => pass.finalized += 1,
+            Ok(Some(inspection)) if inspection.outcome.is_some() => pass.finalized += 1,
             Ok(_) => {
                 pass.reattached += 1;
                 actions.push(ParentAction::Observe(EventType::RecoveryReattach, json!({ "runId": run_id })));
@@ -307,7 +307,7 @@ impl ParentEngine {
             _ => "the detached run made no progress within its budget",
         };
         let terminal =
-            Terminal::Interrupted { error: error.into(), reason: Some(reason), child_still_running: Some(!tear_down) };
+            Outcome::Interrupted { error: error.into(), reason: Some(reason), child_still_running: Some(!tear_down) };
         let to = self.address(sql, run)?;
         let mut actions = self.conclude(sql, run, terminal, now)?;
         if tear_down {
@@ -348,14 +348,14 @@ impl ParentEngine {
         result: Result<Option<InspectionReply>, InterruptedReason>,
         now: i64,
     ) -> Result<Vec<ParentAction>, StoreError> {
-        let Ok(Some(outcome)) = result.map(|i| i.and_then(|i| i.outcome())) else { return Ok(Vec::new()) };
+        let Ok(Some(outcome)) = result.map(|i| i.and_then(|i| i.outcome)) else { return Ok(Vec::new()) };
         let Some(record) = Registry::new(sql).get(run_id)? else { return Ok(Vec::new()) };
         if record.status != RunStatus::Interrupted || self.drivers.contains_key(run_id) {
             return Ok(Vec::new());
         }
         let wanted = match watch {
-            Watch::GaveUp => outcome.status == OutcomeStatus::Completed,
-            Watch::LateResult => matches!(outcome.status, OutcomeStatus::Completed | OutcomeStatus::Error),
+            Watch::GaveUp => outcome.status() == RunStatus::Completed,
+            Watch::LateResult => matches!(outcome.status(), RunStatus::Completed | RunStatus::Error),
         };
         if !wanted {
             return Ok(Vec::new());
@@ -365,7 +365,7 @@ impl ParentEngine {
         Registry::new(sql).reattach(run_id)?;
         let mut actions = vec![ParentAction::Observe(
             EventType::LateResult,
-            json!({ "runId": run_id, "status": outcome.status.as_str() }),
+            json!({ "runId": run_id, "status": outcome.status().as_str() }),
         )];
         let mut driver = Driver::new(&record, Phase::Tailing, true, now);
         driver.draining = Some(outcome);

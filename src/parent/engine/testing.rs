@@ -2,7 +2,8 @@
 //! the small builders every table of cases uses.
 
 pub use super::*;
-pub use crate::parent::registry::{NewRun, Registry, Terminal};
+pub use crate::parent::registry::{NewRun, Registry};
+pub use crate::protocol::Outcome;
 pub(crate) use crate::store::sqlite;
 pub use crate::types::{EventDelivery, RunStatus};
 pub use serde_json::{json, Value};

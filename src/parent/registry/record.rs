@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::protocol::{AgentToolEvent, EventFrame, InterruptedReason};
+use crate::protocol::{AgentToolEvent, EventFrame, InterruptedReason, Outcome};
 use crate::store::Row;
 use crate::types::{EventDelivery, RunInfo, RunResult, RunStatus};
 
@@ -30,58 +30,6 @@ pub struct NewRun {
     pub input: Value,
 }
 
-/// A terminal result to record.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Terminal {
-    /// The child finished.
-    Completed {
-        /// Its summary.
-        summary: String,
-        /// Its structured output, if any.
-        output: Option<Value>,
-    },
-    /// The run failed.
-    Error {
-        /// What went wrong.
-        message: String,
-    },
-    /// The run was cancelled.
-    Aborted {
-        /// Why.
-        reason: Option<String>,
-    },
-    /// The parent stopped waiting.
-    Interrupted {
-        /// Human-readable cause.
-        error: String,
-        /// Machine-readable cause.
-        reason: Option<InterruptedReason>,
-        /// Whether the child still runs.
-        child_still_running: Option<bool>,
-    },
-}
-
-impl Terminal {
-    /// The status this terminal writes.
-    pub fn status(&self) -> RunStatus {
-        match self {
-            Self::Completed { .. } => RunStatus::Completed,
-            Self::Error { .. } => RunStatus::Error,
-            Self::Aborted { .. } => RunStatus::Aborted,
-            Self::Interrupted { .. } => RunStatus::Interrupted,
-        }
-    }
-
-    /// The child could not be inspected (`InspectFailed`/`InspectTimeout`); it may still run.
-    pub fn inspect_failed(reason: InterruptedReason) -> Self {
-        Self::Interrupted {
-            error: format!("the child could not be inspected ({})", reason.as_str()),
-            reason: Some(reason),
-            child_still_running: Some(true),
-        }
-    }
-}
-
 /// One registry row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunRecord {
@@ -97,16 +45,8 @@ pub struct RunRecord {
     pub input_preview: Option<String>,
     /// Status.
     pub status: RunStatus,
-    /// Summary (completed).
-    pub summary: Option<String>,
-    /// Structured output JSON (completed).
-    pub output_json: Option<String>,
-    /// Error message (error), abort reason (aborted) or cause (interrupted).
-    pub error_message: Option<String>,
-    /// Interrupted reason.
-    pub interrupted_reason: Option<InterruptedReason>,
-    /// Interrupted: whether the child still runs.
-    pub child_still_running: Option<bool>,
+    /// How it ended (`None` while `starting` or `running`).
+    pub outcome: Option<Outcome>,
     /// UI metadata.
     pub display: Option<Value>,
     /// Sibling order.
@@ -182,16 +122,18 @@ pub(super) const COLUMNS: &str = "run_id, parent_tool_call_id, agent_type, input
 impl RunRecord {
     /// The run's result as its row records it.
     pub fn result(&self) -> RunResult {
-        let r = self;
-        RunResult {
-            run_id: r.run_id.clone(),
-            agent_type: r.agent_type.clone(),
-            status: r.status,
-            summary: r.summary.clone(),
-            output: r.output_json.as_deref().and_then(|s| serde_json::from_str(s).ok()),
-            error: r.error_message.clone(),
-            reason: r.interrupted_reason,
-            child_still_running: r.child_still_running,
+        match &self.outcome {
+            Some(outcome) => RunResult::new(&self.run_id, &self.agent_type, outcome.clone()),
+            None => RunResult {
+                run_id: self.run_id.clone(),
+                agent_type: self.agent_type.clone(),
+                status: self.status,
+                summary: None,
+                output: None,
+                error: None,
+                reason: None,
+                child_still_running: None,
+            },
         }
     }
 
@@ -215,18 +157,23 @@ impl RunRecord {
     }
 
     pub(super) fn from_row(r: &Row) -> Self {
+        // A spelling no version wrote reads as a failed run, never as a live one.
+        let status = r.text(4).and_then(|s| RunStatus::parse(&s)).unwrap_or(RunStatus::Error);
         Self {
             run_id: r.text(0).unwrap_or_default(),
             parent_tool_call_id: r.text(1),
             agent_type: r.text(2).unwrap_or_default(),
             binding: r.text(33).unwrap_or_default(),
             input_preview: r.text(3),
-            status: r.text(4).and_then(|s| RunStatus::parse(&s)).unwrap_or(RunStatus::Error),
-            summary: r.text(5),
-            output_json: r.text(6),
-            error_message: r.text(7),
-            interrupted_reason: r.text(8).and_then(|s| InterruptedReason::parse(&s)),
-            child_still_running: r.int(9).map(|v| v != 0),
+            status,
+            outcome: Outcome::from_parts(
+                status,
+                r.text(5),
+                r.text(6).and_then(|s| serde_json::from_str(&s).ok()),
+                r.text(7),
+                r.text(8).and_then(|s| InterruptedReason::parse(&s)),
+                r.int(9).map(|v| v != 0),
+            ),
             display: r.text(10).and_then(|s| serde_json::from_str(&s).ok()),
             display_order: r.int(11).unwrap_or(0),
             started_at: r.int(12).unwrap_or(0),
@@ -274,19 +221,13 @@ impl RunRecord {
     /// The terminal event, for a run that has one.
     fn terminal_event(&self) -> Option<AgentToolEvent> {
         let run_id = self.run_id.clone();
-        Some(match self.status {
-            RunStatus::Starting | RunStatus::Running => return None,
-            RunStatus::Completed => {
-                AgentToolEvent::Finished { run_id, summary: self.summary.clone().unwrap_or_default() }
+        Some(match self.outcome.clone()? {
+            Outcome::Completed { summary, .. } => AgentToolEvent::Finished { run_id, summary },
+            Outcome::Error { error } => AgentToolEvent::Error { run_id, error },
+            Outcome::Aborted { reason } => AgentToolEvent::Aborted { run_id, reason },
+            Outcome::Interrupted { error, reason, child_still_running } => {
+                AgentToolEvent::Interrupted { run_id, error, reason, child_still_running }
             }
-            RunStatus::Error => AgentToolEvent::Error { run_id, error: self.error_message.clone().unwrap_or_default() },
-            RunStatus::Aborted => AgentToolEvent::Aborted { run_id, reason: self.error_message.clone() },
-            RunStatus::Interrupted => AgentToolEvent::Interrupted {
-                run_id,
-                error: self.error_message.clone().unwrap_or_default(),
-                reason: self.interrupted_reason,
-                child_still_running: self.child_still_running,
-            },
         })
     }
 

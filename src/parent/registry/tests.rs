@@ -68,7 +68,7 @@ fn running_only_from_starting() {
     reg.insert(&new_run("r1"), 1).unwrap();
     assert!(reg.mark_running("r1").unwrap());
     assert!(!reg.mark_running("r1").unwrap());
-    reg.finish("r1", &Terminal::Error { message: "x".into() }, 2).unwrap();
+    reg.finish("r1", &Outcome::Error { error: "x".into() }, 2).unwrap();
     assert!(!reg.mark_running("r1").unwrap());
     assert_eq!(reg.get("r1").unwrap().unwrap().status, RunStatus::Error);
 }
@@ -84,7 +84,7 @@ fn sequences_start_after_started_and_are_never_reused() {
     let progress = Forward { kind: ChunkKind::Progress, body: "{\"type\":\"data-agent-progress\"}", replay: None };
     let b = reg.append("r1", &[progress, stored("{\"a\":3}")], Some(2), 6).unwrap();
     assert_eq!(b, Some(vec![3, 4]));
-    let done = reg.finish("r1", &Terminal::Completed { summary: "ok".into(), output: None }, 7).unwrap().unwrap();
+    let done = reg.finish("r1", &Outcome::Completed { summary: "ok".into(), output: None }, 7).unwrap().unwrap();
     assert_eq!(done.terminal_seq, Some(5));
     assert_eq!(done.next_seq, 6);
     assert_eq!(done.child_cursor, 2);
@@ -99,25 +99,25 @@ fn hard_terminals_are_never_overwritten() {
     let db = registry_db();
     let reg = Registry::new(&db);
     for (id, first) in [
-        ("c", Terminal::Completed { summary: "s".into(), output: Some(json!({"k": 1})) }),
-        ("e", Terminal::Error { message: "boom".into() }),
-        ("a", Terminal::Aborted { reason: Some("user".into()) }),
+        ("c", Outcome::Completed { summary: "s".into(), output: Some(json!({"k": 1})) }),
+        ("e", Outcome::Error { error: "boom".into() }),
+        ("a", Outcome::Aborted { reason: Some("user".into()) }),
     ] {
         reg.insert(&new_run(id), 1).unwrap();
         let written = reg.finish(id, &first, 2).unwrap().unwrap();
         assert_eq!(written.status, first.status());
         for later in [
-            Terminal::Completed { summary: "other".into(), output: None },
-            Terminal::Error { message: "late".into() },
-            Terminal::Aborted { reason: None },
-            Terminal::Interrupted { error: "x".into(), reason: None, child_still_running: None },
+            Outcome::Completed { summary: "other".into(), output: None },
+            Outcome::Error { error: "late".into() },
+            Outcome::Aborted { reason: None },
+            Outcome::Interrupted { error: "x".into(), reason: None, child_still_running: None },
         ] {
             assert_eq!(reg.finish(id, &later, 3).unwrap(), None, "{id}: {later:?} must not overwrite");
         }
         let row = reg.get(id).unwrap().unwrap();
         assert_eq!(row, written, "{id}: row unchanged");
     }
-    assert_eq!(reg.get("c").unwrap().unwrap().output_json.as_deref(), Some("{\"k\":1}"));
+    assert_eq!(reg.get("c").unwrap().unwrap().outcome.and_then(|o| o.output().cloned()), Some(json!({"k": 1})));
 }
 
 #[test]
@@ -128,7 +128,7 @@ fn interrupted_is_soft_and_repaired_by_a_real_result() {
     let i = reg
         .finish(
             "r",
-            &Terminal::Interrupted {
+            &Outcome::Interrupted {
                 error: "silent".into(),
                 reason: Some(InterruptedReason::NoProgress),
                 child_still_running: Some(true),
@@ -137,13 +137,13 @@ fn interrupted_is_soft_and_repaired_by_a_real_result() {
         )
         .unwrap()
         .unwrap();
-    assert_eq!(i.interrupted_reason, Some(InterruptedReason::NoProgress));
-    assert_eq!(i.child_still_running, Some(true));
-    let done = reg.finish("r", &Terminal::Completed { summary: "late".into(), output: None }, 3).unwrap().unwrap();
+    assert_eq!(i.outcome.as_ref().and_then(Outcome::interrupted_reason), Some(InterruptedReason::NoProgress));
+    assert_eq!(i.outcome.as_ref().and_then(Outcome::child_still_running), Some(true));
+    let done = reg.finish("r", &Outcome::Completed { summary: "late".into(), output: None }, 3).unwrap().unwrap();
     assert_eq!(done.status, RunStatus::Completed);
-    assert_eq!(done.interrupted_reason, None, "repair clears the reason fields");
-    assert_eq!(done.child_still_running, None);
-    assert_eq!(done.error_message, None);
+    assert_eq!(done.outcome.as_ref().and_then(Outcome::interrupted_reason), None, "repair clears the reason fields");
+    assert_eq!(done.outcome.as_ref().and_then(Outcome::child_still_running), None);
+    assert_eq!(done.outcome.as_ref().and_then(Outcome::error), None);
     assert!(done.terminal_seq > i.terminal_seq, "the repaired terminal is a new frame");
 }
 
@@ -155,8 +155,8 @@ fn live_count_counts_starting_and_running() {
         reg.insert(&new_run(id), 1).unwrap();
     }
     reg.mark_running("b").unwrap();
-    reg.finish("c", &Terminal::Error { message: "x".into() }, 2).unwrap();
-    reg.finish("d", &Terminal::Interrupted { error: "x".into(), reason: None, child_still_running: Some(false) }, 2)
+    reg.finish("c", &Outcome::Error { error: "x".into() }, 2).unwrap();
+    reg.finish("d", &Outcome::Interrupted { error: "x".into(), reason: None, child_still_running: Some(false) }, 2)
         .unwrap();
     assert_eq!(reg.live_count().unwrap(), 2);
 }
@@ -188,7 +188,7 @@ fn replay_repeats_the_live_sequences() {
         .unwrap()
         .unwrap();
     assert_eq!(live, vec![1, 2, 3, 4, 5]);
-    reg.finish("r1", &Terminal::Completed { summary: "done".into(), output: None }, 4).unwrap();
+    reg.finish("r1", &Outcome::Completed { summary: "done".into(), output: None }, 4).unwrap();
 
     let frames = reg.replay().unwrap();
     let got: Vec<(String, i64, String)> = frames
@@ -254,8 +254,8 @@ fn matching_selects_by_status_and_age() {
     for (id, at) in [("old", 10), ("new", 100), ("live", 50)] {
         reg.insert(&new_run(id), at).unwrap();
     }
-    reg.finish("old", &Terminal::Error { message: "x".into() }, 11).unwrap();
-    reg.finish("new", &Terminal::Completed { summary: "s".into(), output: None }, 101).unwrap();
+    reg.finish("old", &Outcome::Error { error: "x".into() }, 11).unwrap();
+    reg.finish("new", &Outcome::Completed { summary: "s".into(), output: None }, 101).unwrap();
     let ids = |v: Vec<RunRecord>| v.into_iter().map(|r| r.run_id).collect::<Vec<_>>();
     assert_eq!(ids(reg.matching(None, None).unwrap()), vec!["old", "live", "new"]);
     assert_eq!(ids(reg.matching(Some(&[RunStatus::Completed, RunStatus::Error]), None).unwrap()), vec!["old", "new"]);
@@ -269,7 +269,7 @@ fn a_cleared_run_id_dispatched_again_keeps_counting() {
     let reg = Registry::new(&db);
     reg.insert(&new_run("r"), 1).unwrap();
     reg.append("r", &[stored("{}"), stored("{}")], Some(1), 2).unwrap();
-    reg.finish("r", &Terminal::Completed { summary: "s".into(), output: None }, 3).unwrap();
+    reg.finish("r", &Outcome::Completed { summary: "s".into(), output: None }, 3).unwrap();
     reg.delete(&["r".to_owned()]).unwrap();
     let Inserted::New(again) = reg.insert(&new_run("r"), 4).unwrap() else { panic!("a cleared id is new again") };
     assert_eq!(again.started_frame().sequence, 4, "sequences 0..=3 were used by the cleared run");
@@ -293,7 +293,7 @@ fn an_interrupted_run_is_reattached_without_reusing_its_frame() {
     let interrupted = reg
         .finish(
             "r",
-            &Terminal::Interrupted {
+            &Outcome::Interrupted {
                 error: "x".into(),
                 reason: Some(InterruptedReason::NoProgress),
                 child_still_running: Some(true),
@@ -306,9 +306,12 @@ fn an_interrupted_run_is_reattached_without_reusing_its_frame() {
     assert!(reg.reattach("r").unwrap());
     assert!(!reg.reattach("r").unwrap(), "only from interrupted");
     let row = reg.get("r").unwrap().unwrap();
-    assert_eq!((row.status, row.interrupted_reason, row.terminal_seq), (RunStatus::Running, None, None));
+    assert_eq!(
+        (row.status, row.outcome.as_ref().and_then(Outcome::interrupted_reason), row.terminal_seq),
+        (RunStatus::Running, None, None)
+    );
     assert_eq!(reg.append("r", &[stored("{}")], Some(0), 3).unwrap(), Some(vec![interrupted.next_seq]));
-    reg.finish("r", &Terminal::Error { message: "x".into() }, 4).unwrap();
+    reg.finish("r", &Outcome::Error { error: "x".into() }, 4).unwrap();
     assert!(!reg.reattach("r").unwrap(), "never from a hard terminal");
     // The replaced `interrupted` frame is replayed at its sequence, byte for byte as it was sent.
     let sent = interrupted.terminal_frame().expect("interrupted has a frame");
@@ -364,7 +367,7 @@ fn retention_picks_the_oldest_finished_runs_and_never_a_live_one() {
     for i in 0..10 {
         let id = format!("r{i}");
         reg.insert(&new_run(&id), i).unwrap();
-        reg.finish(&id, &Terminal::Completed { summary: "s".into(), output: None }, 100 + i).unwrap();
+        reg.finish(&id, &Outcome::Completed { summary: "s".into(), output: None }, 100 + i).unwrap();
     }
     reg.insert(&new_run("live"), 0).unwrap();
     let ids = |v: Vec<String>| v.join(",");
@@ -393,7 +396,7 @@ fn retention_matches_its_definition_with_ties_and_live_runs() {
             continue; // live: never a candidate
         }
         let at = 100 + (i / 3) as i64;
-        reg.finish(&id, &Terminal::Completed { summary: "s".into(), output: None }, at).unwrap();
+        reg.finish(&id, &Outcome::Completed { summary: "s".into(), output: None }, at).unwrap();
         finished.push((at, id));
     }
     finished.sort();
@@ -466,7 +469,7 @@ fn replay_reads_in_pages_and_keeps_every_frame_in_order() {
         let id = format!("r{i:03}");
         reg.insert(&new_run(&id), 10).unwrap(); // the same start time: ordered by id
         reg.append(&id, &[stored("{\"n\":1}")], Some(0), 11).unwrap();
-        reg.finish(&id, &Terminal::Completed { summary: "s".into(), output: None }, 12).unwrap();
+        reg.finish(&id, &Outcome::Completed { summary: "s".into(), output: None }, 12).unwrap();
     }
     // One long run, with its latest progress in the middle of its frames.
     let long = "zz-long";
@@ -525,7 +528,7 @@ fn a_replay_in_pages_with_writes_in_between_sends_every_frame_once() {
         reg.insert(&new_run(id), 1).unwrap();
         reg.append(id, &[stored("{\"n\":1}"), stored("{\"n\":2}")], Some(1), 2).unwrap();
     }
-    reg.finish("a", &Terminal::Completed { summary: "s".into(), output: None }, 3).unwrap();
+    reg.finish("a", &Outcome::Completed { summary: "s".into(), output: None }, 3).unwrap();
     let mut cursor = ReplayCursor::default();
     let mut got: Vec<(String, i64)> = Vec::new();
     let mut send = |f: EventFrame| {
@@ -543,7 +546,7 @@ fn a_replay_in_pages_with_writes_in_between_sends_every_frame_once() {
                 reg.append("b", &[stored("{\"n\":3}")], Some(2), 4).unwrap();
             }
             3 => {
-                reg.finish("b", &Terminal::Completed { summary: "s".into(), output: None }, 5).unwrap();
+                reg.finish("b", &Outcome::Completed { summary: "s".into(), output: None }, 5).unwrap();
                 reg.append("c", &[stored("{\"n\":3}")], Some(2), 5).unwrap();
             }
             4 => {
@@ -592,7 +595,7 @@ fn an_inspection_has_the_result_the_latest_signal_and_the_milestones() {
     assert!(seen.result.is_none(), "live: no result yet");
     // A milestone after it is the latest signal, as the stock client's snapshot has it.
     reg.append("r", &[forward(ChunkKind::Milestone, milestone)], Some(1), 8).unwrap();
-    reg.finish("r", &Terminal::Completed { summary: "done".into(), output: None }, 9).unwrap();
+    reg.finish("r", &Outcome::Completed { summary: "done".into(), output: None }, 9).unwrap();
     let seen = reg.inspection("r").unwrap().unwrap();
     assert_eq!(seen.progress.and_then(|p| p.milestone).as_deref(), Some("m"));
     assert_eq!(seen.milestones.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), ["m"]);
@@ -665,7 +668,7 @@ fn a_replay_page_sends_no_more_than_its_budget() {
     let reg = Registry::new(&db);
     reg.insert(&new_run("r"), 1).unwrap();
     reg.append("r", &[stored("{\"n\":1}"), stored("{\"n\":2}"), stored("{\"n\":3}")], Some(2), 2).unwrap();
-    reg.finish("r", &Terminal::Completed { summary: "s".into(), output: None }, 3).unwrap();
+    reg.finish("r", &Outcome::Completed { summary: "s".into(), output: None }, 3).unwrap();
     let mut cursor = ReplayCursor::default();
     let mut pages: Vec<Vec<i64>> = Vec::new();
     loop {
@@ -778,13 +781,13 @@ fn the_catch_up_sends_a_terminal_that_was_replaced_meanwhile_and_then_its_repair
     let mut cursor = ReplayCursor::default();
     replay_pages(&reg, &mut cursor, &mut Vec::new());
     // While the socket drained: the run was given up on, then its late result came.
-    let lost = Terminal::Interrupted {
+    let lost = Outcome::Interrupted {
         error: "silent".into(),
         reason: Some(InterruptedReason::NoProgress),
         child_still_running: Some(true),
     };
     reg.finish("r", &lost, 3).unwrap();
-    reg.finish("r", &Terminal::Completed { summary: "late".into(), output: None }, 4).unwrap();
+    reg.finish("r", &Outcome::Completed { summary: "late".into(), output: None }, 4).unwrap();
     let rest = replay_the_rest(&reg, &mut cursor);
     assert_eq!(rest, [(2, "interrupted".to_owned()), (3, "finished".to_owned())], "as live clients saw them");
 }

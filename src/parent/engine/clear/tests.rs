@@ -10,7 +10,7 @@ fn retention_clears_the_oldest_finished_runs_and_their_children() {
     for i in 0..4 {
         let id = format!("r{i}");
         registry.insert(&new_run(&id, &json!(i)), i).unwrap();
-        registry.finish(&id, &Terminal::Completed { summary: "s".into(), output: None }, 100 + i).unwrap();
+        registry.finish(&id, &Outcome::Completed { summary: "s".into(), output: None }, 100 + i).unwrap();
     }
     let actions = engine.alarm(&db, 200);
     let cleared: Vec<&str> = actions
@@ -40,7 +40,7 @@ fn retention_comes_back_soon_after_a_full_batch_only() {
     for i in 0..total {
         let id = format!("r{i:04}");
         registry.insert(&new_run(&id, &json!(i)), i).unwrap();
-        registry.finish(&id, &Terminal::Completed { summary: "s".into(), output: None }, 10_000 + i).unwrap();
+        registry.finish(&id, &Outcome::Completed { summary: "s".into(), output: None }, 10_000 + i).unwrap();
     }
     let soon = |actions: &[ParentAction], now: i64| {
         actions.iter().any(|a| matches!(a, ParentAction::ArmAlarm { at } if *at == now + RETAIL_PAUSE_MS))
@@ -67,7 +67,7 @@ fn clearing_cancels_the_live_runs_only() {
     assert!(matches!(dispatch(&mut engine, &db, "live", json!(1)).0, Admitted::Driving(_)));
     let registry = Registry::new(&db);
     registry.insert(&new_run("done", &json!(2)), 5).unwrap();
-    registry.finish("done", &Terminal::Completed { summary: "s".into(), output: None }, 6).unwrap();
+    registry.finish("done", &Outcome::Completed { summary: "s".into(), output: None }, 6).unwrap();
 
     let Called { result, actions } = engine.clear(&db, &crate::types::ClearFilter::all(), 100);
     let mut runs = result.unwrap().runs;
@@ -152,7 +152,7 @@ fn a_reset_engine_forgets_its_runs_and_its_exchange_numbers_go_on_rising() {
 fn an_answer_to_a_clear_asked_again_since_settles_nothing() {
     let (db, mut engine) = engine(AgentToolOptions::default());
     let tail = started(&db, &mut engine, "r", None);
-    let outcome = RunOutcome { status: OutcomeStatus::Completed, summary: Some("s".into()), output: None, error: None };
+    let outcome = Outcome::completed("s");
     engine.handle(
         &db,
         ParentEvent::TailBatch {
@@ -180,7 +180,7 @@ fn a_clear_arms_the_alarm_for_its_retry() {
     let (db, mut engine) = engine(AgentToolOptions::default());
     let registry = Registry::new(&db);
     registry.insert(&new_run("r", &json!(1)), 1).unwrap();
-    registry.finish("r", &Terminal::Completed { summary: "s".into(), output: None }, 2).unwrap();
+    registry.finish("r", &Outcome::Completed { summary: "s".into(), output: None }, 2).unwrap();
     let called = engine.clear(&db, &crate::ClearFilter::default(), 20);
     assert!(gen_of(&called.actions, "clear", "r").is_some());
     let armed = called.actions.iter().filter_map(|a| match a {

@@ -1,6 +1,6 @@
 use super::*;
 use crate::parent::engine::testing::*;
-use crate::protocol::tail::{OutcomeStatus, RunOutcome, TailLine};
+use crate::protocol::tail::TailLine;
 use crate::types::DetachedOptions;
 
 /// A run driven to the point where its child says it ended.
@@ -10,8 +10,7 @@ fn ended(db: &rusqlite::Connection, engine: &mut ParentEngine, detached: Option<
     let start = gen_of(&actions, "start", "r").unwrap();
     let actions = engine.handle(db, ParentEvent::StartReplied { run_id: "r".into(), gen: start, result: Ok(()) }, 11);
     let tail = gen_of(&actions, "tail", "r").unwrap();
-    let outcome =
-        RunOutcome { status: OutcomeStatus::Completed, summary: Some("done".into()), output: None, error: None };
+    let outcome = Outcome::completed("done");
     let lines = vec![TailLine::End { outcome }];
     engine.handle(db, ParentEvent::TailBatch { run_id: "r".into(), gen: tail, lines }, 12)
 }
@@ -192,7 +191,7 @@ fn a_conclusion_arms_the_backbone_only_for_what_it_must_watch() {
     // A soft interruption of an awaited run, then a second conclusion of it.
     let (db, mut parent) = engine(AgentToolOptions::default());
     started(&db, &mut parent, "r", None);
-    let soft = Terminal::Interrupted {
+    let soft = Outcome::Interrupted {
         error: "silent".into(),
         reason: Some(crate::InterruptedReason::NoProgress),
         child_still_running: Some(true),
@@ -201,9 +200,9 @@ fn a_conclusion_arms_the_backbone_only_for_what_it_must_watch() {
     assert_eq!(alarms(&actions), [100 + cadence]);
     // Its late completion replaces the soft interruption (and arms nothing more); after that
     // hard end, another conclusion writes nothing and answers with the completion.
-    let late = parent.conclude_run(&db, "r", Terminal::Completed { summary: "x".into(), output: None }, 200).unwrap();
+    let late = parent.conclude_run(&db, "r", Outcome::Completed { summary: "x".into(), output: None }, 200).unwrap();
     assert!(alarms(&late).is_empty(), "{late:?}");
-    let again = parent.conclude_run(&db, "r", Terminal::Error { message: "no".into() }, 300).unwrap();
+    let again = parent.conclude_run(&db, "r", Outcome::Error { error: "no".into() }, 300).unwrap();
     assert_eq!(resolved(&again), [("r".to_owned(), RunStatus::Completed)], "the result it has: {again:?}");
     assert!(!again.iter().any(|a| matches!(a, ParentAction::Broadcast(_))), "nothing written: {again:?}");
 }

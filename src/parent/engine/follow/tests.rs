@@ -3,7 +3,9 @@ use crate::parent::engine::testing::*;
 use crate::types::DetachedOptions;
 
 fn reply(status: &str) -> InspectionReply {
-    InspectionReply { status: status.into(), summary: Some("s".into()), attempt: Some(1), ..Default::default() }
+    let status = status.parse().expect("a status");
+    let outcome = Outcome::from_parts(status, Some("s".into()), None, None, None, None);
+    InspectionReply { status, outcome, attempt: Some(1), ..InspectionReply::live(status) }
 }
 
 /// What a batch of actions amounts to, for the tables below.
@@ -198,11 +200,11 @@ fn a_live_child_is_waited_on_within_the_budgets() {
         driver.window_end = case.window_end;
         let got = match decide(&driver, &record, Ok(Some(reply("running"))), &options, case.now) {
             Decide::Retail => "retail".to_owned(),
-            Decide::Conclude(Terminal::Interrupted { reason: Some(r), child_still_running, .. }) => {
+            Decide::Conclude(Outcome::Interrupted { reason: Some(r), child_still_running, .. }) => {
                 assert_eq!(child_still_running, Some(true), "{}", case.name);
                 r.as_str().to_owned()
             }
-            Decide::TearDown(Terminal::Interrupted { reason: Some(r), child_still_running, .. }) => {
+            Decide::TearDown(Outcome::Interrupted { reason: Some(r), child_still_running, .. }) => {
                 assert_eq!(child_still_running, Some(false), "{}: torn down", case.name);
                 r.as_str().to_owned()
             }
@@ -293,10 +295,9 @@ fn a_restarted_parent_rebuilds_the_snapshot_from_the_childs_inspection() {
     let inspect = |engine: &mut ParentEngine, actions: Vec<ParentAction>, at: i64, now: i64| {
         let gen = gen_of(&actions, "inspect", "r").expect("an inspection");
         let reply = InspectionReply {
-            status: "running".into(),
             attempt: Some(1),
             progress: Some(json!({ "fraction": 0.7, "phase": "writing", "at": at })),
-            ..Default::default()
+            ..InspectionReply::live(RunStatus::Running)
         };
         engine.handle(&db, ParentEvent::Inspected { run_id: "r".into(), gen, result: Ok(Some(reply)) }, now)
     };
@@ -337,7 +338,7 @@ fn a_refused_tail_ends_the_run_and_stops_the_child() {
         "{actions:?}"
     );
     let row = Registry::new(&db).get("r").unwrap().unwrap();
-    assert_eq!((row.status, row.error_message.as_deref()), (RunStatus::Error, Some(error.as_str())));
+    assert_eq!((row.status, row.outcome.as_ref().and_then(Outcome::error)), (RunStatus::Error, Some(error.as_str())));
 }
 
 /// A run's start, answered, makes it `running`; a soft-interrupted run dispatched again is live
@@ -347,7 +348,7 @@ fn a_started_run_is_running_and_an_interrupted_one_is_live_again() {
     let (db, mut engine) = engine(AgentToolOptions::default());
     started(&db, &mut engine, "r", None);
     assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Running);
-    let soft = Terminal::Interrupted { error: "silent".into(), reason: None, child_still_running: Some(true) };
+    let soft = Outcome::Interrupted { error: "silent".into(), reason: None, child_still_running: Some(true) };
     engine.conclude_run(&db, "r", soft, 30).unwrap();
     assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Interrupted);
     started(&db, &mut engine, "r", None);
@@ -420,12 +421,7 @@ fn a_drain_that_breaks_off_is_read_again_then_given_up() {
     let tail = started(&db, &mut engine, "r", None);
     let actions = engine.handle(&db, ParentEvent::TailEnded { run_id: "r".into(), gen: tail }, 20);
     let gen = gen_of(&actions, "inspect", "r").expect("an inspection");
-    let done = InspectionReply {
-        status: "completed".into(),
-        summary: Some("s".into()),
-        attempt: Some(1),
-        ..Default::default()
-    };
+    let done = InspectionReply { attempt: Some(1), ..InspectionReply::ended(Outcome::completed("s")) };
     let mut actions =
         engine.handle(&db, ParentEvent::Inspected { run_id: "r".into(), gen, result: Ok(Some(done)) }, 21);
     let mut now = 21;
@@ -473,7 +469,11 @@ fn the_reattach_window_starts_when_an_awaited_runs_tail_breaks() {
         if detached {
             assert!(row.status.is_live(), "no window for a detached run: {row:?}");
         } else {
-            assert_eq!(row.interrupted_reason, Some(InterruptedReason::WindowExceeded), "{actions:?}");
+            assert_eq!(
+                row.outcome.as_ref().and_then(Outcome::interrupted_reason),
+                Some(InterruptedReason::WindowExceeded),
+                "{actions:?}"
+            );
             assert!(actions.iter().any(|a| matches!(a, ParentAction::CancelChild { .. })), "torn down");
         }
     }
@@ -502,7 +502,7 @@ fn a_failed_start_is_sent_again_then_the_run_ends_error() {
     engine.handle(&db, ParentEvent::StartReplied { run_id: "r".into(), gen: start, result: failed() }, now);
     let record = Registry::new(&db).get("r").unwrap().unwrap();
     assert_eq!(record.status, RunStatus::Error);
-    assert_eq!(record.error_message.as_deref(), Some("Worker failed to start the run (500): storage"));
+    assert_eq!(record.outcome.as_ref().and_then(Outcome::error), Some("Worker failed to start the run (500): storage"));
 
     let (_, actions) = dispatch(&mut engine, &db, "refused", json!(1));
     let start = gen_of(&actions, "start", "refused").unwrap();

@@ -1,11 +1,10 @@
 use super::*;
 use crate::parent::engine::testing::*;
-use crate::protocol::tail::{ChunkKind, RunOutcome, TailLine};
+use crate::protocol::tail::{ChunkKind, TailLine};
 use crate::types::{DetachedOptions, Retention};
 
 fn end(gen: u64, id: &str) -> ParentEvent {
-    let outcome =
-        RunOutcome { status: OutcomeStatus::Completed, summary: Some("done".into()), output: None, error: None };
+    let outcome = Outcome::completed("done");
     ParentEvent::TailBatch { run_id: id.into(), gen, lines: vec![TailLine::End { outcome }] }
 }
 
@@ -90,7 +89,15 @@ fn a_recovery_pass_inspects_each_undriven_run_and_seals_those_past_its_deadline(
     );
     let reasons: Vec<_> = ["a", "b", "c", "d"]
         .iter()
-        .map(|id| Registry::new(&db).get(id).unwrap().unwrap().interrupted_reason.map(|r| r.as_str()))
+        .map(|id| {
+            Registry::new(&db)
+                .get(id)
+                .unwrap()
+                .unwrap()
+                .outcome
+                .and_then(|o| o.interrupted_reason())
+                .map(|r| r.as_str())
+        })
         .collect();
     assert_eq!(
         reasons,
@@ -109,7 +116,10 @@ fn the_backbone_gives_up_on_an_exhausted_budget_and_records_a_late_completion() 
     started(&db, &mut engine, "r", budget);
     let actions = engine.alarm(&db, 2_000);
     let row = Registry::new(&db).get("r").unwrap().unwrap();
-    assert_eq!((row.status, row.interrupted_reason), (RunStatus::Interrupted, Some(InterruptedReason::BudgetExceeded)));
+    assert_eq!(
+        (row.status, row.outcome.as_ref().and_then(Outcome::interrupted_reason)),
+        (RunStatus::Interrupted, Some(InterruptedReason::BudgetExceeded))
+    );
     assert!(actions.iter().any(|a| matches!(a, ParentAction::CancelChild { .. })), "torn down");
     assert!(actions.iter().any(|a| matches!(a, ParentAction::Deliver { slot: Slot::GiveUp, .. })));
     // The child had completed anyway: its real result is recorded (soft means soft).
@@ -192,10 +202,8 @@ fn restarted_with_live_runs<const N: usize>(ids: [&str; N]) -> (rusqlite::Connec
 fn late_completion(engine: &mut ParentEngine, db: &impl Sql, actions: &[ParentAction], now: i64) -> Vec<ParentAction> {
     let gen = gen_of(actions, "inspect", "r").expect("an inspection of the child");
     let done = Ok(Some(crate::protocol::child_api::InspectionReply {
-        status: "completed".into(),
-        summary: Some("late".into()),
         attempt: Some(1),
-        ..Default::default()
+        ..crate::protocol::child_api::InspectionReply::ended(Outcome::completed("late"))
     }));
     engine.handle(db, ParentEvent::Inspected { run_id: "r".into(), gen, result: done }, now)
 }
@@ -224,7 +232,11 @@ fn a_silent_detached_run_is_given_up_softly_and_its_late_result_recorded() {
     let actions = engine.alarm(&db, 1_000);
     let row = Registry::new(&db).get("r").unwrap().unwrap();
     assert_eq!(
-        (row.status, row.interrupted_reason, row.child_still_running),
+        (
+            row.status,
+            row.outcome.as_ref().and_then(Outcome::interrupted_reason),
+            row.outcome.as_ref().and_then(Outcome::child_still_running)
+        ),
         (RunStatus::Interrupted, Some(InterruptedReason::NoProgress), Some(true))
     );
     assert!(!actions.iter().any(|a| matches!(a, ParentAction::CancelChild { .. })), "the child is left running");
@@ -248,7 +260,10 @@ fn a_row_past_the_recovery_deadline_is_watched_for_its_late_result() {
     }
     let sealed = Registry::new(&db).get("r").unwrap().unwrap();
     assert_eq!(
-        (sealed.interrupted_reason, sealed.child_still_running),
+        (
+            sealed.outcome.as_ref().and_then(Outcome::interrupted_reason),
+            sealed.outcome.as_ref().and_then(Outcome::child_still_running)
+        ),
         (Some(InterruptedReason::RecoveryDeadline), Some(true))
     );
     let later = now + 10_000;
@@ -284,7 +299,7 @@ fn the_next_alarm_is_the_soonest_of_its_reasons() {
         move |db: &rusqlite::Connection, _: &mut ParentEngine| {
             let registry = Registry::new(db);
             registry.insert(&new_run("f", &json!(1)), at - 10).unwrap();
-            registry.finish("f", &Terminal::Completed { summary: "s".into(), output: None }, at).unwrap();
+            registry.finish("f", &Outcome::Completed { summary: "s".into(), output: None }, at).unwrap();
         }
     };
     let two_seconds = Retention { max_runs: None, max_age: Some(Duration::from_secs(2)) };
@@ -312,7 +327,7 @@ fn the_next_alarm_is_the_soonest_of_its_reasons() {
     let watched = |db: &rusqlite::Connection, _: &mut ParentEngine| {
         let registry = Registry::new(db);
         registry.insert(&new_run("w", &json!(1)), NOW - 100).unwrap();
-        let given_up = Terminal::Interrupted {
+        let given_up = Outcome::Interrupted {
             error: "no progress".into(),
             reason: Some(InterruptedReason::NoProgress),
             child_still_running: Some(true),
@@ -356,7 +371,7 @@ fn a_recovery_pass_takes_only_the_live_undriven_runs() {
     started(&db, &mut engine, "orphan", None);
     let registry = Registry::new(&db);
     registry.insert(&new_run("done", &json!(1)), 5).unwrap();
-    registry.finish("done", &Terminal::Completed { summary: "s".into(), output: None }, 6).unwrap();
+    registry.finish("done", &Outcome::Completed { summary: "s".into(), output: None }, 6).unwrap();
     let mut restarted = ParentEngine::new("Parent", AgentToolOptions::default(), 2);
     assert!(matches!(
         restarted.dispatch(&db, awaited(new_run("fresh", &json!(1))), json!(1), 50).0,
