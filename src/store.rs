@@ -55,6 +55,33 @@ impl<T: Into<Value>> From<Option<T>> for Value {
     }
 }
 
+/// Declares the columns a table is read with, once: `LIST` (their SQL list, for `SELECT` and
+/// `RETURNING`) and one constant per column, its index in a row read with `LIST`, so a row is
+/// decoded by column name (`r.text(col::status)`) and a misspelled name does not compile.
+///
+/// ```ignore
+/// columns!(mod col { run_id, status });
+/// assert_eq!(col::LIST, "run_id, status");
+/// assert_eq!(col::status, 1);
+/// ```
+macro_rules! columns {
+    ($vis:vis mod $m:ident { $first:ident $(, $rest:ident)* $(,)? }) => {
+        #[allow(non_upper_case_globals, dead_code)]
+        $vis mod $m {
+            /// The columns, as SQL lists them.
+            pub const LIST: &str = concat!(stringify!($first) $(, ", ", stringify!($rest))*);
+            $crate::store::columns!(@index 0usize; $first $(, $rest)*);
+        }
+    };
+    (@index $i:expr; $name:ident $(, $rest:ident)*) => {
+        /// The column's index in a row read with `LIST`.
+        pub const $name: usize = $i;
+        $crate::store::columns!(@index $i + 1usize; $($rest),*);
+    };
+    (@index $i:expr;) => {};
+}
+pub(crate) use columns;
+
 /// One result row, its values in the order of the query's columns.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Row(pub Vec<Value>);
@@ -402,5 +429,17 @@ mod migrate_tests {
         })
         .unwrap();
         assert!(upgraded);
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    #[test]
+    fn columns_are_listed_once_and_read_by_name() {
+        columns!(mod col { run_id, status, started_at });
+        assert_eq!(col::LIST, "run_id, status, started_at");
+        assert_eq!((col::run_id, col::status, col::started_at), (0, 1, 2));
+        let row = super::Row(vec![super::Value::from("r"), super::Value::from("running"), super::Value::Int(7)]);
+        assert_eq!((row.text(col::status).as_deref(), row.int(col::started_at)), (Some("running"), Some(7)));
     }
 }

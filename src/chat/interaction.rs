@@ -173,8 +173,10 @@ pub struct Interactions<'a, S: Sql + ?Sized> {
     sql: &'a S,
 }
 
-const COLUMNS: &str =
-    "call_id, message_id, kind, approval_id, tool_name, requested_at, expires_at, answer_json, auto_continue";
+crate::store::columns!(mod col {
+    call_id, message_id, kind, approval_id, tool_name, requested_at, expires_at, answer_json, auto_continue,
+});
+use col::LIST as COLUMNS;
 
 impl<'a, S: Sql + ?Sized> Interactions<'a, S> {
     /// The waiting calls over `sql`.
@@ -216,15 +218,18 @@ impl<'a, S: Sql + ?Sized> Interactions<'a, S> {
         Ok(rows
             .iter()
             .map(|r| Interaction {
-                call_id: r.text(0).unwrap_or_default(),
-                message_id: r.text(1).unwrap_or_default(),
-                kind: Kind::parse(&r.text(2).unwrap_or_default()),
-                approval_id: r.text(3).unwrap_or_default(),
-                tool_name: r.text(4).unwrap_or_default(),
-                requested_at: r.int(5).unwrap_or(0),
-                expires_at: r.int(6),
-                answer: r.text(7).and_then(|a| serde_json::from_str(&a).ok()).and_then(|a| Answer::from_json(&a)),
-                auto_continue: r.int(8).unwrap_or(0) != 0,
+                call_id: r.text(col::call_id).unwrap_or_default(),
+                message_id: r.text(col::message_id).unwrap_or_default(),
+                kind: Kind::parse(&r.text(col::kind).unwrap_or_default()),
+                approval_id: r.text(col::approval_id).unwrap_or_default(),
+                tool_name: r.text(col::tool_name).unwrap_or_default(),
+                requested_at: r.int(col::requested_at).unwrap_or(0),
+                expires_at: r.int(col::expires_at),
+                answer: r
+                    .text(col::answer_json)
+                    .and_then(|a| serde_json::from_str(&a).ok())
+                    .and_then(|a| Answer::from_json(&a)),
+                auto_continue: r.int(col::auto_continue).unwrap_or(0) != 0,
             })
             .collect())
     }

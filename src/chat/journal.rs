@@ -155,22 +155,18 @@ impl<'a, S: Sql + ?Sized> Journal<'a, S> {
     }
 
     fn select(&self, rest: &str, params: &[V]) -> Result<Vec<OpenTurn>, StoreError> {
-        let rows = self.sql.exec(
-            &format!(
-                "SELECT request_id, message_id, ord, attempts, started_at, log_keep, continues FROM chat_turns {rest}"
-            ),
-            params,
-        )?;
+        crate::store::columns!(mod col { request_id, message_id, ord, attempts, started_at, log_keep, continues });
+        let rows = self.sql.exec(&format!("SELECT {} FROM chat_turns {rest}", col::LIST), params)?;
         Ok(rows
             .iter()
             .map(|r| OpenTurn {
-                request_id: r.text(0).unwrap_or_default(),
-                message_id: r.text(1).unwrap_or_default(),
-                ord: r.int(2).unwrap_or(0),
-                attempts: r.int(3).unwrap_or(1),
-                started_at: r.int(4).unwrap_or(0),
-                log_keep: r.int(5).unwrap_or(-1),
-                continues: r.int(6).unwrap_or(0) != 0,
+                request_id: r.text(col::request_id).unwrap_or_default(),
+                message_id: r.text(col::message_id).unwrap_or_default(),
+                ord: r.int(col::ord).unwrap_or(0),
+                attempts: r.int(col::attempts).unwrap_or(1),
+                started_at: r.int(col::started_at).unwrap_or(0),
+                log_keep: r.int(col::log_keep).unwrap_or(-1),
+                continues: r.int(col::continues).unwrap_or(0) != 0,
             })
             .collect())
     }

@@ -97,27 +97,31 @@ pub struct ChildRun {
     pub attempt_start: i64,
 }
 
-const COLUMNS: &str = "run_id, status, input_json, summary, output_json, error_message, started_at, \
-    completed_at, progress_json, last_signal_at, event_delivery, attempt, attempt_start";
+crate::store::columns!(mod col {
+    run_id, status, input_json, summary, output_json, error_message,
+    started_at, completed_at, progress_json, last_signal_at, event_delivery, attempt,
+    attempt_start,
+});
+use col::LIST as COLUMNS;
 
 impl ChildRun {
     fn from_row(r: &Row) -> Self {
         let json = |i| r.text(i).and_then(|s| serde_json::from_str(&s).ok());
         Self {
-            run_id: r.text(0).unwrap_or_default(),
+            run_id: r.text(col::run_id).unwrap_or_default(),
             // A spelling no version wrote reads as a failed run, never as a live one.
-            status: r.text(1).and_then(|s| RunStatus::parse(&s)).unwrap_or(RunStatus::Error),
-            input: json(2).unwrap_or(Value::Null),
-            summary: r.text(3),
-            output: json(4),
-            error_message: r.text(5),
-            started_at: r.int(6).unwrap_or(0),
-            completed_at: r.int(7),
-            progress: json(8),
-            last_signal_at: r.int(9),
-            terminal_only: r.text(10).as_deref() == Some("terminal"),
-            attempt: r.int(11).unwrap_or(1),
-            attempt_start: r.int(12).unwrap_or(0),
+            status: r.text(col::status).and_then(|s| RunStatus::parse(&s)).unwrap_or(RunStatus::Error),
+            input: json(col::input_json).unwrap_or(Value::Null),
+            summary: r.text(col::summary),
+            output: json(col::output_json),
+            error_message: r.text(col::error_message),
+            started_at: r.int(col::started_at).unwrap_or(0),
+            completed_at: r.int(col::completed_at),
+            progress: json(col::progress_json),
+            last_signal_at: r.int(col::last_signal_at),
+            terminal_only: r.text(col::event_delivery).as_deref() == Some("terminal"),
+            attempt: r.int(col::attempt).unwrap_or(1),
+            attempt_start: r.int(col::attempt_start).unwrap_or(0),
         }
     }
 

@@ -111,13 +111,16 @@ pub struct SlotState {
     pub attempts: i64,
 }
 
-pub(super) const COLUMNS: &str = "run_id, parent_tool_call_id, agent_type, input_preview, status, summary, \
-    output_json, error_message, interrupted_reason, child_still_running, display_json, \
-    display_order, started_at, completed_at, event_delivery, next_seq, child_cursor, \
-    terminal_seq, progress_json, progress_seq, detached, on_finish, notify_source, on_milestones_json, \
-    max_budget_at, no_progress_budget_ms, last_signal_at, finish_claimed_at, finish_delivered_at, \
-    finish_attempts, give_up_claimed_at, give_up_delivered_at, give_up_attempts, child_binding, notify, \
-    input_json, reruns, started_seq";
+crate::store::columns!(pub(super) mod col {
+    run_id, parent_tool_call_id, agent_type, input_preview, status, summary,
+    output_json, error_message, interrupted_reason, child_still_running, display_json, display_order,
+    started_at, completed_at, event_delivery, next_seq, child_cursor, terminal_seq,
+    progress_json, progress_seq, detached, on_finish, notify_source, on_milestones_json,
+    max_budget_at, no_progress_budget_ms, last_signal_at, finish_claimed_at, finish_delivered_at, finish_attempts,
+    give_up_claimed_at, give_up_delivered_at, give_up_attempts, child_binding, notify, input_json,
+    reruns, started_seq,
+});
+pub(super) use col::LIST as COLUMNS;
 
 impl RunRecord {
     /// The run's result as its row records it.
@@ -158,51 +161,59 @@ impl RunRecord {
 
     pub(super) fn from_row(r: &Row) -> Self {
         // A spelling no version wrote reads as a failed run, never as a live one.
-        let status = r.text(4).and_then(|s| RunStatus::parse(&s)).unwrap_or(RunStatus::Error);
+        let status = r.text(col::status).and_then(|s| RunStatus::parse(&s)).unwrap_or(RunStatus::Error);
         Self {
-            run_id: r.text(0).unwrap_or_default(),
-            parent_tool_call_id: r.text(1),
-            agent_type: r.text(2).unwrap_or_default(),
-            binding: r.text(33).unwrap_or_default(),
-            input_preview: r.text(3),
+            run_id: r.text(col::run_id).unwrap_or_default(),
+            parent_tool_call_id: r.text(col::parent_tool_call_id),
+            agent_type: r.text(col::agent_type).unwrap_or_default(),
+            binding: r.text(col::child_binding).unwrap_or_default(),
+            input_preview: r.text(col::input_preview),
             status,
             outcome: Outcome::from_parts(
                 status,
-                r.text(5),
-                r.text(6).and_then(|s| serde_json::from_str(&s).ok()),
-                r.text(7),
-                r.text(8).and_then(|s| InterruptedReason::parse(&s)),
-                r.int(9).map(|v| v != 0),
+                r.text(col::summary),
+                r.text(col::output_json).and_then(|s| serde_json::from_str(&s).ok()),
+                r.text(col::error_message),
+                r.text(col::interrupted_reason).and_then(|s| InterruptedReason::parse(&s)),
+                r.int(col::child_still_running).map(|v| v != 0),
             ),
-            display: r.text(10).and_then(|s| serde_json::from_str(&s).ok()),
-            display_order: r.int(11).unwrap_or(0),
-            started_at: r.int(12).unwrap_or(0),
-            completed_at: r.int(13),
-            event_delivery: match r.text(14).as_deref() {
+            display: r.text(col::display_json).and_then(|s| serde_json::from_str(&s).ok()),
+            display_order: r.int(col::display_order).unwrap_or(0),
+            started_at: r.int(col::started_at).unwrap_or(0),
+            completed_at: r.int(col::completed_at),
+            event_delivery: match r.text(col::event_delivery).as_deref() {
                 Some("terminal") => EventDelivery::Terminal,
                 _ => EventDelivery::Full,
             },
-            next_seq: r.int(15).unwrap_or(1),
-            child_cursor: r.int(16).unwrap_or(-1),
-            terminal_seq: r.int(17),
-            progress: match (r.int(19), r.text(18)) {
+            next_seq: r.int(col::next_seq).unwrap_or(1),
+            child_cursor: r.int(col::child_cursor).unwrap_or(-1),
+            terminal_seq: r.int(col::terminal_seq),
+            progress: match (r.int(col::progress_seq), r.text(col::progress_json)) {
                 (Some(seq), Some(body)) => Some((seq, body)),
                 _ => None,
             },
-            last_signal_at: r.int(26),
-            input: r.text(35).and_then(|s| serde_json::from_str(&s).ok()),
-            reruns: r.int(36).unwrap_or(0),
-            started_seq: r.int(37).unwrap_or(0),
-            detached: (r.int(20) == Some(1)).then(|| DetachedState {
-                on_finish: r.text(21).and_then(|s| serde_json::from_str(&s).ok()),
-                notify: r.int(34) == Some(1),
-                notify_source: r.text(22),
-                on_milestones: r.text(23).and_then(|s| serde_json::from_str(&s).ok()),
-                max_budget_at: r.int(24),
-                no_progress_budget_ms: r.int(25),
-                last_signal_at: r.int(26),
-                finish: SlotState { claimed_at: r.int(27), delivered_at: r.int(28), attempts: r.int(29).unwrap_or(0) },
-                give_up: SlotState { claimed_at: r.int(30), delivered_at: r.int(31), attempts: r.int(32).unwrap_or(0) },
+            last_signal_at: r.int(col::last_signal_at),
+            input: r.text(col::input_json).and_then(|s| serde_json::from_str(&s).ok()),
+            reruns: r.int(col::reruns).unwrap_or(0),
+            started_seq: r.int(col::started_seq).unwrap_or(0),
+            detached: (r.int(col::detached) == Some(1)).then(|| DetachedState {
+                on_finish: r.text(col::on_finish).and_then(|s| serde_json::from_str(&s).ok()),
+                notify: r.int(col::notify) == Some(1),
+                notify_source: r.text(col::notify_source),
+                on_milestones: r.text(col::on_milestones_json).and_then(|s| serde_json::from_str(&s).ok()),
+                max_budget_at: r.int(col::max_budget_at),
+                no_progress_budget_ms: r.int(col::no_progress_budget_ms),
+                last_signal_at: r.int(col::last_signal_at),
+                finish: SlotState {
+                    claimed_at: r.int(col::finish_claimed_at),
+                    delivered_at: r.int(col::finish_delivered_at),
+                    attempts: r.int(col::finish_attempts).unwrap_or(0),
+                },
+                give_up: SlotState {
+                    claimed_at: r.int(col::give_up_claimed_at),
+                    delivered_at: r.int(col::give_up_delivered_at),
+                    attempts: r.int(col::give_up_attempts).unwrap_or(0),
+                },
             }),
         }
     }
