@@ -303,3 +303,221 @@ fn the_checks_see_what_they_check() {
     assert_eq!(reexports.get("Error").map(String::as_str), Some("error"));
     assert_eq!(reexports.get("Routes").map(String::as_str), Some("platform"));
 }
+
+/// Every full path a `use` tree or a path expression starting at `rest` names, as its segments:
+/// `a::b::{c, d::e}` gives `[a, b, c]` and `[a, b, d, e]`.
+fn full_paths(rest: &str) -> Vec<Vec<&str>> {
+    let mut prefix = Vec::new();
+    let mut rest = rest;
+    loop {
+        if let Some(group) = rest.strip_prefix('{') {
+            let mut out = Vec::new();
+            let (mut depth, mut start) = (0i32, 0usize);
+            for (i, b) in group.bytes().enumerate() {
+                let end = match b {
+                    b'{' => {
+                        depth += 1;
+                        false
+                    }
+                    b'}' if depth == 0 => true,
+                    b'}' => {
+                        depth -= 1;
+                        false
+                    }
+                    b',' if depth == 0 => true,
+                    _ => false,
+                };
+                if end {
+                    for tail in full_paths(group[start..i].trim_start()) {
+                        out.push(prefix.iter().copied().chain(tail).collect());
+                    }
+                    start = i + 1;
+                    if b == b'}' {
+                        break;
+                    }
+                }
+            }
+            return out;
+        }
+        let Some(ident) = ident_at(rest) else { return vec![prefix] };
+        prefix.push(ident);
+        match rest[ident.len()..].strip_prefix("::") {
+            Some(next) => rest = next,
+            None => return vec![prefix],
+        }
+    }
+}
+
+/// A library file's module path (`parent/engine/follow.rs` is `parent::engine::follow`, a
+/// `mod.rs` its folder's).
+fn module_of(relative: &Path) -> Vec<String> {
+    let mut parts: Vec<String> =
+        relative.components().map(|c| c.as_os_str().to_string_lossy().trim_end_matches(".rs").to_owned()).collect();
+    if parts.last().is_some_and(|p| p == "mod") {
+        parts.pop();
+    }
+    parts
+}
+
+/// Each library file (by module path) and the files it names: through `crate::` paths (a name
+/// the root re-exports counts as its module), `super::` and `self::` chains, and paths through
+/// its own child modules.
+fn file_graph() -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let lib = std::fs::read_to_string(src.join("lib.rs")).expect("lib.rs");
+    let reexports = root_reexports(&lib);
+    let mut code_of = BTreeMap::new();
+    for file in files {
+        let relative = file.strip_prefix(&src).expect("under src").to_path_buf();
+        let top = relative.components().next().expect("a component").as_os_str().to_string_lossy().into_owned();
+        let top = top.trim_end_matches(".rs");
+        let test_only = ["sim", "fuzz_tests", "architecture_tests"].contains(&top)
+            || relative.file_name().is_some_and(|f| f == "tests.rs" || f == "testing.rs");
+        if top == "lib" || top == "demo" || test_only {
+            continue;
+        }
+        code_of.insert(module_of(&relative), library_code(&std::fs::read_to_string(&file).expect("readable")));
+    }
+    let modules: BTreeSet<Vec<String>> = code_of.keys().cloned().collect();
+    // The longest module a path (from the crate root) goes through.
+    let resolve = |path: &[&str]| -> Option<Vec<String>> {
+        (1..=path.len()).rev().map(|n| path[..n].iter().map(|s| s.to_string()).collect()).find(|m| modules.contains(m))
+    };
+    let mut graph = BTreeMap::new();
+    for (module, code) in &code_of {
+        let mut named: Vec<Vec<String>> = Vec::new();
+        let starts = |needle: &str| {
+            code.match_indices(needle)
+                .filter(|(at, _)| {
+                    at.checked_sub(1).and_then(|i| code.as_bytes().get(i)).is_none_or(|b| !is_ident(*b) && *b != b':')
+                })
+                .map(|(at, _)| &code[at + needle.len()..])
+                .collect::<Vec<_>>()
+        };
+        for rest in starts("crate::") {
+            for path in full_paths(rest) {
+                let path = match path.first().and_then(|head| reexports.get(*head)) {
+                    Some(top) if resolve(&path[..1]).is_none() => vec![top.as_str()],
+                    _ => path,
+                };
+                named.extend(resolve(&path));
+            }
+        }
+        let own: Vec<&str> = module.iter().map(String::as_str).collect();
+        for rest in starts("super::") {
+            let mut base = own.clone();
+            let mut rest = rest;
+            base.pop();
+            while let Some(next) = rest.strip_prefix("super::") {
+                base.pop();
+                rest = next;
+            }
+            for path in full_paths(rest) {
+                named.extend(resolve(&base.iter().copied().chain(path).collect::<Vec<_>>()));
+            }
+        }
+        let children: BTreeSet<&str> = modules
+            .iter()
+            .filter(|m| m.len() == module.len() + 1 && m.starts_with(module))
+            .map(|m| m[module.len()].as_str())
+            .collect();
+        for child in children.iter().map(|c| format!("{c}::")).chain(["self::".to_owned()]) {
+            for rest in starts(&child) {
+                let head: Vec<&str> = child.trim_end_matches("::").split("::").filter(|s| *s != "self").collect();
+                for path in full_paths(rest) {
+                    let path: Vec<&str> = own.iter().copied().chain(head.iter().copied()).chain(path).collect();
+                    named.extend(resolve(&path));
+                }
+            }
+        }
+        named.retain(|m| m != module);
+        graph.insert(module.clone(), named.into_iter().collect());
+    }
+    graph
+}
+
+/// The folder a file belongs to: a module with child modules is one folder with them; any
+/// other file is its parent module's.
+fn folder(module: &[String], graph: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Vec<String> {
+    let has_children = graph.keys().any(|m| m.len() > module.len() && m.starts_with(module));
+    if has_children {
+        module.to_vec()
+    } else {
+        module[..module.len() - 1].to_vec()
+    }
+}
+
+/// The groups of files that name each other in a circle (strongly connected, more than one
+/// file).
+fn circles(graph: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>) -> Vec<BTreeSet<Vec<String>>> {
+    let reach = |from: &Vec<String>| {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![from.clone()];
+        while let Some(at) = todo.pop() {
+            for next in graph.get(&at).into_iter().flatten() {
+                if seen.insert(next.clone()) {
+                    todo.push(next.clone());
+                }
+            }
+        }
+        seen
+    };
+    let reaches: BTreeMap<&Vec<String>, BTreeSet<Vec<String>>> = graph.keys().map(|m| (m, reach(m))).collect();
+    let mut out: Vec<BTreeSet<Vec<String>>> = Vec::new();
+    for (module, reached) in &reaches {
+        let circle: BTreeSet<Vec<String>> = reached
+            .iter()
+            .filter(|other| *other != *module && reaches.get(other).is_some_and(|r| r.contains(*module)))
+            .cloned()
+            .chain([(*module).clone()])
+            .collect();
+        if circle.len() > 1 && !out.contains(&circle) {
+            out.push(circle);
+        }
+    }
+    out
+}
+
+/// No two files of different folders name each other, directly or through others: `store.rs`
+/// knows no engine, an engine's module and the files of another never go round. Within a folder
+/// (a module and its children) a circle is one module's business; the edge is one layer on
+/// purpose (see the top of this file), so its files are one folder here.
+#[test]
+fn no_circle_crosses_a_folder() {
+    let graph = file_graph();
+    let mut crossing = Vec::new();
+    for circle in circles(&graph) {
+        let folders: BTreeSet<Vec<String>> = circle
+            .iter()
+            .map(|m| if EDGE.contains(&m[0].as_str()) { vec!["edge".to_owned()] } else { folder(m, &graph) })
+            .collect();
+        if folders.len() > 1 {
+            crossing.push(circle.iter().map(|m| m.join("::")).collect::<Vec<_>>());
+        }
+    }
+    assert!(crossing.is_empty(), "files of different folders name each other in a circle: {crossing:#?}");
+    // The check sees the files and what they name.
+    let store: &BTreeSet<Vec<String>> = &graph[&vec!["store".to_owned()]];
+    assert!(store.is_empty(), "store.rs names no other file: {store:?}");
+    let follow = &graph[&["parent", "engine", "follow"].map(String::from).to_vec()];
+    assert!(follow.contains(&["parent", "registry"].map(String::from).to_vec()), "{follow:?}");
+}
+
+#[test]
+fn the_file_checks_see_what_they_check() {
+    assert_eq!(
+        full_paths("a::b::{c, d::{e, f}};"),
+        [vec!["a", "b", "c"], vec!["a", "b", "d", "e"], vec!["a", "b", "d", "f"]]
+    );
+    assert_eq!(full_paths("x::Y)"), [vec!["x", "Y"]]);
+    let m = |s: &str| s.split("::").map(String::from).collect::<Vec<_>>();
+    let graph = BTreeMap::from([
+        (m("a::x"), BTreeSet::from([m("b")])),
+        (m("b"), BTreeSet::from([m("a::x")])),
+        (m("c"), BTreeSet::from([m("b")])),
+    ]);
+    assert_eq!(circles(&graph), [BTreeSet::from([m("a::x"), m("b")])]);
+    assert_eq!(folder(&m("a::x"), &graph), m("a"));
+}
