@@ -81,7 +81,7 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
     /// not serve, [`Error::Invalid`] for arguments it refuses).
     async fn call(&self, host: &AgentHost<Self>, method: &str, args: Vec<Value>) -> Result<Value, Error> {
         let _ = (host, args);
-        Err(Error::NotFound(format!("Method {method} does not exist")))
+        Err(Error::NotFound(crate::error::NotFound::Method(method.to_owned())))
     }
 
     /// Serves an HTTP request the built-in routes do not (a `POST` to start a run, say). The

@@ -516,7 +516,7 @@ pub mod model {
 
 pub use agent::{milestone_line, require_token, Agent, Refusal, SubAgent};
 pub use cancel::{CancelToken, Cancelled};
-pub use error::Error;
+pub use error::{Error, Invalid, NotFound, Refused, Unavailable};
 pub use host::{
     json_error, json_response, sleep, AgentHost, ChatChunk, ChatStream, Env, HttpRequest, HttpResponse, SubAgentStub,
     Turn, TurnOutput,

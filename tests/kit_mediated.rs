@@ -9,6 +9,7 @@ use std::cell::Cell;
 use agent_tools::model::{ModelMessage, ModelRequest};
 use agent_tools::prelude::*;
 use agent_tools::testing::{Faults, ObjectRef, ScriptedModel, Simulation, Step, World};
+use agent_tools::Refused;
 use serde_json::json;
 
 thread_local! {
@@ -208,7 +209,8 @@ fn a_message_for_a_run_that_ended_or_never_was_is_refused() {
     world.settle();
     let host = world.host::<Lead>("l");
     let late = world.block_on(async move { host.send_to_agent_tool_run("w1", "approval", &json!(2)).await });
-    assert!(matches!(&late, Err(Error::Refused(e)) if e.contains("already ended (completed)")), "{late:?}");
+    assert!(matches!(&late, Err(Error::Refused(Refused::Ended { status: RunStatus::Completed, .. }))), "{late:?}");
+    assert!(late.unwrap_err().to_string().contains("already ended (completed)"));
 }
 
 #[test]

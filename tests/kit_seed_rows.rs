@@ -530,7 +530,10 @@ fn a_refused_detached_dispatch_is_an_error_and_writes_nothing() {
         async move { host.run_agent_tool_detached::<Writer>(terminal, DetachedOptions::default()).await }
     });
     match refused {
-        Err(Error::Refused(why)) => assert!(why.contains("not supported for detached runs"), "{why}"),
+        Err(Error::Refused(why)) => {
+            assert_eq!(why, agent_tools::Refused::TerminalDeliveryDetached);
+            assert!(why.to_string().contains("not supported for detached runs"), "{why}");
+        }
         other => panic!("a refusal: {other:?}"),
     }
     // A map with non-string keys has no JSON form.
@@ -540,6 +543,6 @@ fn a_refused_detached_dispatch_is_an_error_and_writes_nothing() {
         let host = host.clone();
         async move { host.run_agent_tool_detached::<Writer>(options, DetachedOptions::default().on_finish(&tag)).await }
     });
-    assert!(matches!(&invalid, Err(Error::Invalid(why)) if why.contains("on_finish tag")), "{invalid:?}");
+    assert!(matches!(&invalid, Err(Error::Invalid(why)) if why.to_string().contains("on_finish tag")), "{invalid:?}");
     assert!(host.agent_tool_runs().expect("the runs").is_empty(), "nothing written");
 }

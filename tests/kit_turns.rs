@@ -441,7 +441,7 @@ impl Agent for Budgeted {
                 host.set_agent_state(&state).await?;
                 Ok(json!(state.budget))
             }
-            _ => Err(Error::NotFound(method.to_owned())),
+            _ => Err(Error::NotFound(agent_tools::NotFound::Method(method.to_owned()))),
         }
     }
 }

@@ -273,8 +273,8 @@ impl Agent for Assistant {
             }
             "ask" => ask(host, rpc_arg("ask", "{name, message?, turnId?, after?, stopAfter?}", arg)?).await,
             "schedule" => {
-                let task: ScheduledResearch = serde_json::from_value(arg)
-                    .map_err(|e| Error::Invalid(format!("schedule expects {{inMs, topic, runId}}: {e}")))?;
+                let task: ScheduledResearch =
+                    serde_json::from_value(arg).map_err(|e| Error::json("schedule expects {inMs, topic, runId}", e))?;
                 if host.scheduled()?.len() >= DEMO_SCHEDULED_TASKS {
                     return Err(format!("at most {DEMO_SCHEDULED_TASKS} scheduled tasks may wait at once").into());
                 }
@@ -408,7 +408,7 @@ async fn run_awaited(host: &AgentHost<Assistant>, child: Child, options: RunOpti
 fn rpc_arg<T: serde::de::DeserializeOwned>(method: &str, shape: &str, arg: Value) -> Result<T, Error> {
     // No argument at all reads as `{}`: what is required is then named as missing.
     let arg = if arg.is_null() { json!({}) } else { arg };
-    serde_json::from_value(arg).map_err(|e| Error::Invalid(format!("{method} expects {shape}: {e}")))
+    serde_json::from_value(arg).map_err(|e| Error::json(format!("{method} expects {shape}"), e))
 }
 
 /// The argument of `cancel`, `inspect` and `chunks`: a run id (and what each takes besides).

@@ -51,8 +51,8 @@ pub(crate) async fn bench(host: &AgentHost<Assistant>, arg: Value) -> Result<Val
         Some("rpc") => {
             let stub: worker::wasm_bindgen::JsValue = stub()?.into_rpc();
             let method =
-                js_sys::Reflect::get(&stub, &"agentToolsPing".into()).map_err(|e| Error::Invalid(format!("{e:?}")))?;
-            let call = js_sys::Function::from(method).call0(&stub).map_err(|e| Error::Invalid(format!("{e:?}")))?;
+                js_sys::Reflect::get(&stub, &"agentToolsPing".into()).map_err(|e| Error::invalid(format!("{e:?}")))?;
+            let call = js_sys::Function::from(method).call0(&stub).map_err(|e| Error::invalid(format!("{e:?}")))?;
             let outcome = worker::wasm_bindgen_futures::JsFuture::from(js_sys::Promise::from(call)).await;
             Ok(match outcome {
                 Ok(v) => json!({ "ok": v.as_string() }),

@@ -78,7 +78,8 @@ pub(crate) struct Core {
     /// When the object's one timer fires, if armed (the engines' next deadline), and which arm
     /// it is.
     pub(crate) timer_at: Cell<Option<i64>>,
-    pub(crate) timer_gen: Cell<u64>,
+    /// Cancels the armed timer's task (a later arm for an earlier time replaces it).
+    pub(crate) timer: RefCell<Option<CancelToken>>,
     /// When the pending alarm fires, as far as this instance knows.
     pub(crate) alarm_at: Cell<Option<i64>>,
     /// Client sockets whose replay is still going out (not in the live broadcast yet).
@@ -230,10 +231,10 @@ impl<A: Agent> AgentHost<A> {
     /// # fn main() {}
     /// ```
     pub fn agent_state<S: serde::de::DeserializeOwned + Default>(&self) -> Result<S, Error> {
-        match crate::state::get(self.host.sql()).map_err(|e| Error::Storage(e.to_string()))? {
+        match crate::state::get(self.host.sql())? {
             None => Ok(S::default()),
             Some(state) => serde_json::from_value(state)
-                .map_err(|e| Error::Invalid(format!("the stored state does not read as the type asked for: {e}"))),
+                .map_err(|e| Error::json("the stored state does not read as the type asked for", e)),
         }
     }
 
@@ -242,8 +243,7 @@ impl<A: Agent> AgentHost<A> {
     /// [`crate::StateSource::Server`]. Not validated: [`Agent::validate_state_change`] guards
     /// clients' changes.
     pub async fn set_agent_state<S: serde::Serialize>(&self, state: &S) -> Result<(), Error> {
-        let state =
-            serde_json::to_value(state).map_err(|e| Error::Invalid(format!("the state does not serialize: {e}")))?;
+        let state = serde_json::to_value(state).map_err(|e| Error::json("the state does not serialize", e))?;
         self.host.set_state(state).await
     }
 
@@ -257,7 +257,7 @@ impl<A: Agent> AgentHost<A> {
     /// kept in SQL (an alarm wakes a Durable Object without one). `Ok(None)` before the first
     /// request; `Err(Storage)` when it cannot be read (never a silent `None`).
     pub fn name(&self) -> Result<Option<String>, Error> {
-        meta::get(self.host.sql(), "name").map_err(|e| Error::Storage(e.to_string()))
+        meta::get(self.host.sql(), "name").map_err(Error::Storage)
     }
 
     /// Sends a text frame to every connected client (the TypeScript SDK's `broadcast`). The
@@ -277,20 +277,15 @@ impl<A: Agent> AgentHost<A> {
     /// Schedules [`Agent::on_schedule`] with `payload` at `at` (the past means now). Durable: it
     /// survives restarts and shares the agent's one alarm with the engine. Returns the task's id.
     pub async fn schedule<T: serde::Serialize>(&self, at: SystemTime, payload: &T) -> Result<String, Error> {
-        let payload = serde_json::to_string(payload)
-            .map_err(|e| Error::Invalid(format!("the payload does not serialize: {e}")))?;
-        self.host.schedule(crate::types::epoch_ms(at), payload).await.map_err(Error::Storage)
+        let payload = serde_json::to_string(payload).map_err(|e| Error::json("the payload does not serialize", e))?;
+        Ok(self.host.schedule(crate::types::epoch_ms(at), payload).await?)
     }
 
     /// Schedules a task `delay` from now (see [`AgentHost::schedule`]).
     pub async fn schedule_in<T: serde::Serialize>(&self, delay: Duration, payload: &T) -> Result<String, Error> {
         let at = self.host.now().saturating_add(crate::types::ms(delay));
         self.host
-            .schedule(
-                at,
-                serde_json::to_string(payload)
-                    .map_err(|e| Error::Invalid(format!("the payload does not serialize: {e}")))?,
-            )
+            .schedule(at, serde_json::to_string(payload).map_err(|e| Error::json("the payload does not serialize", e))?)
             .await
             .map_err(Error::Storage)
     }
@@ -341,7 +336,7 @@ impl Host {
             started_tails: RefCell::new(HashMap::new()),
             turn_runs: RefCell::new(HashMap::new()),
             timer_at: Cell::new(None),
-            timer_gen: Cell::new(0),
+            timer: RefCell::new(None),
             alarm_at: Cell::new(None),
             chat_recovery: Cell::new(false),
             chat_recovery_attempts: options.max_recovery_attempts,
@@ -672,8 +667,8 @@ impl Host {
 
     /// Sets the state from the agent: stored, sent to every client, then `on_state_changed`.
     pub(crate) async fn set_state(&self, state: Value) -> Result<(), Error> {
-        crate::state::check_size(&state).map_err(Error::Invalid)?;
-        crate::state::set(self.sql(), &state, self.now()).map_err(|e| Error::Storage(e.to_string()))?;
+        crate::state::check_size(&state).map_err(Error::invalid)?;
+        crate::state::set(self.sql(), &state, self.now())?;
         self.broadcast(&crate::state::state_frame(&state));
         self.hooks().on_state_changed(self, &state, &crate::StateSource::Server).await;
         Ok(())
@@ -716,19 +711,19 @@ impl Host {
 
     // ----- scheduled work ---------------------------------------------------------------
 
-    pub(crate) async fn schedule(&self, at: i64, payload: String) -> Result<String, String> {
+    pub(crate) async fn schedule(&self, at: i64, payload: String) -> Result<String, StoreError> {
         let id = self.0.io.random_id();
-        Schedule::new(self.sql()).add(&id, at, &payload).map_err(|e| e.to_string())?;
+        Schedule::new(self.sql()).add(&id, at, &payload)?;
         self.arm_alarm_at(at.max(self.now())).await;
         Ok(id)
     }
 
-    pub(crate) fn cancel_schedule(&self, id: &str) -> Result<bool, String> {
-        Schedule::new(self.sql()).cancel(id).map_err(|e| e.to_string())
+    pub(crate) fn cancel_schedule(&self, id: &str) -> Result<bool, StoreError> {
+        Schedule::new(self.sql()).cancel(id)
     }
 
-    pub(crate) fn scheduled(&self) -> Result<Vec<ScheduledTask>, String> {
-        Schedule::new(self.sql()).pending().map_err(|e| e.to_string())
+    pub(crate) fn scheduled(&self) -> Result<Vec<ScheduledTask>, StoreError> {
+        Schedule::new(self.sql()).pending()
     }
 
     /// Runs the tasks that are due (claimed under a lease, so two alarms never run one task at

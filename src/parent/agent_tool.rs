@@ -8,7 +8,7 @@
 use schemars::JsonSchema;
 use serde_json::{json, Value};
 
-use crate::error::Error;
+use crate::error::{Error, Invalid};
 use crate::llm::{ToolCall, ToolSpec};
 use crate::types::{AgentClass, RunOptions, RunResult, RunStatus};
 
@@ -195,7 +195,7 @@ impl AgentTool {
     /// model receives.
     pub fn check_input(&self, input: &Value) -> Result<(), Error> {
         crate::schema::validate(&self.input_schema, input)
-            .map_err(|e| Error::Invalid(format!("Invalid input for tool {}: {e}", self.name)))
+            .map_err(|e| Error::Invalid(Invalid::Input { tool: self.name.clone(), problem: e.to_string() }))
     }
 
     /// The dispatch options of a call, `order`-th of its step.
@@ -264,7 +264,10 @@ mod tests {
         assert_eq!(t.check_input(&json!({"query": "HTTP/3"})), Ok(()));
         assert_eq!(
             t.check_input(&json!({"query": "ab"})),
-            Err(Error::Invalid("Invalid input for tool research: /query: must be at least 3 characters long".into()))
+            Err(Error::Invalid(Invalid::Input {
+                tool: "research".into(),
+                problem: "/query: must be at least 3 characters long".into()
+            }))
         );
         assert!(t.check_input(&json!({})).unwrap_err().to_string().contains("/query: is required"));
     }

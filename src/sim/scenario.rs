@@ -212,7 +212,7 @@ impl Agent for Lead {
             _ => false,
         };
         if fails {
-            return Err(Error::Invalid(format!("handler attempt {attempt} fails")));
+            return Err(Error::invalid(format!("handler attempt {attempt} fails")));
         }
         *sim.seen.borrow_mut().delivered.entry((incarnation(&run.run_id, run.started_at), slot)).or_default() += 1;
         Ok(())
@@ -241,7 +241,7 @@ impl Agent for Worker {
 
     async fn run(&self, turn: &Turn<Self>) -> Result<TurnOutput, Error> {
         let Some(script) = sim().plan(turn.run_id()).map(|p| p.script.clone()) else {
-            return Err(Error::Invalid(format!("no script for {}", turn.run_id())));
+            return Err(Error::invalid(format!("no script for {}", turn.run_id())));
         };
         let attempt = turn.attempt();
         turn.emit(json!({ "type": "start" }).to_string());

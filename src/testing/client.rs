@@ -14,6 +14,7 @@ use super::io::KitSocket;
 use super::reducer::{Client as Reducer, Outcome};
 use super::world::WorldInner;
 use crate::chat::message::{text_of, user_text, MessageBuilder};
+use crate::error::Unavailable;
 
 /// How long a dropped client waits before it reconnects (virtual ms; PartySocket's first
 /// delay is about a second).
@@ -539,12 +540,14 @@ impl Client {
         let done = self.world().run_until(&mut || inbox.rpc.borrow().contains_key(&id));
         self.inbox.calls.borrow_mut().remove(&id);
         if !done {
-            return Err(crate::Error::Unavailable(format!("no answer to the RPC call {method} within the wait limit")));
+            return Err(
+                Unavailable::unreachable(format!("no answer to the RPC call {method} within the wait limit")).into()
+            );
         }
         match self.inbox.rpc.borrow_mut().remove(&id) {
-            Some(Err(e)) if e.starts_with(DROPPED) => Err(crate::Error::Unavailable(e)),
+            Some(Err(e)) if e.starts_with(DROPPED) => Err(Unavailable::unreachable(e).into()),
             Some(answer) => answer.map_err(crate::Error::Failed),
-            None => Err(crate::Error::Unavailable(format!("no answer to the RPC call {method}"))),
+            None => Err(Unavailable::unreachable(format!("no answer to the RPC call {method}")).into()),
         }
     }
 

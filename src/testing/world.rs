@@ -390,7 +390,7 @@ impl World {
     /// `GET <path>/get-messages`.
     pub fn try_connect(&self, path: &str) -> Result<Client, crate::Error> {
         let inbox = Inbox::new(&self.0, path);
-        self.0.upgrade(&inbox).map_err(crate::Error::Unavailable)?;
+        self.0.upgrade(&inbox).map_err(crate::Unavailable::unreachable)?;
         let messages = self.get(&format!("{}/get-messages", path.trim_end_matches('/')));
         if let Ok(serde_json::Value::Array(messages)) = serde_json::from_slice(messages.body()) {
             inbox.set_transcript(messages);

@@ -142,7 +142,7 @@ impl HandlerTag {
     /// dead-lettered.
     pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, crate::Error> {
         serde_json::from_value(self.0.clone())
-            .map_err(|e| crate::Error::Invalid(format!("unknown detached handler {}: {e}", self.0)))
+            .map_err(|e| crate::Error::json(format!("unknown detached handler {}", self.0), e))
     }
 
     /// The tag as JSON.
@@ -162,9 +162,9 @@ pub struct DetachedHandle {
     pub agent_type: String,
     /// `running`, or the status a known run id already ended with.
     pub status: RunStatus,
-    /// Why it was refused.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) error: Option<String>,
+    /// Why nothing was started ([`crate::AgentHost::run_agent_tool_detached`] returns it).
+    #[serde(skip)]
+    pub(crate) error: Option<crate::Error>,
 }
 
 #[cfg(test)]
@@ -182,6 +182,8 @@ mod tests {
         let tag = HandlerTag(options.on_finish.clone().expect("a tag"));
         assert_eq!(tag.decode::<Handler>(), Ok(Handler::ImportDone { batch: 7 }));
         let other = HandlerTag(serde_json::json!("retired"));
-        assert!(matches!(other.decode::<Handler>(), Err(crate::Error::Invalid(why)) if why.contains("\"retired\"")));
+        assert!(
+            matches!(other.decode::<Handler>(), Err(e @ crate::Error::Invalid(_)) if e.to_string().contains("\"retired\""))
+        );
     }
 }

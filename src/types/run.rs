@@ -453,7 +453,7 @@ impl ScheduledTask {
     /// The payload as the type it was scheduled with.
     pub fn payload<T: serde::de::DeserializeOwned>(&self) -> Result<T, crate::Error> {
         serde_json::from_value(self.payload.clone())
-            .map_err(|e| crate::Error::Invalid(format!("task {} payload: {e}", self.id)))
+            .map_err(|e| crate::Error::json(format!("task {} payload", self.id), e))
     }
 }
 

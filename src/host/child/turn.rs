@@ -100,7 +100,7 @@ impl<A: Agent> Turn<A> {
     /// ```
     pub fn input<T: serde::de::DeserializeOwned>(&self) -> Result<T, Error> {
         serde_json::from_value(self.input.clone())
-            .map_err(|e| Error::Invalid(format!("run {}'s input is not the tool's input type: {e}", self.run_id)))
+            .map_err(|e| Error::json(format!("run {}'s input is not the tool's input type", self.run_id), e))
     }
 
     /// The input the parent dispatched, as JSON.
@@ -182,12 +182,11 @@ impl<A: Agent> Turn<A> {
             let kept = ChildRuns::new(self.host.host.sql()).message(&self.run_id, name);
             match kept {
                 Ok(Some(value)) => {
-                    return serde_json::from_value(value).map_err(|e| {
-                        Error::Invalid(format!("the message {name:?} is not what the run waits for: {e}"))
-                    })
+                    return serde_json::from_value(value)
+                        .map_err(|e| Error::json(format!("the message {name:?} is not what the run waits for"), e))
                 }
                 Ok(None) => {}
-                Err(e) => return Err(Error::Storage(e.to_string())),
+                Err(e) => return Err(Error::Storage(e)),
             }
             let (sender, arrived) = futures::channel::oneshot::channel();
             self.host.host.0.inbox_waiters.borrow_mut().entry(key.clone()).or_default().push(sender);

@@ -8,7 +8,7 @@ use futures::StreamExt;
 use serde_json::Value;
 
 use crate::agent::Agent;
-use crate::error::Error;
+use crate::error::{Error, NotFound, Refused, Unavailable};
 use crate::host::core::{missing_binding, AgentHost, Host};
 use crate::host::{ChildCall, ChildReply};
 use crate::parent::agent_tool::ChildRef;
@@ -17,6 +17,7 @@ use crate::parent::outbox::{Outbox, Sent};
 use crate::parent::registry::{NewRun, RunRecord};
 use crate::protocol::child_api::MessageRequest;
 use crate::protocol::tail::{LineSplitter, TailLine};
+use crate::store::StoreError;
 use crate::types::AgentClass;
 use crate::types::{
     validate_run_id, AgentToolChunk, ClearFilter, DetachedHandle, DetachedOptions, EventDelivery, RunInfo,
@@ -92,11 +93,11 @@ impl<A: Agent> AgentHost<A> {
         detached: DetachedOptions,
     ) -> Result<DetachedHandle, Error> {
         if let Some(problem) = &detached.invalid_tag {
-            return Err(Error::Invalid(problem.clone()));
+            return Err(Error::invalid(problem.clone()));
         }
         let handle = self.host.dispatch_detached(ChildRef::of::<C>(), options, detached).await;
         match handle.error {
-            Some(problem) => Err(Error::Refused(problem)),
+            Some(error) => Err(error),
             None => Ok(handle),
         }
     }
@@ -131,7 +132,7 @@ impl<A: Agent> AgentHost<A> {
         name: &str,
         message: &T,
     ) -> Result<(), Error> {
-        let value = serde_json::to_value(message).map_err(|e| Error::Invalid(e.to_string()))?;
+        let value = serde_json::to_value(message).map_err(|e| Error::json("the message does not serialize", e))?;
         self.host.send_to_agent_tool_run(run_id, name, value).await
     }
 
@@ -185,7 +186,7 @@ impl Host {
     pub(crate) async fn dispatch_awaited(&self, child: ChildRef, options: RunOptions) -> RunResult {
         let new = match self.prepare(child, &options) {
             Ok(new) => new,
-            Err((run_id, problem)) => return RunResult::refused(run_id, child.class, problem),
+            Err((run_id, error)) => return RunResult::refused(run_id, child.class, error.to_string()),
         };
         let run_id = new.run_id.clone();
         let signal = options.signal.clone().unwrap_or_default();
@@ -222,13 +223,13 @@ impl Host {
 
     /// Checks a dispatch's run id and child binding, and describes its row; a refusal is the
     /// run id and why.
-    pub(crate) fn prepare(&self, child: ChildRef, options: &RunOptions) -> Result<NewRun, (String, String)> {
+    pub(crate) fn prepare(&self, child: ChildRef, options: &RunOptions) -> Result<NewRun, (String, Error)> {
         let run_id = options.run_id.clone().unwrap_or_else(|| self.0.io.random_id());
         if let Err(problem) = validate_run_id(&run_id) {
-            return Err((run_id, problem));
+            return Err((run_id, Error::invalid(problem)));
         }
         if !self.0.io.has_binding(child.binding) {
-            return Err((run_id, missing_binding(self.0.class, child.class, child.binding)));
+            return Err((run_id, Error::Config(missing_binding(self.0.class, child.class, child.binding))));
         }
         Ok(NewRun {
             run_id,
@@ -264,25 +265,26 @@ impl Host {
         admitted.handle(&run_id, child.class)
     }
 
-    pub(crate) fn cancel_agent_tool(&self, run_id: &str, reason: Option<String>) -> Result<(), String> {
+    pub(crate) fn cancel_agent_tool(&self, run_id: &str, reason: Option<String>) -> Result<(), StoreError> {
         let Called { result, actions } =
             self.0.parent.borrow_mut().cancel(self.parent_sql(), run_id, reason, self.now());
         self.carry_out(actions);
-        result.map_err(|e| e.to_string())
+        result
     }
 
     pub(crate) async fn send_to_agent_tool_run(&self, run_id: &str, name: &str, value: Value) -> Result<(), Error> {
-        let Some(run) = self.registry().get(run_id).map_err(|e| Error::Storage(e.to_string()))? else {
-            return Err(Error::NotFound(format!("no agent-tool run {run_id:?}")));
+        let Some(run) = self.registry().get(run_id)? else {
+            return Err(Error::NotFound(NotFound::Run(run_id.to_owned())));
         };
-        if !matches!(run.status, crate::RunStatus::Starting | crate::RunStatus::Running) {
-            return Err(Error::Refused(format!("run {run_id:?} already ended ({})", run.status.as_str())));
+        if !run.status.is_live() {
+            return Err(Refused::Ended { run_id: run_id.to_owned(), status: run.status }.into());
         }
         let outbox = Outbox::new(self.parent_sql());
-        match outbox.send(run_id, name, &value, self.now()).map_err(|e| Error::Storage(e.to_string()))? {
+        match outbox.send(run_id, name, &value, self.now())? {
             Sent::New | Sent::Again => {}
             Sent::Taken(first) => {
-                return Err(Error::Refused(format!("run {run_id:?} was already sent {name:?}: {first}")));
+                let (run_id, name) = (run_id.to_owned(), name.to_owned());
+                return Err(Refused::AlreadySent { run_id, name, first: first.to_string() }.into());
             }
         }
         self.deliver_messages(Some(run_id)).await;
@@ -334,7 +336,7 @@ impl Host {
         }
     }
 
-    pub(crate) async fn clear_agent_tool_runs(&self, filter: &ClearFilter) -> Result<Vec<String>, String> {
+    pub(crate) async fn clear_agent_tool_runs(&self, filter: &ClearFilter) -> Result<Vec<String>, StoreError> {
         // An object with no registry has no runs: nothing to clear, and no tables to make for it.
         if !self.0.parent_tables.get() {
             return Ok(Vec::new());
@@ -347,32 +349,36 @@ impl Host {
         }
         match result {
             Ok(Cleared { runs, failed: None }) => Ok(runs),
-            Ok(Cleared { runs, failed: Some(e) }) => {
-                Err(format!("{e}; {} runs were cleared before it, the rest are as they were", runs.len()))
-            }
-            Err(e) => Err(e.to_string()),
+            Ok(Cleared { runs, failed: Some(e) }) => Err(StoreError {
+                message: format!(
+                    "{}; {} runs were cleared before it, the rest are as they were",
+                    e.message,
+                    runs.len()
+                ),
+            }),
+            Err(e) => Err(e),
         }
     }
 
     // ----- read-only views --------------------------------------------------------------
 
-    pub(crate) fn has_agent_tool_run(&self, agent_type: &str, run_id: &str) -> Result<bool, String> {
+    pub(crate) fn has_agent_tool_run(&self, agent_type: &str, run_id: &str) -> Result<bool, StoreError> {
         self.registry().has_run(agent_type, run_id).map_err(|e| self.read_failed("has_agent_tool_run", e))
     }
 
-    pub(crate) fn agent_tool_runs(&self) -> Result<Vec<RunInfo>, String> {
+    pub(crate) fn agent_tool_runs(&self) -> Result<Vec<RunInfo>, StoreError> {
         let runs = self.registry().all().map_err(|e| self.read_failed("agent_tool_runs", e))?;
         Ok(runs.iter().map(RunRecord::info).collect())
     }
 
-    pub(crate) fn inspect_agent_tool_run(&self, run_id: &str) -> Result<Option<RunInspection>, String> {
+    pub(crate) fn inspect_agent_tool_run(&self, run_id: &str) -> Result<Option<RunInspection>, StoreError> {
         self.registry().inspection(run_id).map_err(|e| self.read_failed("inspect", e))
     }
 
-    /// A read of the registry failed: reported (`agent_tool:storage_failed`), and its message.
-    fn read_failed(&self, step: &str, e: crate::store::StoreError) -> String {
+    /// A read of the registry failed: reported (`agent_tool:storage_failed`), and passed on.
+    fn read_failed(&self, step: &str, e: StoreError) -> StoreError {
         self.storage_failed(step, &e);
-        e.to_string()
+        e
     }
 
     pub(crate) async fn agent_tool_chunks(
@@ -386,10 +392,11 @@ impl Host {
             Err(e) => return Err(Error::Storage(self.read_failed("agent_tool_chunks", e))),
         };
         if record.event_delivery == EventDelivery::Terminal {
-            return self
-                .child_chunks(&record, after.unwrap_or(-1))
-                .await
-                .map_err(|e| Error::Unavailable(format!("reading the chunks of {run_id} from its child failed: {e}")));
+            return self.child_chunks(&record, after.unwrap_or(-1)).await.map_err(|e| {
+                Error::Unavailable(Unavailable::unreachable(format!(
+                    "reading the chunks of {run_id} from its child failed: {e}"
+                )))
+            });
         }
         let frames = self.registry().frames(run_id, after.unwrap_or(-1));
         let frames = frames.map_err(|e| Error::Storage(self.read_failed("agent_tool_chunks", e)))?;

@@ -151,7 +151,8 @@ impl Host {
     }
 
     /// Arms the object's one timer for the engines' next deadline (an earlier one already
-    /// armed stays: when it fires it finds nothing due and arms the next).
+    /// armed stays: when it fires it finds nothing due and arms the next). A timer armed for a
+    /// later time is cancelled: no sleeping task outlives its purpose.
     pub(crate) fn rearm_timer(&self) {
         let parent = self.0.parent.borrow().poll_timeout();
         let child = self.0.child.borrow().poll_timeout();
@@ -159,17 +160,20 @@ impl Host {
         if self.0.timer_at.get().is_some_and(|armed| armed <= at) {
             return;
         }
-        let gen = self.0.timer_gen.get() + 1;
-        self.0.timer_gen.set(gen);
+        let token = CancelToken::new();
+        if let Some(earlier) = self.0.timer.replace(Some(token.clone())) {
+            earlier.cancel(None);
+        }
         self.0.timer_at.set(Some(at));
         let sleep = self.0.io.sleep((at - self.now()).max(1) as u64);
         let host = self.clone();
         self.spawn(async move {
-            sleep.await;
+            futures::future::select(sleep, Box::pin(token.cancelled())).await;
             // A later arm for an earlier time took over.
-            if host.0.timer_gen.get() != gen {
+            if token.is_cancelled() {
                 return;
             }
+            host.0.timer.replace(None);
             host.0.timer_at.set(None);
             let now = host.now();
             let actions = host.0.parent.borrow_mut().handle_timeout(host.parent_sql(), now);

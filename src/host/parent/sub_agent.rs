@@ -11,7 +11,7 @@ use futures::StreamExt;
 use serde_json::Value;
 
 use crate::agent::Agent;
-use crate::error::Error;
+use crate::error::{Error, Unavailable};
 use crate::host::core::{AgentHost, Host};
 use crate::host::io::ByteStream;
 use crate::host::{ChildCall, ChildReply};
@@ -122,7 +122,7 @@ impl<C: AgentClass> SubAgentStub<C> {
     }
 
     async fn stream(&self, turn: String, call: ChildCall) -> Result<ChatStream, Error> {
-        match self.host.0.io.call_child(&self.to, call).await.map_err(Error::Unavailable)? {
+        match self.host.0.io.call_child(&self.to, call).await.map_err(Unavailable::unreachable)? {
             ChildReply::Tail(body) => Ok(ChatStream {
                 host: self.host.clone(),
                 to: self.to.clone(),
@@ -133,9 +133,9 @@ impl<C: AgentClass> SubAgentStub<C> {
                 outcome: None,
             }),
             ChildReply::Refused { status, body } => {
-                Err(Error::Unavailable(format!("{} refused the chat ({status}): {body}", C::CLASS)))
+                Err(Unavailable::answered(status, format!("{} refused the chat ({status}): {body}", C::CLASS)).into())
             }
-            _ => Err(Error::Unavailable(format!("{} answered out of turn", C::CLASS))),
+            _ => Err(Unavailable::out_of_protocol(format!("{} answered out of turn", C::CLASS)).into()),
         }
     }
 }
@@ -157,7 +157,7 @@ impl ChatStream {
                 Some(Ok(bytes)) => bytes,
                 Some(Err(e)) => {
                     self.body = None;
-                    return Some(Err(Error::Unavailable(e)));
+                    return Some(Err(Unavailable::unreachable(e).into()));
                 }
                 None => {
                     self.body = None;
@@ -168,20 +168,24 @@ impl ChatStream {
                 Ok(lines) => lines,
                 Err(too_long) => {
                     self.body = None;
-                    return Some(Err(Error::Unavailable(too_long.to_string())));
+                    return Some(Err(Unavailable::out_of_protocol(too_long.to_string()).into()));
                 }
             };
             for line in lines {
                 match line {
                     Ok(TailLine::Chunk { i, b, .. }) => match serde_json::from_str(&b) {
                         Ok(chunk) => self.ready.push_back(ChatChunk { index: i, chunk }),
-                        Err(e) => return Some(Err(Error::Unavailable(format!("a chunk that is not JSON: {e}")))),
+                        Err(e) => {
+                            return Some(Err(
+                                Unavailable::out_of_protocol(format!("a chunk that is not JSON: {e}")).into()
+                            ))
+                        }
                     },
                     Ok(TailLine::End { outcome }) => {
                         self.outcome = Some(outcome);
                         self.body = None;
                     }
-                    Err(e) => return Some(Err(Error::Unavailable(e))),
+                    Err(e) => return Some(Err(Unavailable::out_of_protocol(e).into())),
                 }
             }
         }

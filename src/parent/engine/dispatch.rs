@@ -10,16 +10,14 @@ use crate::protocol::child_api::StartRequest;
 use crate::types::{ms, Admission};
 
 /// Why a dispatch is too big to take, if it is.
-fn oversized(new: &NewRun, input: &Value) -> Option<String> {
-    let input_bytes = input.to_string().len();
-    if input_bytes > MAX_INPUT_BYTES {
-        return Some(format!("the run's input is {input_bytes} bytes of JSON; at most {MAX_INPUT_BYTES} are accepted"));
+fn oversized(new: &NewRun, input: &Value) -> Option<Refused> {
+    let bytes = input.to_string().len();
+    if bytes > MAX_INPUT_BYTES {
+        return Some(Refused::TooLarge { what: "input", bytes, limit: MAX_INPUT_BYTES });
     }
-    let display_bytes = new.display.as_ref().map_or(0, |d| d.to_string().len());
-    if display_bytes > MAX_DISPLAY_BYTES {
-        return Some(format!(
-            "the run's display is {display_bytes} bytes of JSON; at most {MAX_DISPLAY_BYTES} are accepted"
-        ));
+    let bytes = new.display.as_ref().map_or(0, |d| d.to_string().len());
+    if bytes > MAX_DISPLAY_BYTES {
+        return Some(Refused::TooLarge { what: "display", bytes, limit: MAX_DISPLAY_BYTES });
     }
     None
 }
@@ -56,15 +54,13 @@ impl ParentEngine {
         from_queue: bool,
         now: i64,
     ) -> (Admitted, Vec<ParentAction>) {
-        let mut admitted = None;
-        let mut actions = self.unit(sql, None, "dispatch", now, |engine| {
-            let (outcome, actions) = engine.admit(sql, dispatch, input, from_queue, now)?;
-            admitted = Some(outcome);
-            Ok(actions)
-        });
-        let admitted = admitted.unwrap_or_else(|| {
-            Admitted::Refused("the dispatch could not be recorded (a storage failure); nothing was started".into())
-        });
+        // One unit: a storage failure rolls it back whole, and the caller hears of it.
+        let (admitted, mut actions) = match atomic(sql, || self.admit(sql, dispatch, input, from_queue, now)) {
+            Ok(admitted) => admitted,
+            Err(error) => {
+                (Admitted::Refused(Error::Storage(error.clone())), self.trouble(None, "dispatch", &error, now))
+            }
+        };
         if matches!(admitted, Admitted::Driving(_)) {
             actions.extend(self.unit(sql, None, "retention", now, |engine| engine.retain(sql, now)));
         }
@@ -81,21 +77,20 @@ impl ParentEngine {
     ) -> Result<(Admitted, Vec<ParentAction>), StoreError> {
         let Dispatch { new, detached, abandoned } = dispatch;
         if detached.is_some() && new.event_delivery == EventDelivery::Terminal {
-            let problem = "event_delivery \"terminal\" is not supported for detached runs".to_owned();
-            return Ok((Admitted::Refused(problem), Vec::new()));
+            return Ok((Admitted::Refused(Refused::TerminalDeliveryDetached.into()), Vec::new()));
         }
-        if let Some(problem) = oversized(&new, &input) {
-            return Ok((Admitted::Refused(problem), Vec::new()));
+        if let Some(refused) = oversized(&new, &input) {
+            return Ok((Admitted::Refused(refused.into()), Vec::new()));
         }
         let registry = Registry::new(sql);
         if let Some(existing) = registry.get(&new.run_id)? {
             if existing.agent_type != new.agent_type {
-                let error = RegistryError::AgentTypeMismatch {
+                let refused = Refused::OtherClass {
                     run_id: new.run_id.clone(),
                     existing: existing.agent_type,
                     requested: new.agent_type.clone(),
                 };
-                return Ok((Admitted::Refused(error.to_string()), Vec::new()));
+                return Ok((Admitted::Refused(refused.into()), Vec::new()));
             }
             if existing.status.is_hard_terminal() {
                 return Ok((Admitted::Finished(existing.result()), Vec::new()));
@@ -120,14 +115,11 @@ impl ParentEngine {
         // A deleted run whose child has not yet deleted its storage: starting it now would find
         // the old run there. Refused (nothing written) and the clear asked again.
         if let Some((binding, name)) = registry.child_clear_owed(&new.run_id)? {
-            let problem = format!(
-                "run id {:?} was cleared and its child has not yet deleted its storage; dispatch it again shortly",
-                new.run_id
-            );
+            let refused = Refused::ClearPending { run_id: new.run_id.clone() };
             let gen = self.gen();
             let retry =
                 ParentAction::ClearChild { run_id: new.run_id.clone(), to: ChildAddress { binding, name }, gen };
-            return Ok((Admitted::Refused(problem), vec![retry]));
+            return Ok((Admitted::Refused(refused.into()), vec![retry]));
         }
         if let Some(limit) = self.options.max_concurrent {
             let queues = self.options.admission == Admission::Queue && detached.is_none();
@@ -136,7 +128,7 @@ impl ParentEngine {
             if waiting || registry.live_count()? >= limit as i64 {
                 if !queues {
                     // A detached dispatch must return at once: over the cap it is refused.
-                    return Ok((Admitted::Refused(cap_message(limit)), Vec::new()));
+                    return Ok((Admitted::Refused(Refused::CapReached { limit }.into()), Vec::new()));
                 }
                 let dispatch = Dispatch { new, detached, abandoned: None };
                 self.queue.push_back(Queued { dispatch, input });
@@ -147,7 +139,10 @@ impl ParentEngine {
             Ok(Inserted::New(record)) => record,
             Ok(Inserted::Existing(record)) => return Ok((Admitted::Joined(record), Vec::new())),
             Err(RegistryError::Store(error)) => return Err(error),
-            Err(mismatch) => return Ok((Admitted::Refused(mismatch.to_string()), Vec::new())),
+            Err(RegistryError::AgentTypeMismatch { run_id, existing, requested }) => {
+                let refused = Refused::OtherClass { run_id, existing, requested };
+                return Ok((Admitted::Refused(refused.into()), Vec::new()));
+            }
         };
         let mut actions = vec![ParentAction::Broadcast(record.started_frame().to_json())];
         if let Some(mut options) = detached {
@@ -188,7 +183,7 @@ impl ParentEngine {
             let (admitted, more) = self.admit_one(sql, dispatch, input, true, now);
             actions.extend(more);
             let result = match admitted {
-                Admitted::Refused(problem) => RunResult::refused(&run_id, &agent_type, problem),
+                Admitted::Refused(error) => RunResult::refused(&run_id, &agent_type, error.to_string()),
                 Admitted::Finished(result) => result,
                 Admitted::Driving(_) | Admitted::Joined(_) | Admitted::Queued => continue,
             };

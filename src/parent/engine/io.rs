@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 
+use crate::error::Error;
 use crate::observability::EventType;
 use crate::parent::detached::Slot;
 use crate::parent::registry::{NewRun, RunRecord};
@@ -357,9 +358,10 @@ pub enum ParentAction {
 /// How a dispatch was admitted.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Admitted {
-    /// Refused, writing nothing (a bad or oversized dispatch, a run id of another class, the
-    /// cap under [`crate::Admission::Reject`], a detached run over the cap).
-    Refused(String),
+    /// Nothing was started, for this reason: refused, writing nothing (an oversized dispatch,
+    /// a run id of another class, the cap under [`crate::Admission::Reject`], a detached run over
+    /// the cap), an input that does not fit, or a storage failure (rolled back whole).
+    Refused(Error),
     /// The run already ended (or the caller gave up before it was admitted): its result.
     Finished(RunResult),
     /// This instance drives it now; wait for its [`ParentAction::Resolve`].
@@ -376,7 +378,7 @@ impl Admitted {
     /// `None`: wait for its [`ParentAction::Resolve`].
     pub fn settled(self, run_id: &str, agent_type: &str) -> Option<RunResult> {
         match self {
-            Self::Refused(problem) => Some(RunResult::refused(run_id, agent_type, problem)),
+            Self::Refused(error) => Some(RunResult::refused(run_id, agent_type, error.to_string())),
             Self::Finished(result) => Some(result),
             Self::Driving(_) | Self::Joined(_) | Self::Queued => None,
         }

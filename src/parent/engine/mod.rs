@@ -25,6 +25,7 @@ use std::collections::{HashMap, VecDeque};
 
 use serde_json::{json, Value};
 
+use crate::error::{Error, Refused};
 use crate::observability::EventType;
 use crate::parent::detached::{Ledger, Slot};
 use crate::parent::registry::{Registry, RunRecord};
@@ -535,11 +536,6 @@ pub fn current_result(sql: &(impl Sql + ?Sized), run_id: &str, agent_type: &str)
             RunResult { status: RunStatus::Aborted, ..RunResult::refused(run_id, agent_type, "the run was cleared") }
         }
     })
-}
-
-/// Admission in words, for a dispatch over the cap that does not queue.
-fn cap_message(limit: usize) -> String {
-    format!("maxConcurrentAgentTools ({limit}) reached: {limit} runs are starting or running; retry when one finishes")
 }
 
 #[cfg(all(test, not(target_arch = "wasm32")))]
