@@ -25,6 +25,9 @@ CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
   cargo test --target wasm32-unknown-unknown -p agent-tools --test wasm
 # The example Worker's own tests: its agents hosted natively by the test kit (no wrangler).
 cargo test -p hello-agents --tests
+# Three guards of docs/testing.md removed in turn, each caught by a test its row names: a different
+# three for each commit, so successive CI runs go round all of them (the whole: run.py, ~40 min).
+SIM_SCHEDULES=300 python3 scripts/guards/run.py --sample 3
 rm -f "$ROOT/test-artifacts/scale.txt"
 cargo test -p agent-tools --features demo --lib --tests -- --test-threads="${TEST_THREADS:-2}" "$@"
 if [ -f "$ROOT/test-artifacts/scale.txt" ]; then

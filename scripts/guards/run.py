@@ -8,7 +8,9 @@ disagree, when no test misses a removed guard, or when the tests that miss it ar
 row of the table names.
 
 `--check` checks the patterns and the table only (seconds, no build): what `scripts/test.sh` runs,
-so a guard whose code moved, or a table that no longer says what the guards are, fails CI."""
+so a guard whose code moved, or a table that no longer says what the guards are, fails CI.
+`--sample N` removes N guards, a different N for each commit (by the count of commits), so the CI
+runs of successive commits go round them all: what `scripts/test.sh` runs after `--check`."""
 import subprocess, sys, os, re, json
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from guards import GUARDS
@@ -62,7 +64,14 @@ if '--check' in sys.argv[1:]:
     sys.exit(1 if problems else 0)
 env = dict(os.environ, SIM_SCHEDULES=os.environ.get('SIM_SCHEDULES', '3000'))
 results = []
-only = [a for a in sys.argv[1:] if a != '--check']
+args = sys.argv[1:]
+only = [a for a in args if a.isdigit()]
+if '--sample' in args:
+    n = int(args[args.index('--sample') + 1])
+    commits = subprocess.run(['git', 'rev-list', '--count', 'HEAD'], capture_output=True, text=True).stdout.strip()
+    k = int(commits or '0')
+    only = [str((k * n + i) % len(GUARDS)) for i in range(n)]
+    print('guards sampled for this commit:', ' '.join(only), flush=True)
 for i, (name, f, old, new, *args) in enumerate(GUARDS):
     if only and str(i) not in only:
         continue

@@ -454,6 +454,24 @@ mod tests {
         ToolCall::new(id, name, json!({"q": id}))
     }
 
+    /// What the parent's detached notices go through: held while a turn is open (clients do
+    /// not see it before the answer it follows), in the transcript at once otherwise.
+    #[test]
+    fn a_message_injected_while_a_turn_is_open_waits_for_its_end() {
+        let db = db();
+        let messages = crate::chat::store::Messages::new(&db);
+        let ids = || -> Vec<String> {
+            messages.list().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_owned()).collect()
+        };
+        Journal::new(&db).begin("r1", "a1", 1).unwrap();
+        assert!(inject(&db, &json!({"id": "n1", "role": "assistant", "parts": []}), 2).unwrap());
+        assert!(ids().is_empty(), "held while the turn is open: {:?}", ids());
+        Journal::new(&db).end("r1").unwrap();
+        assert_eq!(Held::new(&db).release(3).unwrap(), 1);
+        assert!(inject(&db, &json!({"id": "n2", "role": "assistant", "parts": []}), 4).unwrap());
+        assert_eq!(ids(), ["n1", "n2"], "no turn open: in at once");
+    }
+
     #[test]
     fn a_turn_keeps_its_place_in_the_transcript_from_its_start() {
         let db = db();
