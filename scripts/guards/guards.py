@@ -42,7 +42,7 @@ GUARDS = [
  ("a stopped driver releases the recovery pass", "src/parent/engine/mod.rs",
   "            if pass.current.as_ref().is_some_and(|(id, _)| id == run_id) {\n                pass.current = None;\n            }\n        }\n    }\n\n    /// The driver of", "            if pass.current.as_ref().is_some_and(|(id, _)| id == run_id) {\n            }\n        }\n    }\n\n    /// The driver of"),
  ("an owed child clear keeps the alarm armed", "src/parent/engine/clear.rs",
-  "ParentAction::ArmAlarm { at: retry_at }]", "ParentAction::ArmAlarm { at: i64::MAX }]"),
+  "        self.wake_at(retry_at);\n", ""),
  ("the cap is checked at admission", "src/parent/engine/dispatch.rs",
   "if waiting || registry.live_count()? >= limit as i64 {", "if waiting {"),
  ("the queue is served first come, first served", "src/parent/engine/dispatch.rs",
@@ -113,4 +113,7 @@ GUARDS = [
   "                .upsert_at(message, turn.ord, now)\n                .and_then(|()| Journal::new(self.sql()).end(request_id))", "                .upsert(message, now)\n                .and_then(|()| Journal::new(self.sql()).end(request_id))", ["--features", "testing", "--test", "kit_turns"]),
  ("a cut turn takes the turn slot before a message that woke the instance", "src/host/core.rs",
   "        let slot = self.0.chat.claim_slot();", "        let slot = None;", ["--features", "testing", "--test", "kit_turns"]),
+ # The durable alarm, pulled from the engine (ParentEngine::poll_alarm).
+ ("the alarm, once fired, asks only for what comes next", "src/parent/engine/recovery.rs",
+  "        self.alarm = self.alarm.filter(|at| *at > now);\n", ""),
 ]

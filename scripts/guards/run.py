@@ -11,7 +11,9 @@ row of the table names.
 so a guard whose code moved, or a table that no longer says what the guards are, fails CI.
 `--sample N` removes N guards, a different N for each commit (by the count of commits), so the CI
 runs of successive commits go round them all: what `scripts/test.sh` runs after `--check`."""
-import subprocess, sys, os, re, json
+import subprocess, sys, os, re, json, signal
+# A run stopped from outside (a timeout's SIGTERM) still puts the guard back (the `finally` below).
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from guards import GUARDS
 os.chdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..'))

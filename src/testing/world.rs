@@ -35,6 +35,9 @@ pub const QUIET_MS: i64 = 5 * 60_000;
 /// run at most (1 hour).
 pub const WAIT_LIMIT_MS: i64 = 60 * 60_000;
 
+/// How many times timers and alarms may fire at one instant before the world calls it a loop.
+const STALL_LIMIT: u32 = 10_000;
+
 /// One object of the world: an agent class's binding and an instance name, as a Durable Object
 /// namespace addresses it (`idFromName`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -1003,6 +1006,9 @@ impl WorldInner {
 
     /// [`WorldInner::run_ready`], stopping as soon as `done` holds.
     pub(crate) fn run_ready_until(self: &Rc<Self>, done: &mut dyn FnMut() -> bool) -> bool {
+        // Timers and alarms fired at this instant: one that fires again and again (re-armed
+        // for a time already past) fails the test instead of hanging it.
+        let mut fired = 0u32;
         loop {
             if done() {
                 return true;
@@ -1012,6 +1018,13 @@ impl WorldInner {
                 continue;
             }
             if self.exec.fire_due() || self.fire_alarms() {
+                fired += 1;
+                assert!(
+                    fired < STALL_LIMIT,
+                    "timers or alarms fired {STALL_LIMIT} times at {} ms without time passing: one is re-armed \
+                     for a time already past",
+                    self.exec.now()
+                );
                 continue;
             }
             return done();

@@ -33,17 +33,12 @@ impl Host {
     /// children, results to callers) at once and in order, so frames leave in the order the
     /// engine numbered them; the ones that run the agent's code (hooks, deliveries, notices, chat
     /// turns) after them, in order, in a background task. Then the one timer is armed for the
-    /// engines' next deadline.
+    /// engines' next deadline, and the durable alarm for the parent engine's
+    /// ([`crate::parent::engine::ParentEngine::poll_alarm`]).
     pub(crate) fn carry_out(&self, actions: Vec<ParentAction>) {
         let mut deferred = Vec::new();
         let mut frames = Vec::new();
-        // One arm per batch, for the earliest time asked.
-        let mut arm: Option<i64> = None;
         for action in actions {
-            if let ParentAction::ArmAlarm { at } = action {
-                arm = Some(arm.map_or(at, |a| a.min(at)));
-                continue;
-            }
             if let ParentAction::Broadcast(text) = action {
                 // Consecutive frames go out together: the sockets are looked up once.
                 frames.push(text);
@@ -93,14 +88,16 @@ impl Host {
                 }
                 ParentAction::Transcript => self.0.chat.broadcast_transcript(None),
                 ParentAction::Observe(kind, payload) => self.observe(kind, payload),
-                ParentAction::Broadcast(_) | ParentAction::ArmAlarm { .. } => {}
+                ParentAction::Broadcast(_) => {}
                 other => deferred.push(other),
             }
         }
         if !frames.is_empty() {
             self.broadcast_all(frames.into_iter());
         }
-        if let Some(at) = arm {
+        // The alarm, when the engine wants it sooner than it is armed for.
+        let alarm = self.0.parent.borrow().poll_alarm();
+        if let Some(at) = alarm.filter(|at| self.0.alarm_at.get().is_none_or(|armed| armed > *at)) {
             let host = self.clone();
             self.spawn(async move { host.arm_alarm_at(at).await });
         }

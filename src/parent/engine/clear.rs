@@ -77,7 +77,7 @@ impl ParentEngine {
         let mut actions = Vec::new();
         for run_id in &doomed {
             let Some(record) = registry.get(run_id)? else { continue };
-            actions.extend(self.clear_child(sql, &record, now)?);
+            actions.push(self.clear_child(sql, &record, now)?);
         }
         registry.delete(&doomed)?;
         Ledger::new(sql).forget(&doomed)?;
@@ -85,7 +85,7 @@ impl ParentEngine {
             self.watching.remove(run_id);
         }
         if doomed.len() == RETENTION_BATCH {
-            actions.push(ParentAction::ArmAlarm { at: now + RETAIL_PAUSE_MS });
+            self.wake_at(now + RETAIL_PAUSE_MS);
         }
         if !doomed.is_empty() {
             actions.push(ParentAction::Observe(
@@ -117,7 +117,7 @@ impl ParentEngine {
                 if !run.status.is_hard_terminal() {
                     actions.extend(self.cancel_run(sql, &run.run_id, Some("cleared".into()), now)?);
                 }
-                actions.extend(self.clear_child(sql, &run, now)?);
+                actions.push(self.clear_child(sql, &run, now)?);
                 let ids = std::slice::from_ref(&run.run_id);
                 Registry::new(sql).delete(ids)?;
                 Ledger::new(sql).forget(ids)?;
@@ -149,12 +149,13 @@ impl ParentEngine {
         sql: &(impl Sql + ?Sized),
         run: &RunRecord,
         now: i64,
-    ) -> Result<[ParentAction; 2], StoreError> {
+    ) -> Result<ParentAction, StoreError> {
         let to = self.address(sql, run)?;
         let retry_at = now + CHILD_CLEAR_RETRY_MS;
         Registry::new(sql).owe_child_clear(&run.run_id, &to.binding, &to.name, retry_at)?;
         let gen = self.gen();
-        Ok([ParentAction::ClearChild { run_id: run.run_id.clone(), to, gen }, ParentAction::ArmAlarm { at: retry_at }])
+        self.wake_at(retry_at);
+        Ok(ParentAction::ClearChild { run_id: run.run_id.clone(), to, gen })
     }
 
     /// The owed clears that are due again, asked again; one tried

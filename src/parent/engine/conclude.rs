@@ -44,13 +44,13 @@ impl ParentEngine {
         if done.detached.is_some() {
             actions.extend(self.deliveries(sql, &done, now)?);
             self.quiet_ticks = 0;
-            actions.push(ParentAction::ArmAlarm { at: now + self.cadence() as i64 });
+            self.wake_at(now + self.cadence() as i64);
         } else if registry.claim_finish_hook(run_id, now)? {
             actions.push(ParentAction::Hook(HookCall::Finish(done.info(), result.clone(), self.gen())));
         }
         if done.outcome.as_ref().and_then(Outcome::child_still_running) == Some(true) {
             // Soft: the child goes on; the backbone watches it for a late result.
-            actions.push(ParentAction::ArmAlarm { at: now + self.cadence() as i64 });
+            self.wake_at(now + self.cadence() as i64);
         }
         self.stop_driving(run_id);
         actions.extend(self.resolve(run_id, result));
@@ -199,10 +199,8 @@ impl ParentEngine {
                 let slot = if slot == Slot::Finish { "finish" } else { "give_up" };
                 let payload =
                     json!({ "runId": run_id, "slot": slot, "attempt": attempt, "deadLetter": dead, "error": error });
-                Ok(vec![
-                    ParentAction::Observe(EventType::DetachedDeliveryFailed, payload),
-                    ParentAction::ArmAlarm { at: now + self.cadence() as i64 },
-                ])
+                self.wake_at(now + self.cadence() as i64);
+                Ok(vec![ParentAction::Observe(EventType::DetachedDeliveryFailed, payload)])
             }
         }
     }

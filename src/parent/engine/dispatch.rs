@@ -152,13 +152,13 @@ impl ParentEngine {
             ledger.configure(&record.run_id, &options, now)?;
             record = registry.get(&record.run_id)?.unwrap_or(record);
             self.quiet_ticks = 0;
-            actions.push(ParentAction::ArmAlarm { at: now + self.cadence() as i64 });
+            self.wake_at(now + self.cadence() as i64);
             let live = ledger.live_count()?;
             if live >= crate::parent::detached::LIVE_WARNING {
                 actions.push(ParentAction::Observe(EventType::DetachedLiveCountWarning, json!({ "live": live })));
             }
         } else {
-            actions.push(ParentAction::ArmAlarm { at: now + ms(self.options.recovery_alarm) });
+            self.wake_at(now + ms(self.options.recovery_alarm));
         }
         actions.push(ParentAction::Hook(HookCall::Start(record.info())));
         actions.extend(self.drive(sql, &record, input, false, now)?);

@@ -60,7 +60,8 @@ impl ParentEngine {
                 driver.phase = Phase::Waiting;
                 driver.start_again = true;
                 driver.due = Some(due);
-                return Ok(vec![ParentAction::ArmAlarm { at: due }]);
+                self.wake_at(due);
+                return Ok(Vec::new());
             }
             Err(StartError::Unreachable(message)) => {
                 let terminal = Outcome::Interrupted {

@@ -309,11 +309,6 @@ pub enum ParentAction {
         /// The exchange.
         gen: u64,
     },
-    /// Make sure the agent's alarm fires by `at`.
-    ArmAlarm {
-        /// Epoch ms.
-        at: i64,
-    },
     /// Hand `result` to every caller waiting on the run.
     Resolve {
         /// The run.

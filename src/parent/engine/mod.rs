@@ -18,7 +18,8 @@
 //!   from what storage holds (the run is followed again from its cursor; the alarm retries the
 //!   rest), so a failure never skips a hook or a delivery silently;
 //! - one deadline: [`ParentEngine::poll_timeout`] says when the engine next needs the time, and
-//!   [`ParentEngine::handle_timeout`] takes it (no timer per run);
+//!   [`ParentEngine::handle_timeout`] takes it (no timer per run); [`ParentEngine::poll_alarm`]
+//!   says when the durable alarm must fire, and [`ParentEngine::alarm`] takes it;
 //! - a caller gets a run's result only after the run's finish hook returned.
 
 use std::collections::{HashMap, VecDeque};
@@ -236,6 +237,9 @@ pub struct ParentEngine {
     /// Deliveries handed to the platform and not yet answered: not claimed again meanwhile,
     /// however slow the handler (the lease is for an instance that crashed).
     in_flight: HashMap<(String, Slot), u64>,
+    /// When the durable alarm must fire next ([`Self::poll_alarm`]); the earliest time any
+    /// decision asked for since the alarm last fired.
+    alarm: Option<i64>,
 }
 
 impl ParentEngine {
@@ -257,6 +261,7 @@ impl ParentEngine {
             finishing: HashMap::new(),
             clearing: HashMap::new(),
             in_flight: HashMap::new(),
+            alarm: None,
         }
     }
 
@@ -335,7 +340,7 @@ impl ParentEngine {
                 actions.push(ParentAction::CloseTail { run_id: run_id.to_owned() });
             }
         }
-        actions.push(ParentAction::ArmAlarm { at: now + STORAGE_RETRY_MS });
+        self.wake_at(now + STORAGE_RETRY_MS);
         actions
     }
 
@@ -405,7 +410,8 @@ impl ParentEngine {
             }
             // Retried by the alarm.
             ParentEvent::ChildCleared { result: Err(_), .. } => {
-                Ok(vec![ParentAction::ArmAlarm { at: now + CHILD_CLEAR_RETRY_MS }])
+                self.wake_at(now + CHILD_CLEAR_RETRY_MS);
+                Ok(Vec::new())
             }
             ParentEvent::DeliveryDone { run_id, slot, gen, attempt, result } => {
                 let delivery = Delivery { slot, gen, attempt };
@@ -432,6 +438,20 @@ impl ParentEngine {
     /// The driver of `run_id` if `gen` is its current exchange.
     fn current(&mut self, run_id: &str, gen: u64) -> Option<&mut Driver> {
         self.drivers.get_mut(run_id).filter(|d| d.gen == gen)
+    }
+
+    /// The durable alarm must fire by `at` (an earlier time asked for stays).
+    fn wake_at(&mut self, at: i64) {
+        self.alarm = Some(self.alarm.map_or(at, |earlier| earlier.min(at)));
+    }
+
+    /// When the durable alarm must fire next (epoch ms), if ever: the platform keeps the
+    /// object's one alarm armed for it and calls [`Self::alarm`] then. Pulled after every
+    /// batch of actions, as [`Self::poll_timeout`] is for the in-memory deadlines: the
+    /// backbone's cadence while detached runs or given-up children are outstanding, recovery
+    /// while runs are live, a child's clear owed, a retry after a storage failure.
+    pub fn poll_alarm(&self) -> Option<i64> {
+        self.alarm
     }
 
     /// When the engine next needs the time (epoch ms), if ever: the platform calls

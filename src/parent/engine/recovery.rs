@@ -38,6 +38,8 @@ impl ParentEngine {
     /// children, retention, owed child clears, and the next alarm. Each run's step is its own
     /// unit: one that fails is reported and retried at the next alarm, the others go on.
     pub fn alarm(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Vec<ParentAction> {
+        // The alarm fired: what it was armed for is taken up now (a later time asked for stays).
+        self.alarm = self.alarm.filter(|at| *at > now);
         let fresh = !std::mem::replace(&mut self.recovery_started, true);
         let mut actions = self.unit(sql, None, "recovery", now, |engine| engine.begin_recovery(sql, now));
         if fresh {
@@ -90,10 +92,10 @@ impl ParentEngine {
         if watched > 0 || outstanding > 0 {
             sooner(now + self.cadence() as i64);
         }
-        let mut actions = Vec::new();
         if let Some(at) = next {
-            actions.push(ParentAction::ArmAlarm { at });
+            self.wake_at(at);
         }
+        let mut actions = Vec::new();
         actions.push(ParentAction::Observe(
             EventType::Alarm,
             json!({ "live": live, "outstanding": outstanding, "watched": watched, "nextInMs": next.map(|at| at - now) }),

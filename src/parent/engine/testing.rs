@@ -124,3 +124,8 @@ pub fn started(
     let actions = engine.handle(db, ParentEvent::StartReplied { run_id: id.into(), gen: start, result: Ok(()) }, 11);
     gen_of(&actions, "tail", id).unwrap()
 }
+
+/// When the engine wants the alarm, forgetting it: what the decisions after this ask for.
+pub fn take_alarm(engine: &mut ParentEngine) -> Option<i64> {
+    engine.alarm.take()
+}

@@ -12,6 +12,7 @@ fn ended(db: &rusqlite::Connection, engine: &mut ParentEngine, detached: Option<
     let tail = gen_of(&actions, "tail", "r").unwrap();
     let outcome = Outcome::completed("done");
     let lines = vec![TailLine::End { outcome }];
+    take_alarm(engine); // what the end asks for, alone
     engine.handle(db, ParentEvent::TailBatch { run_id: "r".into(), gen: tail, lines }, 12)
 }
 
@@ -172,36 +173,30 @@ fn a_cleared_run_dispatched_again_posts_its_own_notices() {
 /// callers the result it has.
 #[test]
 fn a_conclusion_arms_the_backbone_only_for_what_it_must_watch() {
-    let alarms = |actions: &[ParentAction]| -> Vec<i64> {
-        actions
-            .iter()
-            .filter_map(|a| match a {
-                ParentAction::ArmAlarm { at } => Some(*at),
-                _ => None,
-            })
-            .collect()
-    };
     let cadence = AgentToolOptions::default().backbone_cadence[0].as_millis() as i64;
     // An awaited run's plain end.
     let (db, mut parent) = engine(AgentToolOptions::default());
-    assert!(alarms(&ended(&db, &mut parent, None)).is_empty());
+    ended(&db, &mut parent, None);
+    assert_eq!(take_alarm(&mut parent), None);
     // A detached run's end.
     let (db, mut parent) = engine(AgentToolOptions::default());
-    assert_eq!(alarms(&ended(&db, &mut parent, handler())), [12 + cadence]);
+    ended(&db, &mut parent, handler());
+    assert_eq!(take_alarm(&mut parent), Some(12 + cadence));
     // A soft interruption of an awaited run, then a second conclusion of it.
     let (db, mut parent) = engine(AgentToolOptions::default());
     started(&db, &mut parent, "r", None);
+    take_alarm(&mut parent);
     let soft = Outcome::Interrupted {
         error: "silent".into(),
         reason: Some(crate::InterruptedReason::NoProgress),
         child_still_running: Some(true),
     };
-    let actions = parent.conclude_run(&db, "r", soft, 100).unwrap();
-    assert_eq!(alarms(&actions), [100 + cadence]);
+    parent.conclude_run(&db, "r", soft, 100).unwrap();
+    assert_eq!(take_alarm(&mut parent), Some(100 + cadence));
     // Its late completion replaces the soft interruption (and arms nothing more); after that
     // hard end, another conclusion writes nothing and answers with the completion.
     let late = parent.conclude_run(&db, "r", Outcome::Completed { summary: "x".into(), output: None }, 200).unwrap();
-    assert!(alarms(&late).is_empty(), "{late:?}");
+    assert_eq!(take_alarm(&mut parent), None, "{late:?}");
     let again = parent.conclude_run(&db, "r", Outcome::Error { error: "no".into() }, 300).unwrap();
     assert_eq!(resolved(&again), [("r".to_owned(), RunStatus::Completed)], "the result it has: {again:?}");
     assert!(!again.iter().any(|a| matches!(a, ParentAction::Broadcast(_))), "nothing written: {again:?}");

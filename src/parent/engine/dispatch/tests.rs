@@ -196,22 +196,13 @@ fn a_run_id_of_another_class_is_refused_whatever_its_state() {
 #[test]
 fn a_dispatch_arms_the_alarm_its_kind_needs() {
     let (db, mut engine) = engine(AgentToolOptions::default());
-    let alarms = |actions: &[ParentAction]| -> Vec<i64> {
-        actions
-            .iter()
-            .filter_map(|a| match a {
-                ParentAction::ArmAlarm { at } => Some(*at),
-                _ => None,
-            })
-            .collect()
-    };
-    let (_, awaited_actions) = engine.dispatch(&db, awaited(new_run("a", &json!(1))), json!(1), 1_000);
-    assert_eq!(alarms(&awaited_actions), [1_000 + 10_000], "the recovery alarm");
+    engine.dispatch(&db, awaited(new_run("a", &json!(1))), json!(1), 1_000);
+    assert_eq!(take_alarm(&mut engine), Some(1_000 + 10_000), "the recovery alarm");
 
     engine.quiet_ticks = 3; // a quiet backbone: its next beat is two minutes away
     let detached = Dispatch { new: new_run("d", &json!(1)), detached: Some(Default::default()), abandoned: None };
     let (_, detached_actions) = engine.dispatch(&db, detached, json!(1), 2_000);
-    assert_eq!(alarms(&detached_actions), [2_000 + 5_000], "a new detached run: the cadence starts over");
+    assert_eq!(take_alarm(&mut engine), Some(2_000 + 5_000), "a new detached run: the cadence starts over");
     let warned =
         detached_actions.iter().any(|a| matches!(a, ParentAction::Observe(EventType::DetachedLiveCountWarning, _)));
     assert!(!warned, "one live detached run is no crowd");

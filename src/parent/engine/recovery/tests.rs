@@ -283,17 +283,9 @@ fn the_next_alarm_is_the_soonest_of_its_reasons() {
         let options = AgentToolOptions { retention, ..AgentToolOptions::default() };
         let (db, mut engine) = engine(options);
         setup(&db, &mut engine);
-        let armed: Vec<i64> = engine
-            .next_alarm(&db, NOW)
-            .unwrap()
-            .iter()
-            .filter_map(|a| match a {
-                ParentAction::ArmAlarm { at } => Some(*at - NOW),
-                _ => None,
-            })
-            .collect();
-        assert!(armed.len() <= 1, "one alarm: {armed:?}");
-        armed.first().copied()
+        take_alarm(&mut engine);
+        engine.next_alarm(&db, NOW).unwrap();
+        take_alarm(&mut engine).map(|at| at - NOW)
     };
     let finished_at = |at: i64| {
         move |db: &rusqlite::Connection, _: &mut ParentEngine| {
@@ -462,4 +454,17 @@ fn exchange_numbers_are_unique_across_instances() {
     for gen in theirs {
         assert!(!handed_out.contains(&gen), "exchange {gen} was handed out by both instances");
     }
+}
+
+/// The durable alarm is pulled ([`ParentEngine::poll_alarm`]): a decision asks for a time, the
+/// alarm takes it up when it fires and asks only for what comes next (a time already past would
+/// fire the alarm again at once, forever).
+#[test]
+fn the_alarm_takes_up_what_it_was_armed_for_and_asks_for_the_next() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let dispatch = Dispatch { new: new_run("a", &json!(1)), detached: None, abandoned: None };
+    engine.dispatch(&db, dispatch, json!(1), 1_000);
+    assert_eq!(engine.poll_alarm(), Some(11_000), "a live run: the recovery alarm");
+    engine.alarm(&db, 11_000);
+    assert_eq!(engine.poll_alarm(), Some(21_000), "still live: the next recovery alarm, not the one that fired");
 }
