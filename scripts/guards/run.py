@@ -85,7 +85,7 @@ for i, (name, f, old, new, *args) in enumerate(GUARDS):
     open(f, 'w').write(src.replace(old, new, 1))
     try:
         cmd = ['cargo', 'test'] + (args[0] if args else ['--lib'])
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200).stdout
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600).stdout
     finally:
         open(f, 'w').write(src)
     failed = re.findall(r'^test (\S+) \.\.\. FAILED', out, re.M)
