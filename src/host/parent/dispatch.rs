@@ -193,8 +193,7 @@ impl Host {
         let reason = || signal.reason().unwrap_or_else(|| "cancelled by the caller".into());
         let abandoned = signal.is_cancelled().then(reason);
         let dispatch = Dispatch { new, detached: None, abandoned };
-        let (admitted, actions) =
-            self.0.parent.borrow_mut().dispatch(self.parent_sql(), dispatch, options.input.clone(), self.now());
+        let (admitted, actions) = self.0.parent.borrow_mut().dispatch(self.parent_sql(), dispatch, self.now());
         let Some(result) = admitted.settled(&run_id, child.class) else {
             // Driven, joined or queued: wait for its result, or for the caller to give up.
             let (tx, rx) = oneshot::channel();
@@ -259,8 +258,7 @@ impl Host {
         };
         let run_id = new.run_id.clone();
         let dispatch = Dispatch { new, detached: Some(detached), abandoned: None };
-        let (admitted, actions) =
-            self.0.parent.borrow_mut().dispatch(self.parent_sql(), dispatch, options.input, self.now());
+        let (admitted, actions) = self.0.parent.borrow_mut().dispatch(self.parent_sql(), dispatch, self.now());
         self.carry_out(actions);
         admitted.handle(&run_id, child.class)
     }

@@ -10,8 +10,8 @@ use crate::protocol::child_api::StartRequest;
 use crate::types::{ms, Admission};
 
 /// Why a dispatch is too big to take, if it is.
-fn oversized(new: &NewRun, input: &Value) -> Option<Refused> {
-    let bytes = input.to_string().len();
+fn oversized(new: &NewRun) -> Option<Refused> {
+    let bytes = new.input.to_string().len();
     if bytes > MAX_INPUT_BYTES {
         return Some(Refused::TooLarge { what: "input", bytes, limit: MAX_INPUT_BYTES });
     }
@@ -36,10 +36,9 @@ impl ParentEngine {
         &mut self,
         sql: &(impl Sql + ?Sized),
         dispatch: Dispatch,
-        input: Value,
         now: i64,
     ) -> (Admitted, Vec<ParentAction>) {
-        let (admitted, mut actions) = self.admit_one(sql, dispatch, input, false, now);
+        let (admitted, mut actions) = self.admit_one(sql, dispatch, false, now);
         // A dispatch queued behind others while a slot is free (the queue could not be served
         // before): the queue is served now, first come first served.
         actions.extend(self.settle(sql, now));
@@ -50,12 +49,11 @@ impl ParentEngine {
         &mut self,
         sql: &(impl Sql + ?Sized),
         dispatch: Dispatch,
-        input: Value,
         from_queue: bool,
         now: i64,
     ) -> (Admitted, Vec<ParentAction>) {
         // One unit: a storage failure rolls it back whole, and the caller hears of it.
-        let (admitted, mut actions) = match atomic(sql, || self.admit(sql, dispatch, input, from_queue, now)) {
+        let (admitted, mut actions) = match atomic(sql, || self.admit(sql, dispatch, from_queue, now)) {
             Ok(admitted) => admitted,
             Err(error) => {
                 (Admitted::Refused(Error::Storage(error.clone())), self.trouble(None, "dispatch", &error, now))
@@ -71,15 +69,14 @@ impl ParentEngine {
         &mut self,
         sql: &(impl Sql + ?Sized),
         dispatch: Dispatch,
-        input: Value,
         from_queue: bool,
         now: i64,
     ) -> Result<(Admitted, Vec<ParentAction>), StoreError> {
-        let Dispatch { new, detached, abandoned } = dispatch;
+        let Dispatch { mut new, detached, abandoned } = dispatch;
         if detached.is_some() && new.event_delivery == EventDelivery::Terminal {
             return Ok((Admitted::Refused(Refused::TerminalDeliveryDetached.into()), Vec::new()));
         }
-        if let Some(refused) = oversized(&new, &input) {
+        if let Some(refused) = oversized(&new) {
             return Ok((Admitted::Refused(refused.into()), Vec::new()));
         }
         let registry = Registry::new(sql);
@@ -101,7 +98,7 @@ impl ParentEngine {
             // Known but driven by nobody (a restart, or a soft `interrupted` dispatched again):
             // follow it again; the child's start is idempotent.
             self.watching.remove(&new.run_id);
-            let input = existing.input.clone().unwrap_or(input);
+            let input = existing.input.clone().unwrap_or(new.input);
             let actions = self.drive(sql, &existing, input, true, now)?;
             return Ok((Admitted::Driving(existing), actions));
         }
@@ -131,7 +128,7 @@ impl ParentEngine {
                     return Ok((Admitted::Refused(Refused::CapReached { limit }.into()), Vec::new()));
                 }
                 let dispatch = Dispatch { new, detached, abandoned: None };
-                self.queue.push_back(Queued { dispatch, input });
+                self.queue.push_back(Queued { dispatch });
                 return Ok((Admitted::Queued, Vec::new()));
             }
         }
@@ -144,6 +141,8 @@ impl ParentEngine {
                 return Ok((Admitted::Refused(refused.into()), Vec::new()));
             }
         };
+        // Kept with the row; the start takes it from here, carried once.
+        let input = std::mem::take(&mut new.input);
         let mut actions = vec![ParentAction::Broadcast(record.started_frame().to_json())];
         if let Some(mut options) = detached {
             options.max_budget.get_or_insert(self.options.detached_max_budget);
@@ -178,9 +177,9 @@ impl ParentEngine {
                     break;
                 }
             }
-            let Some(Queued { dispatch, input }) = self.queue.pop_front() else { break };
+            let Some(Queued { dispatch }) = self.queue.pop_front() else { break };
             let (run_id, agent_type) = (dispatch.new.run_id.clone(), dispatch.new.agent_type.clone());
-            let (admitted, more) = self.admit_one(sql, dispatch, input, true, now);
+            let (admitted, more) = self.admit_one(sql, dispatch, true, now);
             actions.extend(more);
             let result = match admitted {
                 Admitted::Refused(error) => RunResult::refused(&run_id, &agent_type, error.to_string()),

@@ -24,7 +24,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::error::{Error, Refused};
 use crate::observability::EventType;
@@ -211,7 +211,6 @@ struct Watching {
 #[derive(Debug, Clone)]
 struct Queued {
     dispatch: Dispatch,
-    input: Value,
 }
 
 /// The parent role's in-memory state. Everything durable is in SQL, so a fresh engine after a

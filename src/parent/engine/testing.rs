@@ -43,7 +43,7 @@ pub fn dispatch(
     id: &str,
     input: Value,
 ) -> (Admitted, Vec<ParentAction>) {
-    engine.dispatch(db, awaited(new_run(id, &input)), input, 10)
+    engine.dispatch(db, awaited(new_run(id, &input)), 10)
 }
 
 /// A name for each way a dispatch is admitted.
@@ -119,7 +119,7 @@ pub fn started(
     detached: Option<crate::types::DetachedOptions>,
 ) -> u64 {
     let dispatch = Dispatch { new: new_run(id, &json!(1)), detached, abandoned: None };
-    let (_, actions) = engine.dispatch(db, dispatch, json!(1), 10);
+    let (_, actions) = engine.dispatch(db, dispatch, 10);
     let start = gen_of(&actions, "start", id).unwrap();
     let actions = engine.handle(db, ParentEvent::StartReplied { run_id: id.into(), gen: start, result: Ok(()) }, 11);
     gen_of(&actions, "tail", id).unwrap()

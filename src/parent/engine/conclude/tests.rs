@@ -6,7 +6,7 @@ use crate::types::DetachedOptions;
 /// A run driven to the point where its child says it ended.
 fn ended(db: &rusqlite::Connection, engine: &mut ParentEngine, detached: Option<DetachedOptions>) -> Vec<ParentAction> {
     let dispatch = Dispatch { new: new_run("r", &json!(1)), detached, abandoned: None };
-    let (_, actions) = engine.dispatch(db, dispatch, json!(1), 10);
+    let (_, actions) = engine.dispatch(db, dispatch, 10);
     let start = gen_of(&actions, "start", "r").unwrap();
     let actions = engine.handle(db, ParentEvent::StartReplied { run_id: "r".into(), gen: start, result: Ok(()) }, 11);
     let tail = gen_of(&actions, "tail", "r").unwrap();

@@ -12,7 +12,7 @@ fn oversized_input_or_display_is_refused_before_anything_is_written() {
     let display = Some(json!({ "name": "y".repeat(MAX_DISPLAY_BYTES) }));
     let mut new = new_run("wide", &json!("ok"));
     new.display = display;
-    let (admitted, actions) = engine.dispatch(&db, awaited(new), json!("ok"), 10);
+    let (admitted, actions) = engine.dispatch(&db, awaited(new), 10);
     assert!(matches!(admitted, Admitted::Refused(Error::Refused(Refused::TooLarge { what: "display", .. }))));
     assert!(actions.is_empty());
     assert!(Registry::new(&db).all().unwrap().is_empty(), "no row");
@@ -129,7 +129,7 @@ fn admission_rules() {
             detached: case.detached.then(DetachedOptions::default),
             abandoned: case.abandoned.then(|| "gave up".to_owned()),
         };
-        let (admitted, _) = engine.dispatch(&db, dispatch, json!(2), 10);
+        let (admitted, _) = engine.dispatch(&db, dispatch, 10);
         assert_eq!(admitted_name(&admitted), case.expect, "{}", case.name);
         assert_eq!(Registry::new(&db).all().unwrap().len(), case.rows, "{}: rows", case.name);
     }
@@ -159,14 +159,14 @@ fn a_new_dispatch_never_passes_the_queue_even_when_a_slot_is_free() {
     let (db, mut engine) = engine(options);
     let db =
         FailOn { db, pattern: "SELECT COUNT(*) FROM agent_tool_runs WHERE status IN", times: std::cell::Cell::new(0) };
-    engine.dispatch(&db, awaited(new_run("a", &json!(1))), json!(1), 10);
-    assert_eq!(admitted_name(&engine.dispatch(&db, awaited(new_run("b", &json!(2))), json!(2), 11).0), "queued");
+    engine.dispatch(&db, awaited(new_run("a", &json!(1))), 10);
+    assert_eq!(admitted_name(&engine.dispatch(&db, awaited(new_run("b", &json!(2))), 11).0), "queued");
     // `a` ends, but the queue cannot be served this time (a failed read): a slot is free.
     db.times.set(1);
     engine.cancel(&db, "a", None, 12);
     assert_eq!(Registry::new(&db).live_count().unwrap(), 0);
     // A newcomer waits behind `b`, and `b` gets the slot first.
-    let (admitted, actions) = engine.dispatch(&db, awaited(new_run("c", &json!(3))), json!(3), 13);
+    let (admitted, actions) = engine.dispatch(&db, awaited(new_run("c", &json!(3))), 13);
     assert_eq!(admitted_name(&admitted), "queued");
     assert!(gen_of(&actions, "start", "b").is_some(), "the queue is served first: {actions:?}");
 }
@@ -182,7 +182,7 @@ fn a_run_id_of_another_class_is_refused_whatever_its_state() {
         let before = Registry::new(&db).get("r").unwrap();
         let mut other = new_run("r", &json!(1));
         other.agent_type = "Other".into();
-        let (admitted, actions) = engine.dispatch(&db, awaited(other), json!(1), 12);
+        let (admitted, actions) = engine.dispatch(&db, awaited(other), 12);
         let Admitted::Refused(why) = admitted else { panic!("finished {finished}: {admitted:?}") };
         let why = why.to_string();
         assert!(why.contains("already belongs to a Child run"), "{why}");
@@ -196,12 +196,12 @@ fn a_run_id_of_another_class_is_refused_whatever_its_state() {
 #[test]
 fn a_dispatch_arms_the_alarm_its_kind_needs() {
     let (db, mut engine) = engine(AgentToolOptions::default());
-    engine.dispatch(&db, awaited(new_run("a", &json!(1))), json!(1), 1_000);
+    engine.dispatch(&db, awaited(new_run("a", &json!(1))), 1_000);
     assert_eq!(take_alarm(&mut engine), Some(1_000 + 10_000), "the recovery alarm");
 
     engine.quiet_ticks = 3; // a quiet backbone: its next beat is two minutes away
     let detached = Dispatch { new: new_run("d", &json!(1)), detached: Some(Default::default()), abandoned: None };
-    let (_, detached_actions) = engine.dispatch(&db, detached, json!(1), 2_000);
+    let (_, detached_actions) = engine.dispatch(&db, detached, 2_000);
     assert_eq!(take_alarm(&mut engine), Some(2_000 + 5_000), "a new detached run: the cadence starts over");
     let warned =
         detached_actions.iter().any(|a| matches!(a, ParentAction::Observe(EventType::DetachedLiveCountWarning, _)));
@@ -218,11 +218,11 @@ fn the_start_asks_for_terminal_delivery_only_when_dispatched_so() {
             _ => None,
         })
     };
-    let (_, full) = engine.dispatch(&db, awaited(new_run("f", &json!(1))), json!(1), 10);
+    let (_, full) = engine.dispatch(&db, awaited(new_run("f", &json!(1))), 10);
     assert_eq!(terminal_only(&full), Some(false));
     let mut new = new_run("t", &json!(1));
     new.event_delivery = EventDelivery::Terminal;
-    let (_, terminal) = engine.dispatch(&db, awaited(new), json!(1), 10);
+    let (_, terminal) = engine.dispatch(&db, awaited(new), 10);
     assert_eq!(terminal_only(&terminal), Some(true));
 }
 
@@ -232,16 +232,16 @@ fn the_size_limits_are_inclusive() {
     let (db, mut engine) = engine(AgentToolOptions::default());
     let string_of = |json_bytes: usize| json!("x".repeat(json_bytes - 2)); // the quotes count
     let input = string_of(MAX_INPUT_BYTES);
-    let (admitted, _) = engine.dispatch(&db, awaited(new_run("in", &input)), input.clone(), 10);
+    let (admitted, _) = engine.dispatch(&db, awaited(new_run("in", &input)), 10);
     assert_eq!(admitted_name(&admitted), "driving");
     let input = string_of(MAX_INPUT_BYTES + 1);
-    let (admitted, _) = engine.dispatch(&db, awaited(new_run("in+1", &input)), input, 10);
+    let (admitted, _) = engine.dispatch(&db, awaited(new_run("in+1", &input)), 10);
     assert_eq!(admitted_name(&admitted), "refused");
 
     let mut new = new_run("disp", &json!(1));
     new.display = Some(string_of(MAX_DISPLAY_BYTES));
-    assert_eq!(admitted_name(&engine.dispatch(&db, awaited(new), json!(1), 10).0), "driving");
+    assert_eq!(admitted_name(&engine.dispatch(&db, awaited(new), 10).0), "driving");
     let mut new = new_run("disp+1", &json!(1));
     new.display = Some(string_of(MAX_DISPLAY_BYTES + 1));
-    assert_eq!(admitted_name(&engine.dispatch(&db, awaited(new), json!(1), 10).0), "refused");
+    assert_eq!(admitted_name(&engine.dispatch(&db, awaited(new), 10).0), "refused");
 }

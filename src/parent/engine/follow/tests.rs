@@ -38,7 +38,7 @@ fn effect(actions: &[ParentAction]) -> String {
 fn inspected_run(db: &rusqlite::Connection, engine: &mut ParentEngine, detached: bool, recovering: bool) -> u64 {
     let new = new_run("r", &json!({"q": 1}));
     let dispatch = Dispatch { new, detached: detached.then(DetachedOptions::default), abandoned: None };
-    let (_, actions) = engine.dispatch(db, dispatch, json!({"q": 1}), 10);
+    let (_, actions) = engine.dispatch(db, dispatch, 10);
     let start = gen_of(&actions, "start", "r").unwrap();
     let actions = engine.handle(db, ParentEvent::StartReplied { run_id: "r".into(), gen: start, result: Ok(()) }, 11);
     let tail = gen_of(&actions, "tail", "r").unwrap();
@@ -125,7 +125,7 @@ fn a_live_child_is_waited_on_within_the_budgets() {
         let mut new = new_run("r", &json!(1));
         new.input = json!(1);
         let dispatch = Dispatch { new, detached: detached.then(DetachedOptions::default), abandoned: None };
-        engine.dispatch(&db, dispatch, json!(1), 0);
+        engine.dispatch(&db, dispatch, 0);
         Registry::new(&db).get("r").unwrap().unwrap()
     };
     struct Case {
@@ -369,7 +369,7 @@ fn a_batch_forwards_by_delivery_and_signals_by_kind() {
     let (db, mut engine) = engine(AgentToolOptions::default());
     let mut new = new_run("t", &json!(1));
     new.event_delivery = EventDelivery::Terminal;
-    let (_, actions) = engine.dispatch(&db, Dispatch { new, detached: None, abandoned: None }, json!(1), 10);
+    let (_, actions) = engine.dispatch(&db, Dispatch { new, detached: None, abandoned: None }, 10);
     let start = gen_of(&actions, "start", "t").unwrap();
     let actions = engine.handle(&db, ParentEvent::StartReplied { run_id: "t".into(), gen: start, result: Ok(()) }, 11);
     let tail = gen_of(&actions, "tail", "t").unwrap();

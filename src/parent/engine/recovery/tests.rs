@@ -299,7 +299,7 @@ fn the_next_alarm_is_the_soonest_of_its_reasons() {
         move |db: &rusqlite::Connection, engine: &mut ParentEngine| {
             let dispatch =
                 Dispatch { new: new_run("d", &json!(1)), detached: Some(Default::default()), abandoned: None };
-            engine.dispatch(db, dispatch, json!(1), 10);
+            engine.dispatch(db, dispatch, 10);
             engine.quiet_ticks = quiet;
         }
     };
@@ -365,10 +365,7 @@ fn a_recovery_pass_takes_only_the_live_undriven_runs() {
     registry.insert(&new_run("done", &json!(1)), 5).unwrap();
     registry.finish("done", &Outcome::Completed { summary: "s".into(), output: None }, 6).unwrap();
     let mut restarted = ParentEngine::new("Parent", AgentToolOptions::default(), 2);
-    assert!(matches!(
-        restarted.dispatch(&db, awaited(new_run("fresh", &json!(1))), json!(1), 50).0,
-        Admitted::Driving(_)
-    ));
+    assert!(matches!(restarted.dispatch(&db, awaited(new_run("fresh", &json!(1))), 50).0, Admitted::Driving(_)));
     let actions = restarted.wake(&db, 100);
     assert!(gen_of(&actions, "inspect", "orphan").is_some(), "{actions:?}");
     assert!(gen_of(&actions, "inspect", "done").is_none() && gen_of(&actions, "inspect", "fresh").is_none());
@@ -463,7 +460,7 @@ fn exchange_numbers_are_unique_across_instances() {
 fn the_alarm_takes_up_what_it_was_armed_for_and_asks_for_the_next() {
     let (db, mut engine) = engine(AgentToolOptions::default());
     let dispatch = Dispatch { new: new_run("a", &json!(1)), detached: None, abandoned: None };
-    engine.dispatch(&db, dispatch, json!(1), 1_000);
+    engine.dispatch(&db, dispatch, 1_000);
     assert_eq!(engine.poll_alarm(), Some(11_000), "a live run: the recovery alarm");
     engine.alarm(&db, 11_000);
     assert_eq!(engine.poll_alarm(), Some(21_000), "still live: the next recovery alarm, not the one that fired");
