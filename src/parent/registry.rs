@@ -143,10 +143,13 @@ impl std::fmt::Display for RegistryError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Store(e) => e.fmt(f),
-            Self::AgentTypeMismatch { run_id, existing, requested } => write!(
-                f,
-                "run id {run_id:?} already belongs to a {existing} run; it cannot be dispatched as {requested}"
-            ),
+            // The words of the refusal a dispatch gets for it, written once.
+            Self::AgentTypeMismatch { run_id, existing, requested } => crate::error::Refused::OtherClass {
+                run_id: run_id.clone(),
+                existing: existing.clone(),
+                requested: requested.clone(),
+            }
+            .fmt(f),
         }
     }
 }
