@@ -4,6 +4,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export ROOT
 export PATH="$HOME/.cargo/bin:$ROOT/node_modules/.bin:$PATH"
 export WORKER_BUILD_VERSION="0.8.7"
+export CARGO_MUTANTS_VERSION="27.1.0"
 export WASM_BINDGEN_BIN="$HOME/.cargo/bin/wasm-bindgen"
 export WASM_OPT_BIN="$ROOT/node_modules/.bin/wasm-opt"
 export ESBUILD_BIN="$ROOT/node_modules/.bin/esbuild"

@@ -143,16 +143,30 @@ pub trait Sql {
     fn atomically(&self, work: &mut dyn FnMut() -> Result<(), StoreError>) -> Result<(), StoreError>;
 }
 
-/// [`Sql::atomically`] for work that returns a value.
-pub fn atomic<T>(sql: &(impl Sql + ?Sized), work: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
+/// [`Sql::atomically`] for work that returns a value, or an error of its own (which rolls the
+/// unit back as a failed statement does).
+pub fn atomic<T, E: From<StoreError>>(
+    sql: &(impl Sql + ?Sized),
+    work: impl FnOnce() -> Result<T, E>,
+) -> Result<T, E> {
     let mut work = Some(work);
     let mut out = None;
-    sql.atomically(&mut || {
+    let committed = sql.atomically(&mut || {
         let work = work.take().ok_or_else(|| StoreError { message: "a unit of work ran twice".into() })?;
-        out = Some(work()?);
+        let done = work();
+        let failed = done.is_err();
+        out = Some(done);
+        if failed {
+            return Err(StoreError { message: "the unit of work failed".into() });
+        }
         Ok(())
-    })?;
-    out.ok_or_else(|| StoreError { message: "a unit of work did not run".into() })
+    });
+    match (committed, out) {
+        (_, Some(Err(e))) => Err(e),
+        (Err(e), _) => Err(e.into()),
+        (Ok(()), Some(Ok(value))) => Ok(value),
+        (Ok(()), None) => Err(StoreError { message: "a unit of work did not run".into() }.into()),
+    }
 }
 
 #[cfg(all(any(test, feature = "testing"), not(target_arch = "wasm32")))]

@@ -138,6 +138,12 @@ pub enum TailError {
     Store(StoreError),
 }
 
+impl From<StoreError> for TailError {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
 /// A tail that started: what the log holds after the cursor, then (when the run is live here)
 /// the subscriber that will get the rest.
 #[derive(Debug, Clone, PartialEq)]
@@ -206,8 +212,18 @@ impl ChildEngine {
     }
 
     /// A parent's start: creates the run (idempotent by run id) and begins its turn, or starts
-    /// a sealed run afresh, or heals one whose turn a restart took.
+    /// a sealed run afresh, or heals one whose turn a restart took. One unit, as each of the
+    /// child's decisions (`unit`): a failed statement leaves neither storage nor memory changed.
     pub fn start(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        start: &StartRequest,
+        now: i64,
+    ) -> Result<(StartReply, Vec<ChildAction>), StoreError> {
+        self.unit(sql, &start.run_id, |engine| engine.take_start(sql, start, now))
+    }
+
+    fn take_start(
         &mut self,
         sql: &(impl Sql + ?Sized),
         start: &StartRequest,
@@ -415,13 +431,14 @@ impl ChildEngine {
     }
 
     /// Runs `work` as one unit of storage for `run_id`: when it fails, its statements are rolled
-    /// back and the run's memory (held chunks, next index, progress window, tails) is restored.
-    pub(super) fn unit(
+    /// back and the run's memory (held chunks, next index, progress window, tails, whether its
+    /// turn runs here) is restored.
+    pub(super) fn unit<T, E: From<StoreError>>(
         &mut self,
         sql: &(impl Sql + ?Sized),
         run_id: &str,
-        work: impl FnOnce(&mut Self) -> Result<Vec<ChildAction>, StoreError>,
-    ) -> Result<Vec<ChildAction>, StoreError> {
+        work: impl FnOnce(&mut Self) -> Result<T, E>,
+    ) -> Result<T, E> {
         let before = self.live.get(run_id).cloned();
         let done = crate::store::atomic(sql, || work(self));
         if done.is_err() {
@@ -482,22 +499,33 @@ impl ChildEngine {
         chat_streaming: bool,
         now: i64,
     ) -> Result<(TailStart, Vec<ChildAction>), TailError> {
+        self.unit(sql, run_id, |engine| engine.open_tail(sql, run_id, after, page, chat_streaming, now))
+    }
+
+    fn open_tail(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        after: i64,
+        page: usize,
+        chat_streaming: bool,
+        now: i64,
+    ) -> Result<(TailStart, Vec<ChildAction>), TailError> {
         let runs = ChildRuns::new(sql);
-        let run = runs.get(run_id).map_err(TailError::Store)?.ok_or(TailError::Unknown)?;
+        let run = runs.get(run_id)?.ok_or(TailError::Unknown)?;
         // What the turn emitted so far goes to the log (and the tails already open) first.
-        let mut actions = self.flush(sql, run_id, chat_streaming).map_err(TailError::Store)?;
-        let run = self.reconcile(sql, run, now, &mut actions).map_err(TailError::Store)?;
-        let chunks = runs.chunks_after(run_id, after, page.max(1)).map_err(TailError::Store)?;
-        if chunks.len() >= page.max(1) {
-            let last = chunks.last().map_or(after, |c| c.index);
-            let lines = chunks.into_iter().map(|c| TailLine::Chunk { i: Some(c.index), k: c.kind, b: c.body, r: None });
-            let lines = lines.map(|l| l.to_line().into_bytes()).collect();
-            return Ok((TailStart { lines, subscriber: None, more_after: Some(last) }, actions));
-        }
+        let mut actions = self.flush(sql, run_id, chat_streaming)?;
+        let run = self.reconcile(sql, run, now, &mut actions)?;
+        let chunks = runs.chunks_after(run_id, after, page.max(1))?;
+        let full = chunks.len() >= page.max(1);
+        let last = chunks.last().map_or(after, |c| c.index);
         let mut lines: Vec<Vec<u8>> = chunks
             .into_iter()
             .map(|c| TailLine::Chunk { i: Some(c.index), k: c.kind, b: c.body, r: None }.to_line().into_bytes())
             .collect();
+        if full {
+            return Ok((TailStart { lines, subscriber: None, more_after: Some(last) }, actions));
+        }
         let subscriber = match self.live.get_mut(run_id) {
             Some(live) => {
                 self.next_subscriber += 1;
@@ -530,6 +558,16 @@ impl ChildEngine {
         chat_streaming: bool,
         now: i64,
     ) -> Result<(Option<InspectionReply>, Vec<ChildAction>), StoreError> {
+        self.unit(sql, run_id, |engine| engine.take_inspection(sql, run_id, chat_streaming, now))
+    }
+
+    fn take_inspection(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        chat_streaming: bool,
+        now: i64,
+    ) -> Result<(Option<InspectionReply>, Vec<ChildAction>), StoreError> {
         let runs = ChildRuns::new(sql);
         let mut actions = self.flush(sql, run_id, chat_streaming)?;
         let Some(run) = runs.get(run_id)? else { return Ok((None, actions)) };
@@ -554,13 +592,10 @@ impl ChildEngine {
         if self.is_live(run_id) {
             return Ok(vec![ChildAction::CancelTurn { run_id: run_id.to_owned(), reason }]);
         }
-        match ChildRuns::new(sql).get(run_id)? {
-            Some(run) if run.status.is_live() => {
-                let outcome = Outcome::aborted(reason);
-                self.seal(sql, run_id, &outcome, now)
-            }
+        self.unit(sql, run_id, |engine| match ChildRuns::new(sql).get(run_id)? {
+            Some(run) if run.status.is_live() => engine.seal(sql, run_id, &Outcome::aborted(reason), now),
             _ => Ok(Vec::new()),
-        }
+        })
     }
 
     /// The instance's storage was wiped (a parent cleared the child): nothing is live.

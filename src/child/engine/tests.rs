@@ -1,4 +1,5 @@
 use super::*;
+use crate::parent::engine::testing::FailOn;
 use crate::protocol::chunk::Progress;
 use crate::store::sqlite;
 use serde_json::json;
@@ -305,37 +306,13 @@ fn progress_is_coalesced_and_its_held_report_goes_out_at_the_engines_deadline() 
     assert_eq!(inspection.progress.unwrap()["fraction"], 0.3, "the latest snapshot is kept");
 }
 
-/// A database whose inserts into the stream log fail once.
-struct LogFailsOnce {
-    db: rusqlite::Connection,
-    armed: std::cell::Cell<bool>,
-}
-
-impl Sql for LogFailsOnce {
-    fn exec(&self, sql: &str, params: &[crate::store::Value]) -> Result<Vec<crate::store::Row>, StoreError> {
-        if self.armed.get() && sql.contains("INTO chat_stream_chunks") {
-            self.armed.set(false);
-            return Err(StoreError { message: "injected".into() });
-        }
-        self.db.exec(sql, params)
-    }
-
-    fn batch(&self, sql: &str) -> Result<(), StoreError> {
-        self.db.batch(sql)
-    }
-
-    fn atomically(&self, work: &mut dyn FnMut() -> Result<(), StoreError>) -> Result<(), StoreError> {
-        self.db.atomically(work)
-    }
-}
-
 #[test]
 fn a_failed_log_write_keeps_the_chunks_for_the_next_flush() {
-    let db = LogFailsOnce { db: db(), armed: std::cell::Cell::new(false) };
+    let db = FailOn::new(db(), "INTO chat_stream_chunks");
     let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
     engine.start(&db, &start("r"), 1).unwrap();
     engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":0}".into(), None, false).unwrap();
-    db.armed.set(true);
+    db.times.set(1);
     assert!(engine.flush(&db, "r", false).is_err(), "the failure is the caller's to report");
     engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":1}".into(), None, false).unwrap();
     engine.flush(&db, "r", false).unwrap();
@@ -608,8 +585,7 @@ fn a_report_for_a_run_that_is_not_live_is_ignored() {
 /// the tail every chunk, then the end line.
 #[test]
 fn a_failed_end_of_turn_leaves_the_run_as_it_was_and_is_taken_again() {
-    use crate::parent::engine::testing::FailOn;
-    let db = FailOn { db: db(), pattern: "FROM agent_tool_child_runs WHERE run_id", times: std::cell::Cell::new(0) };
+    let db = FailOn::new(db(), "FROM agent_tool_child_runs WHERE run_id");
     let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
     engine.start(&db, &start("r"), 1).unwrap();
     let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, false, 1).unwrap();
@@ -635,4 +611,37 @@ fn a_failed_end_of_turn_leaves_the_run_as_it_was_and_is_taken_again() {
     assert!(sent.iter().any(|l| l.contains("{\\\"n\\\":0}")), "the held chunk reaches the tail: {sent:?}");
     assert!(actions.iter().any(|a| matches!(a, ChildAction::Close { subscriber } if *subscriber == sub)));
     assert_eq!(StreamLog::new(&db).next_index("r").unwrap(), 1);
+}
+
+/// A tail (and an inspection) is one unit: a tail that heals a run whose turn a restart took
+/// (the turn begins again) and then fails to read the log leaves neither the run live here nor
+/// its row changed, so the next request heals it and begins the turn. (It used to leave the run
+/// live in memory with no turn begun: nothing would ever run it.)
+#[test]
+fn a_failed_tail_that_healed_a_run_leaves_it_to_be_healed_again() {
+    let db = FailOn::new(db(), "idx > ? ORDER BY idx LIMIT");
+    ChildEngine::new(RecoveryPolicy::Rerun).start(&db, &start("r"), 1).unwrap();
+    // The instance restarted: a new engine over the same storage.
+    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    db.times.set(1);
+    assert!(engine.tail(&db, "r", -1, usize::MAX, false, 2).is_err());
+    assert!(!engine.is_live("r"), "no turn began, so the run is not live here");
+    let (_, actions) = engine.tail(&db, "r", -1, usize::MAX, false, 3).unwrap();
+    assert_eq!(begins(&actions), [1], "the next tail heals it: the turn begins");
+}
+
+/// The same for an inspection that heals a run and then fails to count its chunks.
+#[test]
+fn a_failed_inspection_that_healed_a_run_leaves_it_to_be_healed_again() {
+    let db = FailOn::new(db(), "SELECT COALESCE(MAX(idx) + 1, 0)");
+    ChildEngine::new(RecoveryPolicy::Rerun).start(&db, &start("r"), 1).unwrap();
+    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    // The first count is the healing's own; the second, the reply's, fails.
+    db.skip.set(1);
+    db.times.set(1);
+    assert!(engine.inspect(&db, "r", false, 2).is_err());
+    assert!(!engine.is_live("r"), "no turn began, so the run is not live here");
+    let (reply, actions) = engine.inspect(&db, "r", false, 3).unwrap();
+    assert_eq!(begins(&actions), [1], "the next inspection heals it: the turn begins");
+    assert_eq!(reply.unwrap().status, RunStatus::Running);
 }

@@ -68,16 +68,35 @@ pub fn resolved(actions: &[ParentAction]) -> Vec<(String, RunStatus)> {
         .collect()
 }
 
-/// A database whose statements containing `pattern` fail, `times` times.
+/// A database whose statements containing `pattern` fail, `times` times, after `skip` of them
+/// succeeded.
 pub struct FailOn {
     pub db: rusqlite::Connection,
     pub pattern: &'static str,
     pub times: std::cell::Cell<usize>,
+    pub skip: std::cell::Cell<usize>,
+}
+
+impl FailOn {
+    /// Over `db`, failing nothing until `times` (and `skip`) are set.
+    pub fn new(db: rusqlite::Connection, pattern: &'static str) -> Self {
+        Self { db, pattern, times: 0.into(), skip: 0.into() }
+    }
+
+    /// Failing the next `times` statements that contain the pattern.
+    pub fn failing(self, times: usize) -> Self {
+        self.times.set(times);
+        self
+    }
 }
 
 impl Sql for FailOn {
     fn exec(&self, sql: &str, params: &[crate::store::Value]) -> Result<Vec<crate::store::Row>, StoreError> {
         if self.times.get() > 0 && sql.contains(self.pattern) {
+            if self.skip.get() > 0 {
+                self.skip.set(self.skip.get() - 1);
+                return self.db.exec(sql, params);
+            }
             self.times.set(self.times.get() - 1);
             return Err(StoreError { message: format!("injected: {}", self.pattern) });
         }

@@ -158,7 +158,7 @@ fn a_new_dispatch_never_passes_the_queue_even_when_a_slot_is_free() {
     let options = AgentToolOptions { max_concurrent: Some(1), admission: Admission::Queue, ..Default::default() };
     let (db, mut engine) = engine(options);
     let db =
-        FailOn { db, pattern: "SELECT COUNT(*) FROM agent_tool_runs WHERE status IN", times: std::cell::Cell::new(0) };
+        FailOn::new(db, "SELECT COUNT(*) FROM agent_tool_runs WHERE status IN");
     engine.dispatch(&db, awaited(new_run("a", &json!(1))), 10);
     assert_eq!(admitted_name(&engine.dispatch(&db, awaited(new_run("b", &json!(2))), 11).0), "queued");
     // `a` ends, but the queue cannot be served this time (a failed read): a slot is free.

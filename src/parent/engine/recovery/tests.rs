@@ -24,7 +24,7 @@ fn observed(actions: &[ParentAction]) -> Vec<EventType> {
 #[test]
 fn a_failed_statement_is_reported_and_the_decision_taken_again() {
     let (db, mut engine) = engine(AgentToolOptions::default());
-    let db = FailOn { db, pattern: "finish_hook_at = ?", times: std::cell::Cell::new(1) };
+    let db = FailOn::new(db, "finish_hook_at = ?").failing(1);
     let tail = started(&db, &mut engine, "r", None);
     let actions = engine.handle(&db, end(tail, "r"), 12);
     assert_eq!(observed(&actions), [EventType::StorageFailed], "{actions:?}");
@@ -177,7 +177,7 @@ fn a_finish_hook_that_never_returned_is_called_again_after_a_restart() {
     assert_eq!(finish_hooks(&actions), ["lost"]);
     let gen = gen_of(&actions, "finish", "lost").unwrap();
     // Its return, written this time, is the last call.
-    let db = FailOn { db, pattern: "finish_hook_done_at = ?", times: std::cell::Cell::new(1) };
+    let db = FailOn::new(db, "finish_hook_done_at = ?").failing(1);
     let actions = engine.handle(&db, ParentEvent::FinishHookDone { run_id: "lost".into(), gen }, 101);
     assert_eq!(observed(&actions), [EventType::StorageFailed], "the failed write is reported");
     let mut engine = ParentEngine::new("Parent", AgentToolOptions::default(), 3);
