@@ -10,6 +10,7 @@ use serde_json::Value;
 
 pub use crate::chat::store::StoredChunk;
 use crate::chat::store::StreamLog;
+use crate::protocol::child_api::RunInput;
 use crate::protocol::child_api::InspectionReply;
 use crate::protocol::outcome::{Outcome, RunStatus};
 use crate::store::{Row, Sql, StoreError, Value as V};
@@ -204,7 +205,7 @@ impl<'a, S: Sql + ?Sized> ChildRuns<'a, S> {
     pub fn start(
         &self,
         run_id: &str,
-        input: &Value,
+        input: &RunInput,
         terminal_only: bool,
         now: i64,
     ) -> Result<(ChildRun, bool), StoreError> {
@@ -215,7 +216,7 @@ impl<'a, S: Sql + ?Sized> ChildRuns<'a, S> {
             ),
             &[
                 V::from(run_id),
-                V::from(input.to_string()),
+                V::from(input.as_str()),
                 V::Int(now),
                 V::from(if terminal_only { "terminal" } else { "full" }),
             ],
@@ -369,11 +370,11 @@ mod tests {
     fn start_is_idempotent() {
         let db = db();
         let runs = ChildRuns::new(&db);
-        let (run, created) = runs.start("r", &json!({"query": "x"}), false, 10).unwrap();
+        let (run, created) = runs.start("r", &json!({"query": "x"}).into(), false, 10).unwrap();
         assert!(created);
         assert_eq!(run.status, RunStatus::Starting);
         assert_eq!(run.input, json!({"query": "x"}));
-        let (again, created) = runs.start("r", &json!({"query": "other"}), false, 20).unwrap();
+        let (again, created) = runs.start("r", &json!({"query": "other"}).into(), false, 20).unwrap();
         assert!(!created, "a second start must not begin a second turn");
         assert_eq!(again.input, json!({"query": "x"}));
         assert_eq!(again.started_at, 10);
@@ -389,7 +390,7 @@ mod tests {
     fn log_reads_after_a_cursor() {
         let db = db();
         let runs = ChildRuns::new(&db);
-        runs.start("r", &json!("q"), false, 1).unwrap();
+        runs.start("r", &json!("q").into(), false, 1).unwrap();
         for i in 0..5 {
             let kind = if i == 3 { ChunkKind::Milestone } else { ChunkKind::Stored };
             StreamLog::new(&db).append("r", i, kind, &format!("{{\"n\":{i}}}")).unwrap();
@@ -408,7 +409,7 @@ mod tests {
     fn finish_once() {
         let db = db();
         let runs = ChildRuns::new(&db);
-        runs.start("r", &json!("q"), false, 1).unwrap();
+        runs.start("r", &json!("q").into(), false, 1).unwrap();
         runs.mark_running("r").unwrap();
         let done = Outcome::completed_with("s", json!({"k": 1}));
         assert!(runs.finish("r", &done, 5).unwrap());
@@ -423,7 +424,7 @@ mod tests {
     fn milestones_are_sequenced_from_zero() {
         let db = db();
         let runs = ChildRuns::new(&db);
-        runs.start("r", &json!("q"), false, 1).unwrap();
+        runs.start("r", &json!("q").into(), false, 1).unwrap();
         assert_eq!(runs.add_milestone("r", "a", None, 2).unwrap(), 0);
         assert_eq!(runs.add_milestone("r", "b", Some(&json!({"n": 2})), 3).unwrap(), 1);
         runs.record_progress("r", &json!({"fraction": 0.5}), 4).unwrap();

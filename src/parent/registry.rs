@@ -257,7 +257,7 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
                 V::Int(now),
                 V::from(run.event_delivery.as_str()),
                 V::from(&run.binding),
-                V::from(run.input.to_string()),
+                V::from(run.input.as_str()),
             ],
         )?;
         if let Some(row) = written {

@@ -1,6 +1,7 @@
 //! The parent → child requests (internal: the Worker entry never routes to a child).
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::outcome::{Outcome, RunStatus};
@@ -10,6 +11,54 @@ pub const HOST: &str = "agent-tools.internal";
 /// Base of every internal child URL.
 pub const BASE: &str = "https://agent-tools.internal/_agent_tools";
 
+/// A run's input as the JSON text it is written once, when the run is dispatched: that text is
+/// what the size limit measures, what the registry row keeps for recovery and what the child's
+/// start carries, never serialized again.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct RunInput(Box<RawValue>);
+
+impl RunInput {
+    /// The input's JSON text.
+    pub fn of(value: &Value) -> Self {
+        // A `Value` always serializes (its keys are strings); `null` would stand in otherwise.
+        Self(serde_json::value::to_raw_value(value).unwrap_or_else(|_| RawValue::NULL.to_owned()))
+    }
+
+    /// Stored text back, when it is JSON.
+    pub fn from_text(text: String) -> Option<Self> {
+        RawValue::from_string(text).ok().map(Self)
+    }
+
+    /// The JSON text.
+    pub fn as_str(&self) -> &str {
+        self.0.get()
+    }
+
+    /// The text's length in bytes.
+    pub fn len(&self) -> usize {
+        self.as_str().len()
+    }
+}
+
+impl Default for RunInput {
+    fn default() -> Self {
+        Self(RawValue::NULL.to_owned())
+    }
+}
+
+impl PartialEq for RunInput {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl From<Value> for RunInput {
+    fn from(value: Value) -> Self {
+        Self::of(&value)
+    }
+}
+
 /// `POST {BASE}/start`: begin a run (idempotent by run id).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -18,7 +67,7 @@ pub struct StartRequest {
     pub run_id: String,
     /// The input, as given to `run_agent_tool`.
     #[serde(default)]
-    pub input: Value,
+    pub input: RunInput,
     /// The parent's class.
     pub parent_class: String,
     /// The parent's name.
@@ -114,5 +163,35 @@ impl InspectionReply {
     #[cfg(all(test, not(target_arch = "wasm32")))]
     pub fn ended(outcome: Outcome) -> Self {
         Self { status: outcome.status(), outcome: Some(outcome), ..Self::live(RunStatus::Running) }
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::*;
+
+    /// The input is written once: the start request carries the text as it was made (and as
+    /// the registry stored it), not a re-serialization; stored text that is not JSON is no input.
+    #[test]
+    fn a_runs_input_is_one_text_from_dispatch_to_the_childs_start() {
+        let stored = RunInput::from_text("{ \"query\" :\t\"HTTP/3\" }".to_owned()).unwrap();
+        let start = StartRequest {
+            run_id: "r".into(),
+            input: stored.clone(),
+            parent_class: "P".into(),
+            parent_name: "p".into(),
+            child_name: "P/p/r".into(),
+            terminal_only: false,
+            tail_after: None,
+        };
+        let wire = serde_json::to_string(&start).unwrap();
+        assert!(wire.contains("\"input\":{ \"query\" :\t\"HTTP/3\" }"), "{wire}");
+        let read: StartRequest = serde_json::from_str(&wire).unwrap();
+        assert_eq!(read.input, stored);
+        assert_eq!(stored.len(), stored.as_str().len());
+        assert_eq!(RunInput::of(&serde_json::json!({"a": [1]})).as_str(), r#"{"a":[1]}"#);
+        assert_eq!(RunInput::from_text("not json".into()), None);
+        let no_input: StartRequest = serde_json::from_str(r#"{"runId":"r","parentClass":"P","parentName":"p"}"#).unwrap();
+        assert_eq!(no_input.input.as_str(), "null");
     }
 }

@@ -47,7 +47,7 @@ fn emitted_chunks_are_stored_and_sent_together_once_the_turn_yields() {
 fn start(run_id: &str) -> StartRequest {
     StartRequest {
         run_id: run_id.into(),
-        input: json!({"query": "q"}),
+        input: json!({"query": "q"}).into(),
         parent_class: "P".into(),
         parent_name: "p".into(),
         child_name: format!("P/p/{run_id}"),

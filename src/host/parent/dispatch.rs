@@ -15,7 +15,7 @@ use crate::parent::agent_tool::ChildRef;
 use crate::parent::engine::{current_result, Admitted, Called, Cleared, Dispatch};
 use crate::parent::outbox::{Outbox, Sent};
 use crate::parent::registry::{NewRun, RunRecord};
-use crate::protocol::child_api::MessageRequest;
+use crate::protocol::child_api::{MessageRequest, RunInput};
 use crate::protocol::tail::{LineSplitter, TailLine};
 use crate::store::StoreError;
 use crate::types::AgentClass;
@@ -242,7 +242,7 @@ impl Host {
             display: options.display.clone(),
             display_order: options.display_order.unwrap_or(0),
             event_delivery: options.event_delivery,
-            input: options.input.clone(),
+            input: RunInput::of(&options.input),
         })
     }
 

@@ -16,7 +16,7 @@ use crate::host::core::{AgentHost, Host};
 use crate::host::io::ByteStream;
 use crate::host::{ChildCall, ChildReply};
 use crate::parent::engine::ChildAddress;
-use crate::protocol::child_api::{CancelRequest, StartRequest};
+use crate::protocol::child_api::{CancelRequest, RunInput, StartRequest};
 use crate::protocol::tail::{LineSplitter, Outcome, TailLine};
 use crate::types::AgentClass;
 
@@ -105,7 +105,7 @@ impl<C: AgentClass> SubAgentStub<C> {
         let turn = format!("chat:{}", self.host.0.io.random_id());
         let start = StartRequest {
             run_id: turn.clone(),
-            input: input.into(),
+            input: RunInput::of(&input.into()),
             parent_class: self.host.0.class.to_owned(),
             parent_name: self.host.name().unwrap_or_default(),
             child_name: self.to.name.clone(),

@@ -2,16 +2,16 @@
 //! queues the dispatch for a slot), then the child is started. A caller that gives up is
 //! answered here too.
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::*;
 use crate::parent::registry::{Inserted, NewRun, RegistryError};
-use crate::protocol::child_api::StartRequest;
+use crate::protocol::child_api::{RunInput, StartRequest};
 use crate::types::{ms, Admission};
 
 /// Why a dispatch is too big to take, if it is.
 fn oversized(new: &NewRun) -> Option<Refused> {
-    let bytes = new.input.to_string().len();
+    let bytes = new.input.len();
     if bytes > MAX_INPUT_BYTES {
         return Some(Refused::TooLarge { what: "input", bytes, limit: MAX_INPUT_BYTES });
     }
@@ -216,7 +216,7 @@ impl ParentEngine {
         &mut self,
         sql: &(impl Sql + ?Sized),
         record: &RunRecord,
-        input: Value,
+        input: RunInput,
         reattaching: bool,
         now: i64,
     ) -> Result<Vec<ParentAction>, StoreError> {
@@ -232,7 +232,7 @@ impl ParentEngine {
         &self,
         sql: &(impl Sql + ?Sized),
         record: &RunRecord,
-        input: Value,
+        input: RunInput,
         gen: u64,
     ) -> Result<ParentAction, StoreError> {
         let to = self.address(sql, record)?;

@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::parent::registry::Forward;
-use crate::protocol::child_api::InspectionReply;
+use crate::protocol::child_api::{InspectionReply, RunInput};
 use crate::protocol::tail::{ChunkKind, TailLine};
 use crate::protocol::{EventFrame, InterruptedReason, Outcome};
 use crate::types::{ms, Milestone, OnMilestones, ProgressSnapshot, DEFAULT_NOTIFY_SOURCE};
@@ -23,7 +23,7 @@ pub(super) enum Decide {
     /// The child ended: read what it stored after the cursor, then record this.
     Drain(Outcome),
     /// The child does not know the run: start it again with this input.
-    Restart(Value),
+    Restart(RunInput),
     /// The child still runs: tail it again after a pause.
     Retail,
 }
@@ -111,7 +111,7 @@ impl ParentEngine {
         &mut self,
         sql: &(impl Sql + ?Sized),
         record: &RunRecord,
-        input: Value,
+        input: RunInput,
     ) -> Result<Vec<ParentAction>, StoreError> {
         let gen = self.gen();
         let start = self.start_action(sql, record, input, gen)?;

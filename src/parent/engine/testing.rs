@@ -3,6 +3,7 @@
 
 pub use super::*;
 pub use crate::parent::registry::{NewRun, Registry};
+pub use crate::protocol::child_api::RunInput;
 pub use crate::protocol::Outcome;
 pub(crate) use crate::store::sqlite;
 pub use crate::types::{EventDelivery, RunStatus};
@@ -27,7 +28,7 @@ pub fn new_run(id: &str, input: &Value) -> NewRun {
         display: None,
         display_order: 0,
         event_delivery: EventDelivery::Full,
-        input: input.clone(),
+        input: RunInput::of(input),
     }
 }
 

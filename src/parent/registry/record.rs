@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 
+use crate::protocol::child_api::RunInput;
 use crate::protocol::{AgentToolEvent, EventFrame, InterruptedReason, Outcome};
 use crate::store::Row;
 use crate::types::{EventDelivery, RunInfo, RunResult, RunStatus};
@@ -27,7 +28,7 @@ pub struct NewRun {
     /// Chunk delivery mode.
     pub event_delivery: EventDelivery,
     /// The input, kept with the row so recovery can start the child again.
-    pub input: Value,
+    pub input: RunInput,
 }
 
 /// One registry row.
@@ -68,7 +69,7 @@ pub struct RunRecord {
     /// Last progress or milestone seen, epoch ms.
     pub last_signal_at: Option<i64>,
     /// The input as dispatched (`None` for rows of the first schema).
-    pub input: Option<Value>,
+    pub input: Option<RunInput>,
     /// How many times the child started the run over after a restart.
     pub reruns: i64,
     /// The sequence of its `started` frame: 0, or where a cleared run of the same id stopped.
@@ -193,7 +194,7 @@ impl RunRecord {
                 _ => None,
             },
             last_signal_at: r.int(col::last_signal_at),
-            input: r.text(col::input_json).and_then(|s| serde_json::from_str(&s).ok()),
+            input: r.text(col::input_json).and_then(RunInput::from_text),
             reruns: r.int(col::reruns).unwrap_or(0),
             started_seq: r.int(col::started_seq).unwrap_or(0),
             detached: (r.int(col::detached) == Some(1)).then(|| DetachedState {

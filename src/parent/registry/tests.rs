@@ -21,7 +21,7 @@ fn new_run(id: &str) -> NewRun {
         display: Some(json!({"name": "Researcher"})),
         display_order: 0,
         event_delivery: EventDelivery::Full,
-        input: json!({"query": "HTTP/3"}),
+        input: json!({"query": "HTTP/3"}).into(),
     }
 }
 

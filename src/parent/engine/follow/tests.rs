@@ -123,7 +123,7 @@ fn a_live_child_is_waited_on_within_the_budgets() {
     let record = |detached: bool| {
         let (db, mut engine) = engine(options.clone());
         let mut new = new_run("r", &json!(1));
-        new.input = json!(1);
+        new.input = json!(1).into();
         let dispatch = Dispatch { new, detached: detached.then(DetachedOptions::default), abandoned: None };
         engine.dispatch(&db, dispatch, 0);
         Registry::new(&db).get("r").unwrap().unwrap()
