@@ -131,12 +131,6 @@ const REPLAY_PAGE: usize = 1024;
 impl<A: Agent> AgentHost<A> {
     /// The host of a new object over `io`: its tables made, its tools checked.
     pub(crate) fn with_io(io: Rc<dyn Io>) -> Self {
-        Self::with_io_watched(io, |hooks| hooks)
-    }
-
-    /// [`AgentHost::with_io`], the agent's hooks seen through `watch` (the test kit counts the
-    /// calls the contract bounds).
-    pub(crate) fn with_io_watched(io: Rc<dyn Io>, watch: impl FnOnce(Rc<dyn Hooks>) -> Rc<dyn Hooks>) -> Self {
         let agent = A::default();
         let migrated = migrate(io.sql());
         let parent_tables = matches!(migrated, Ok(true));
@@ -151,7 +145,7 @@ impl<A: Agent> AgentHost<A> {
         }
         let options = agent.agent_tool_options(io.env());
         let parts = Rc::new(Parts { agent, tools });
-        let host = Host::new(A::CLASS, watch(parts.clone()), io, options, config_error, parent_tables);
+        let host = Host::new(A::CLASS, parts.clone(), io, options, config_error, parent_tables);
         *host.0.storage_error.borrow_mut() = storage_error;
         Self { host, parts }
     }

@@ -135,6 +135,22 @@ pub(crate) trait Io {
     fn model(&self) -> Option<Rc<dyn crate::chat::turn::DynModel>> {
         None
     }
+    /// The agent's `hook` for `run` begins; what this returns is dropped when the hook returns
+    /// (or its object's crash drops it). The test kit counts the calls the contract bounds
+    /// (the finish hook once per run, the detached handler once per attempt); a Worker does
+    /// nothing.
+    fn hook_begins(&self, _hook: BoundedHook, _run: &crate::types::RunInfo) -> Option<Box<dyn Any>> {
+        None
+    }
+}
+
+/// A hook whose calls the contract bounds ([`Io::hook_begins`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BoundedHook {
+    /// `on_agent_tool_finish`: once per run.
+    Finish,
+    /// `on_detached_finish`: once per delivery attempt.
+    Delivery,
 }
 
 /// The Worker's environment as an agent reads it: its vars and secrets (and, in a Worker, the

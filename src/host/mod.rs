@@ -16,5 +16,5 @@ pub use core::AgentHost;
 #[cfg(all(any(test, feature = "testing"), not(target_arch = "wasm32")))]
 pub(crate) use io::set_native_sleep;
 pub use io::{json_error, json_response, sleep, Env, HttpRequest, HttpResponse};
-pub(crate) use io::{pause, ByteStream, ChildCall, ChildReply, Io, LocalFuture, Reply, Socket};
+pub(crate) use io::{pause, BoundedHook, ByteStream, ChildCall, ChildReply, Io, LocalFuture, Reply, Socket};
 pub use parent::sub_agent::{ChatChunk, ChatStream, SubAgentStub};

@@ -3,8 +3,14 @@
 //! A tail sends the stored chunks after the parent's cursor, then live chunks as the child
 //! produces them, then one `end` line with the outcome. Stored chunks carry their index in the
 //! child's log so a parent can resume a tail exactly where it stopped.
+//!
+//! A chunk's body is written into its line as the JSON it is (`"b":{"type":"text-delta",..}`),
+//! not as a string holding that JSON: the child does not escape it and the parent does not
+//! unescape it; the parent keeps the text it read. A line whose body is a string (as an
+//! earlier version wrote) is read too.
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 pub use super::outcome::Outcome;
 
@@ -42,9 +48,10 @@ pub enum TailLine {
         /// How it is kept.
         k: ChunkKind,
         /// The `UIMessageChunk` JSON.
+        #[serde(serialize_with = "as_json")]
         b: String,
         /// What to keep for replay, when it differs from `b` (progress whose `data` is live-only).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "as_optional_json")]
         r: Option<String>,
     },
     /// The run ended; the last line.
@@ -52,6 +59,33 @@ pub enum TailLine {
         /// The outcome.
         outcome: Outcome,
     },
+}
+
+/// A body written into the line as the JSON object it is. Any other text (which no chunk the
+/// crate makes is: not an object, not JSON, or spread over lines) goes as a string, so the line
+/// stays whole and the text is read back exactly.
+fn as_json<S: serde::Serializer>(body: &str, serializer: S) -> Result<S::Ok, S::Error> {
+    match serde_json::from_str::<&RawValue>(body) {
+        Ok(raw) if body.starts_with('{') && raw.get().len() == body.len() && !body.contains('\n') => {
+            raw.serialize(serializer)
+        }
+        _ => serializer.serialize_str(body),
+    }
+}
+
+fn as_optional_json<S: serde::Serializer>(body: &Option<String>, serializer: S) -> Result<S::Ok, S::Error> {
+    match body {
+        Some(body) => as_json(body, serializer),
+        None => serializer.serialize_none(),
+    }
+}
+
+/// A body as it was read: the JSON's own text, or a string's contents.
+fn body_text(raw: Box<RawValue>) -> Result<String, serde_json::Error> {
+    if raw.get().starts_with('"') {
+        return serde_json::from_str(raw.get());
+    }
+    Ok(Box::<str>::from(raw).into_string())
 }
 
 /// A tail line as it is read: every field of either kind, so serde reads it in one pass (an
@@ -65,9 +99,9 @@ struct RawLine {
     #[serde(default)]
     k: Option<ChunkKind>,
     #[serde(default)]
-    b: Option<String>,
+    b: Option<Box<RawValue>>,
     #[serde(default)]
-    r: Option<String>,
+    r: Option<Box<RawValue>>,
     #[serde(default)]
     outcome: Option<Outcome>,
 }
@@ -87,8 +121,8 @@ impl<'de> Deserialize<'de> for TailLine {
             RawTag::Chunk => Ok(Self::Chunk {
                 i: raw.i,
                 k: raw.k.ok_or_else(|| D::Error::missing_field("k"))?,
-                b: raw.b.ok_or_else(|| D::Error::missing_field("b"))?,
-                r: raw.r,
+                b: body_text(raw.b.ok_or_else(|| D::Error::missing_field("b"))?).map_err(D::Error::custom)?,
+                r: raw.r.map(body_text).transpose().map_err(D::Error::custom)?,
             }),
             RawTag::End => Ok(Self::End { outcome: raw.outcome.ok_or_else(|| D::Error::missing_field("outcome"))? }),
         }
@@ -104,7 +138,7 @@ impl TailLine {
     }
 }
 
-/// The longest tail line a parent accepts (one chunk, JSON-escaped in its line).
+/// The longest tail line a parent accepts (one chunk, and what replay keeps of it, in one line).
 pub const MAX_TAIL_LINE_BYTES: usize = 1 << 20;
 
 /// A tail line past [`MAX_TAIL_LINE_BYTES`]: the stream is refused.
@@ -211,6 +245,24 @@ mod tests {
         let line: TailLine =
             serde_json::from_str(r#"{"t":"chunk","i":3,"k":"milestone","b":"{}","extra":[1]}"#).unwrap();
         assert_eq!(line, TailLine::Chunk { i: Some(3), k: ChunkKind::Milestone, b: "{}".into(), r: None });
+    }
+
+    /// A body that is a JSON object travels as that JSON, unescaped, and comes back as the same
+    /// text; any other body travels as a string and comes back exactly; a line from an earlier
+    /// version (every body a string) is read as before.
+    #[test]
+    fn a_chunks_body_travels_as_its_own_json_and_comes_back_as_the_same_text() {
+        let object = r#"{"type":"text-delta","delta":"a \"quoted\" word"}"#;
+        let line = TailLine::Chunk { i: Some(1), k: ChunkKind::Stored, b: object.into(), r: None }.to_line();
+        assert_eq!(line, format!("{{\"t\":\"chunk\",\"i\":1,\"k\":\"stored\",\"b\":{object}}}\n"));
+        for body in [object, r#""a string""#, "not json", "{\n}", " {}", "{} ", "[1]"] {
+            let sent = TailLine::Chunk { i: None, k: ChunkKind::Progress, b: body.into(), r: Some(body.into()) };
+            let read: TailLine = serde_json::from_str(&sent.to_line()).unwrap();
+            assert_eq!(read, sent, "{body:?}");
+        }
+        let earlier = format!(r#"{{"t":"chunk","i":2,"k":"stored","b":{}}}"#, serde_json::to_string(object).unwrap());
+        let read: TailLine = serde_json::from_str(&earlier).unwrap();
+        assert_eq!(read, TailLine::Chunk { i: Some(2), k: ChunkKind::Stored, b: object.into(), r: None });
     }
 
     #[test]

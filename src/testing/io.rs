@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use futures::Stream;
 
 use super::world::Ended;
-use crate::host::{ByteStream, ChildCall, ChildReply, HttpRequest, Io, LocalFuture, Reply, Socket};
+use crate::host::{BoundedHook, ByteStream, ChildCall, ChildReply, HttpRequest, Io, LocalFuture, Reply, Socket};
 use crate::parent::engine::ChildAddress;
 use crate::store::Sql;
 
@@ -167,6 +167,12 @@ impl KitIo {
 impl Io for KitIo {
     fn now(&self) -> i64 {
         self.world().exec.now()
+    }
+
+    fn hook_begins(&self, hook: BoundedHook, run: &crate::types::RunInfo) -> Option<Box<dyn std::any::Any>> {
+        let counts = self.world().hooks.clone();
+        let running = super::hooks::HookCounts::begins(&counts, &self.object, hook, run);
+        running.map(|guard| Box::new(guard) as Box<dyn std::any::Any>)
     }
 
     fn random_id(&self) -> String {

@@ -13,7 +13,7 @@ use futures::channel::oneshot;
 
 use super::client::{Client, Inbox};
 use super::exec::{Exec, Owner, Rng, TEST};
-use super::hooks::{HookCounts, Watched};
+use super::hooks::HookCounts;
 use super::io::{Accepted, Db, KitIo, KitSocket, RefusedSocket};
 use crate::agent::Agent;
 use crate::chat::turn::DynModel;
@@ -183,7 +183,7 @@ pub struct LogLine {
     pub text: String,
 }
 
-type Make = fn(Rc<dyn Io>, &Rc<RefCell<HookCounts>>, &ObjectRef) -> (Host, Rc<dyn Any>);
+type Make = fn(Rc<dyn Io>) -> (Host, Rc<dyn Any>);
 
 struct Class {
     class: &'static str,
@@ -191,10 +191,8 @@ struct Class {
     make: Make,
 }
 
-fn make<A: Agent>(io: Rc<dyn Io>, counts: &Rc<RefCell<HookCounts>>, object: &ObjectRef) -> (Host, Rc<dyn Any>) {
-    let counts = counts.clone();
-    let object = object.clone();
-    let host = AgentHost::<A>::with_io_watched(io, move |hooks| Rc::new(Watched { inner: hooks, counts, object }));
+fn make<A: Agent>(io: Rc<dyn Io>) -> (Host, Rc<dyn Any>) {
+    let host = AgentHost::<A>::with_io(io);
     (host.host.clone(), Rc::new(host))
 }
 
@@ -716,7 +714,7 @@ impl WorldInner {
         });
         // The incarnation is live before its constructor runs: work it spawns there is its own.
         object.incarnation.set(owner);
-        let (host, typed) = make(io, &self.hooks, key);
+        let (host, typed) = make(io);
         let ended = Rc::new(Ended::default());
         *object.live.borrow_mut() =
             Some(Live { host: host.clone(), typed: typed.clone(), owner, ended: ended.clone() });

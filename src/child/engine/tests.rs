@@ -262,12 +262,15 @@ fn sent(actions: &[ChildAction]) -> Vec<String> {
             _ => None,
         })
         .flat_map(|line| String::from_utf8_lossy(line).lines().map(str::to_owned).collect::<Vec<_>>())
-        .map(|line| {
-            let line: serde_json::Value = serde_json::from_str(&line).unwrap();
-            let body: serde_json::Value = serde_json::from_str(line["b"].as_str().unwrap_or("{}")).unwrap();
+        .filter_map(|line| match serde_json::from_str(&line).unwrap() {
+            TailLine::Chunk { k, b, .. } => Some((k, b)),
+            TailLine::End { .. } => None,
+        })
+        .map(|(kind, body)| {
+            let body: serde_json::Value = serde_json::from_str(&body).unwrap();
             format!(
                 "{}:{}",
-                line["k"].as_str().unwrap_or("stored"),
+                serde_json::to_value(kind).unwrap().as_str().unwrap(),
                 body["data"]["fraction"]
                     .as_f64()
                     .map_or_else(|| body["data"]["name"].as_str().unwrap_or_default().to_owned(), |f| f.to_string())
@@ -489,7 +492,7 @@ fn a_rerun_does_not_repeat_a_milestone_an_earlier_attempt_reached() {
         _ => None,
     });
     let line: Value = serde_json::from_str(last.unwrap().trim()).unwrap();
-    let progress: Value = serde_json::from_str(line["b"].as_str().unwrap()).unwrap();
+    let progress = &line["b"];
     assert_eq!(
         (progress["type"].as_str(), progress["data"]["at"].as_i64()),
         (Some("data-agent-progress"), Some(1_000))
@@ -608,7 +611,7 @@ fn a_failed_end_of_turn_leaves_the_run_as_it_was_and_is_taken_again() {
             _ => None,
         })
         .collect();
-    assert!(sent.iter().any(|l| l.contains("{\\\"n\\\":0}")), "the held chunk reaches the tail: {sent:?}");
+    assert!(sent.iter().any(|l| l.contains(r#""b":{"n":0}"#)), "the held chunk reaches the tail: {sent:?}");
     assert!(actions.iter().any(|a| matches!(a, ChildAction::Close { subscriber } if *subscriber == sub)));
     assert_eq!(StreamLog::new(&db).next_index("r").unwrap(), 1);
 }
@@ -644,4 +647,25 @@ fn a_failed_inspection_that_healed_a_run_leaves_it_to_be_healed_again() {
     let (reply, actions) = engine.inspect(&db, "r", false, 3).unwrap();
     assert_eq!(begins(&actions), [1], "the next inspection heals it: the turn begins");
     assert_eq!(reply.unwrap().status, RunStatus::Running);
+}
+
+/// The end of a turn that could not be stored is given up: the run is no longer live here, its
+/// tails are closed without an `end` line (so each parent asks where the run stands), the loss
+/// is observed, and the next request heals the run by the recovery policy.
+#[test]
+fn a_lost_end_of_turn_closes_the_tails_and_leaves_the_run_to_be_healed() {
+    let db = db();
+    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    engine.start(&db, &start("r"), 1).unwrap();
+    let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, false, 1).unwrap();
+    let sub = tail.subscriber.unwrap();
+    emit_now(&mut engine, &db, "{\"n\":0}".into());
+    let actions = engine.turn_lost("r");
+    assert!(!engine.is_live("r"));
+    assert!(actions.iter().any(|a| matches!(a, ChildAction::Close { subscriber } if *subscriber == sub)));
+    assert!(!actions.iter().any(|a| matches!(a, ChildAction::Send { .. })), "no end line");
+    assert!(actions.iter().any(|a| matches!(a, ChildAction::Observe(EventType::StorageFailed, _))));
+    assert!(engine.turn_lost("r").is_empty(), "given up once");
+    let (_, actions) = engine.tail(&db, "r", -1, usize::MAX, false, 2).unwrap();
+    assert_eq!(begins(&actions), [2], "healed: the turn runs again behind a marker");
 }

@@ -8,7 +8,7 @@ use futures::StreamExt;
 
 use crate::cancel::CancelToken;
 use crate::host::core::Host;
-use crate::host::{ChildCall, ChildReply};
+use crate::host::{BoundedHook, ChildCall, ChildReply};
 use crate::observability::{EventType, ObservabilityEvent};
 use crate::parent::engine::{ChildAddress, HookCall, NoticeOf, ParentAction, ParentEvent, StartError, TailOpenError};
 use crate::protocol::child_api::{CancelRequest, InspectionReply, StartRequest};
@@ -117,14 +117,18 @@ impl Host {
         match action {
             ParentAction::Hook(HookCall::Start(run)) => self.hooks().on_agent_tool_start(self, &run).await,
             ParentAction::Hook(HookCall::Finish(run, result, gen)) => {
+                let running = self.0.io.hook_begins(BoundedHook::Finish, &run);
                 self.hooks().on_agent_tool_finish(self, &run, &result).await;
+                drop(running);
                 self.feed(ParentEvent::FinishHookDone { run_id: run.run_id, gen });
             }
             ParentAction::Hook(HookCall::Progress(run, progress)) => {
                 self.hooks().on_progress(self, &run, &progress).await
             }
             ParentAction::Deliver { run, result, slot, gen, attempt, handler } => {
+                let running = self.0.io.hook_begins(BoundedHook::Delivery, &run);
                 let outcome = self.hooks().on_detached_finish(self, &handler, &run, &result).await;
+                drop(running);
                 self.feed(ParentEvent::DeliveryDone { run_id: run.run_id, slot, gen, attempt, result: outcome });
             }
             ParentAction::Notice(notice) => {
