@@ -2,9 +2,12 @@
 # Mutation testing of the engines, one shard at a time: ./scripts/mutants.sh K N runs shard K
 # (0 ≤ K < N) of the mutants of src/parent, src/child, src/protocol and src/types, against the
 # library's unit tests, the simulation and the kit suites. The lists of caught, missed, hanging
-# (timeout) and unviable mutants are copied to mutants/shard-K-of-N/ to be committed;
+# (timeout) and unviable mutants are copied to mutants/<commit>/shard-K-of-N/ to be committed;
 # docs/testing.md keeps the counts and an explanation for every survivor. Not part of the test
 # command.
+#
+# MUTANTS_AT=<commit> runs the shard over that commit (checked out in target/, not here), so
+# the shards of one campaign cover one list of mutants while the code moves on.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 cd "$ROOT"
@@ -23,9 +26,16 @@ fi
 # between shards, so a shard rebuilds only this crate before its baseline.
 export CARGO_TARGET_DIR="$ROOT/target/mutants-shards"
 export SIM_SCHEDULES="${SIM_SCHEDULES:-200}"
-out="$CARGO_TARGET_DIR/out-$1-of-$2"
-keep="mutants/shard-$1-of-$2"
+rev="$(git rev-parse --short=7 "${MUTANTS_AT:-HEAD}")"
+tree="$ROOT"
+if [ -n "${MUTANTS_AT:-}" ]; then
+  tree="$ROOT/target/mutants-at-$rev"
+  [ -d "$tree" ] || git worktree add --detach "$tree" "$rev"
+fi
+out="$CARGO_TARGET_DIR/out-$rev-$1-of-$2"
+keep="$ROOT/mutants/$rev/shard-$1-of-$2"
 mkdir -p "$out"
+cd "$tree"
 cargo mutants -p agent-tools --profile mutants --features demo,testing \
   --file 'src/parent/**' --file 'src/child/**' --file 'src/protocol/**' --file 'src/types/**' \
   --exclude '**/tests.rs' --exclude '**/testing.rs' --exclude-re 'impl (std::fmt::)?Debug for' \

@@ -592,10 +592,8 @@ impl ChildEngine {
         if self.is_live(run_id) {
             return Ok(vec![ChildAction::CancelTurn { run_id: run_id.to_owned(), reason }]);
         }
-        self.unit(sql, run_id, |engine| match ChildRuns::new(sql).get(run_id)? {
-            Some(run) if run.status.is_live() => engine.seal(sql, run_id, &Outcome::aborted(reason), now),
-            _ => Ok(Vec::new()),
-        })
+        // The row is written only while it is live (an ended or unknown run stays as it is).
+        self.unit(sql, run_id, |engine| engine.seal(sql, run_id, &Outcome::aborted(reason), now))
     }
 
     /// The instance's storage was wiped (a parent cleared the child): nothing is live.
