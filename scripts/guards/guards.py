@@ -58,7 +58,7 @@ GUARDS = [
  ("a deleted run id keeps its sequence high-water mark", "src/parent/registry/retention.rs",
   "ON CONFLICT (run_id) DO UPDATE SET next_seq = MAX(next_seq, excluded.next_seq)", "ON CONFLICT (run_id) DO UPDATE SET next_seq = 0"),
  ("the child stores what its turn emitted before a tail reads the log", "src/child/engine.rs",
-  "        let mut actions = self.flush(sql, run_id, chat_streaming).map_err(TailError::Store)?;", "        let mut actions = Vec::new();"),
+  "        let mut actions = self.flush(sql, run_id, chat_streaming)?;\n        let run = self.reconcile(sql, run, now, &mut actions)?;", "        let mut actions = Vec::new();\n        let run = self.reconcile(sql, run, now, &mut actions)?;"),
  ("a live run's start begins no second turn", "src/child/engine.rs",
   "if !run.status.is_live() || self.is_live(&run.run_id) {", "if !run.status.is_live() {"),
  ("reruns are bounded, and sealed with the bound's message", "src/child/engine.rs",
@@ -116,4 +116,7 @@ GUARDS = [
  # The durable alarm, pulled from the engine (ParentEngine::poll_alarm).
  ("the alarm, once fired, asks only for what comes next", "src/parent/engine/recovery.rs",
   "        self.alarm = self.alarm.filter(|at| *at > now);\n", ""),
+ ("a timer replaced by an earlier one ends its task", "src/host/parent/driver.rs",
+  "        if let Some(earlier) = self.0.timer.replace(Some(token.clone())) {\n            earlier.cancel(None);\n        }",
+  "        let _ = self.0.timer.replace(Some(token.clone()));"),
 ]

@@ -167,6 +167,12 @@ impl Exec {
         self.tasks.borrow().values().any(|t| t.owner == owner)
     }
 
+    /// How many tasks `owner` has, ready or waiting.
+    #[cfg(test)]
+    pub(crate) fn tasks_of(&self, owner: Owner) -> usize {
+        self.tasks.borrow().values().filter(|t| t.owner == owner).count()
+    }
+
     fn poll(&self, id: u64) {
         // A task that ended or was killed may still be woken.
         let Some(mut task) = self.tasks.borrow_mut().remove(&id) else { return };

@@ -686,7 +686,7 @@ impl WorldInner {
     }
 
     /// The object's running host, started if need be.
-    fn live(self: &Rc<Self>, key: &ObjectRef) -> (Host, Rc<dyn Any>, Owner) {
+    pub(crate) fn live(self: &Rc<Self>, key: &ObjectRef) -> (Host, Rc<dyn Any>, Owner) {
         let (host, typed, owner, _) = self.live_ended(key);
         (host, typed, owner)
     }

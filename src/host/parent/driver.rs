@@ -308,3 +308,63 @@ fn done(reply: Result<ChildReply, String>) -> Result<(), String> {
         Err(e) => Err(e),
     }
 }
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use crate::child::progress::Report;
+    use crate::protocol::child_api::StartRequest;
+    use crate::protocol::chunk::Progress;
+    use crate::testing::world::ObjectRef;
+    use crate::testing::World;
+    use crate::types::AgentClass;
+
+    #[derive(Default)]
+    struct Solo;
+
+    impl AgentClass for Solo {
+        const CLASS: &'static str = "Solo";
+        const BINDING: &'static str = "Solo";
+    }
+
+    impl crate::Agent for Solo {}
+
+    /// The object's one timer: a timer armed for an earlier time replaces the one armed for a
+    /// later time, and the replaced one's task ends at once (it does not sleep until its time).
+    #[test]
+    fn an_earlier_timer_replaces_a_later_one_and_its_task_ends() {
+        let world = World::new().agent::<Solo>();
+        let host = world.host::<Solo>("t").host;
+        let (_, _, owner) = world.0.live(&ObjectRef::of::<Solo>("t"));
+        let report = || Report { progress: Progress { fraction: Some(0.5), ..Progress::default() }, persist: false };
+        let id = || "id".to_owned();
+        for run in ["a", "b"] {
+            let start = StartRequest {
+                run_id: run.into(),
+                input: Default::default(),
+                parent_class: "P".into(),
+                parent_name: "p".into(),
+                child_name: format!("P/p/{run}"),
+                terminal_only: false,
+                tail_after: None,
+            };
+            host.0.child.borrow_mut().start(host.sql(), &start, world.now()).unwrap();
+        }
+        let report_now = |run: &str| {
+            host.0.child.borrow_mut().report_progress(host.sql(), run, report(), false, &id, world.now()).unwrap();
+        };
+        // Each run's first report goes out; a second within its window is held to the window's end.
+        report_now("a");
+        world.advance(150);
+        report_now("b");
+        world.advance(10);
+        report_now("b"); // held until 150 + 200
+        host.rearm_timer();
+        assert_eq!(host.0.timer_at.get(), Some(world.now() + 190));
+        assert_eq!(world.0.exec.tasks_of(owner), 1, "one timer sleeps");
+        report_now("a"); // held until 0 + 200: earlier
+        host.rearm_timer();
+        assert_eq!(host.0.timer_at.get(), Some(world.now() + 40));
+        world.advance(0);
+        assert_eq!(world.0.exec.tasks_of(owner), 1, "the later timer's task ended when it was replaced");
+    }
+}
