@@ -782,6 +782,7 @@ mod tests {
 
     #[test]
     fn schemars_derived_schemas_are_accepted() {
+        // parity: 12
         #[derive(schemars::JsonSchema)]
         #[allow(dead_code)]
         struct Input {

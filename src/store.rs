@@ -145,10 +145,7 @@ pub trait Sql {
 
 /// [`Sql::atomically`] for work that returns a value, or an error of its own (which rolls the
 /// unit back as a failed statement does).
-pub fn atomic<T, E: From<StoreError>>(
-    sql: &(impl Sql + ?Sized),
-    work: impl FnOnce() -> Result<T, E>,
-) -> Result<T, E> {
+pub fn atomic<T, E: From<StoreError>>(sql: &(impl Sql + ?Sized), work: impl FnOnce() -> Result<T, E>) -> Result<T, E> {
     let mut work = Some(work);
     let mut out = None;
     let committed = sql.atomically(&mut || {

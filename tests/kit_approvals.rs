@@ -143,6 +143,7 @@ fn asked_to_publish(world: &World) -> (Client, String) {
 
 #[test]
 fn an_approved_call_runs_after_the_answer_and_the_turn_goes_on_in_the_same_message() {
+    // parity: 4
     let world = world();
     let client = world.connect("/agents/desk/d");
     let reply = client.chat("publish Rust 2027");
@@ -384,6 +385,7 @@ fn client_call(client: &Client) -> (String, String) {
 
 #[test]
 fn a_client_side_tool_pauses_the_turn_until_the_browser_answers() {
+    // parity: 4
     let world = world();
     let client = world.connect("/agents/desk/d");
     let reply = client.chat("ask confirm_title Rust 2027");

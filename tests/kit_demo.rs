@@ -52,6 +52,7 @@ fn the_offline_model_researches_two_topics_in_one_step() {
 
 #[test]
 fn drilling_in_shows_the_childs_own_chat_and_a_guessed_id_is_refused() {
+    // parity: 122
     let world = demo(6, 5);
     let client = world.connect("/agents/assistant/bob");
     client.chat("Research QUIC");
@@ -70,6 +71,7 @@ fn drilling_in_shows_the_childs_own_chat_and_a_guessed_id_is_refused() {
 
 #[test]
 fn a_parent_restart_mid_run_recovers_and_every_client_converges() {
+    // parity: 46
     let world = demo(40, 20);
     let client = world.connect("/agents/assistant/carol");
     let handle = client
@@ -102,6 +104,7 @@ fn a_parent_restart_mid_run_recovers_and_every_client_converges() {
 
 #[test]
 fn a_child_restart_mid_run_heals_by_running_it_again() {
+    // parity: 87
     let world = demo(30, 20);
     let client = world.connect("/agents/assistant/dave");
     let call = client.call(
@@ -172,6 +175,7 @@ fn seeded_schedules_of_the_demo_keep_the_contract() {
 /// says what was wrong, and no run, no row and no child object comes of it.
 #[test]
 fn rpc_arguments_are_checked_before_anything_starts() {
+    // parity: 112
     let world = demo(4, 5);
     let client = world.connect("/agents/assistant/erin");
     let researcher = |extra: Value| {
@@ -223,6 +227,7 @@ fn rpc_arguments_are_checked_before_anything_starts() {
 /// index, and dropping the stream cancels the turn.
 #[test]
 fn a_sub_agent_chat_streams_to_the_caller_alone() {
+    // parity: 6
     use agent_tools::ChatChunk;
     let world = demo(6, 20);
     let client = world.connect("/agents/assistant/fay");

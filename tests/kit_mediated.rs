@@ -145,6 +145,7 @@ fn asked(world: &World) -> agent_tools::testing::Client {
 
 #[test]
 fn the_person_approves_and_the_waiting_child_publishes() {
+    // parity: 4
     let world = world();
     let client = asked(&world);
     let (call, _) = client.approval_requests().remove(0);

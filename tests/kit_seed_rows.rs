@@ -201,6 +201,7 @@ fn logged_events(world: &World, object: &ObjectRef, kind: &str) -> Vec<Value> {
 /// says so, and nothing starts either.
 #[test]
 fn client_side_tool_frames_are_answered_with_an_error() {
+    // parity: 4
     let desk = ScriptedModel::new();
     let world =
         worker().model::<Desk>(desk.clone()).model::<Writer>(ScriptedModel::new().step(Step::new().text("Done.")));
@@ -234,6 +235,7 @@ fn client_side_tool_frames_are_answered_with_an_error() {
 /// with that id: a string as is, anything else as pretty JSON.
 #[test]
 fn a_run_starts_with_the_message_its_child_formats_from_the_input() {
+    // parity: 14
     let (summarizer, writer) = (ScriptedModel::new(), ScriptedModel::new());
     let world = worker().model::<Summarizer>(summarizer.clone()).model::<Writer>(writer.clone());
     let input = json!({ "text": "QUIC runs over UDP." });
@@ -270,6 +272,7 @@ fn a_run_starts_with_the_message_its_child_formats_from_the_input() {
 /// dispatch, leaves the run to complete.
 #[test]
 fn a_detached_run_ignores_the_callers_signal() {
+    // parity: 60
     let answer = "one two three four five";
     let writer = ScriptedModel::new().otherwise(move |_| Step::new().words(answer, 100));
     let world = worker().model::<Writer>(writer);
@@ -297,6 +300,7 @@ fn a_detached_run_ignores_the_callers_signal() {
 /// ticks and a delivery's lease), it was not offered again.
 #[test]
 fn an_empty_completion_notice_posts_nothing_and_settles_the_delivery() {
+    // parity: 68
     let quiet = ScriptedModel::new();
     let writer = ScriptedModel::new().step(Step::new().text("A draft."));
     let world = worker().model::<QuietDesk>(quiet.clone()).model::<Writer>(writer);
@@ -318,6 +322,7 @@ fn an_empty_completion_notice_posts_nothing_and_settles_the_delivery() {
 /// completion wording is the default one.
 #[test]
 fn on_finish_takes_precedence_over_notify() {
+    // parity: 69
     let desk = ScriptedModel::new();
     let writer = ScriptedModel::new().step(Step::new().text("A draft."));
     let world = worker().model::<Desk>(desk.clone()).model::<Writer>(writer);
@@ -340,6 +345,7 @@ fn on_finish_takes_precedence_over_notify() {
 /// still runs. The same tool reports in a child's run.
 #[test]
 fn reporting_progress_outside_a_run_only_warns() {
+    // parity: 74
     let desk = ScriptedModel::new()
         .step(Step::new().tool_call("checkpoint", json!({ "note": "standalone" })))
         .step(Step::new().text("Noted."));
@@ -374,6 +380,7 @@ fn reporting_progress_outside_a_run_only_warns() {
 /// replay, before the live chunks.
 #[test]
 fn a_milestone_replays_on_drill_in() {
+    // parity: 90
     let writer = ScriptedModel::new().step(Step::new().words("one two three four five six", 1_000));
     let world = worker().model::<Writer>(writer);
     // A parent learns its name from its first request: only then are its runs' children the
@@ -405,6 +412,7 @@ fn a_milestone_replays_on_drill_in() {
 /// it, once.
 #[test]
 fn a_react_milestone_posts_a_user_message_and_runs_a_model_turn_once() {
+    // parity: 97
     let desk = ScriptedModel::new().otherwise(|_| Step::new().text("Good to know."));
     let writer = ScriptedModel::new().step(Step::new().words("one two three", 1_000));
     let world = worker().model::<Desk>(desk.clone()).model::<Writer>(writer);
@@ -429,6 +437,7 @@ fn a_react_milestone_posts_a_user_message_and_runs_a_model_turn_once() {
 /// milestone not yet handled on each tick, does not offer it again while the run goes on.
 #[test]
 fn an_empty_milestone_notice_posts_nothing_and_is_not_offered_again() {
+    // parity: 99
     let quiet = ScriptedModel::new();
     let writer = ScriptedModel::new().step(Step::new().words("one two three four", 20_000));
     let world = worker().model::<QuietDesk>(quiet.clone()).model::<Writer>(writer);
@@ -450,6 +459,7 @@ fn an_empty_milestone_notice_posts_nothing_and_is_not_offered_again() {
 /// while the same answer delivered in full replays its text chunks too.
 #[test]
 fn a_terminal_runs_ordinary_chunks_are_not_replayed() {
+    // parity: 110
     let writer = ScriptedModel::new().otherwise(|_| Step::new().words("alpha beta gamma", 10));
     let world = worker().model::<Writer>(writer);
     for (run_id, delivery) in [("full", EventDelivery::Full), ("terminal", EventDelivery::Terminal)] {
@@ -480,6 +490,7 @@ fn a_terminal_runs_ordinary_chunks_are_not_replayed() {
 /// (`agentToolReattachMaxWindowMs` is `Infinity`).
 #[test]
 fn reattach_budgets_default_to_two_silent_minutes_and_no_window() {
+    // parity: 135, 137
     let options = AgentToolOptions::default();
     assert_eq!(options.reattach_no_progress_timeout, std::time::Duration::from_secs(120));
     assert_eq!(options.reattach_max_window, None);
@@ -491,6 +502,7 @@ fn reattach_budgets_default_to_two_silent_minutes_and_no_window() {
 /// follows it, for more than 25 minutes, to its result.
 #[test]
 fn a_reattach_follows_a_streaming_child_past_any_fixed_time() {
+    // parity: 137
     let words: Vec<String> = (1..=20).map(|n| format!("w{n}")).collect();
     let answer = words.join(" ");
     let desk = ScriptedModel::new()

@@ -103,6 +103,7 @@ mod tests {
 
     #[test]
     fn a_burst_sends_its_first_and_its_last() {
+        // parity: 79
         let mut c = Coalescer::default();
         assert_eq!(c.offer(at(0.1), 1000), Decision::Emit(at(0.1)));
         assert_eq!(c.offer(at(0.2), 1050), Decision::Defer { flush_at: 1200 });
@@ -118,6 +119,7 @@ mod tests {
 
     #[test]
     fn done_and_milestones_are_never_held() {
+        // parity: 80
         let mut c = Coalescer::default();
         c.offer(at(0.1), 0);
         assert_eq!(c.offer(at(0.2), 10), Decision::Defer { flush_at: 200 });

@@ -10,8 +10,8 @@ use serde_json::Value;
 
 pub use crate::chat::store::StoredChunk;
 use crate::chat::store::StreamLog;
-use crate::protocol::child_api::RunInput;
 use crate::protocol::child_api::InspectionReply;
+use crate::protocol::child_api::RunInput;
 use crate::protocol::outcome::{Outcome, RunStatus};
 use crate::store::{Row, Sql, StoreError, Value as V};
 
@@ -422,6 +422,7 @@ mod tests {
 
     #[test]
     fn milestones_are_sequenced_from_zero() {
+        // parity: 87
         let db = db();
         let runs = ChildRuns::new(&db);
         runs.start("r", &json!("q").into(), false, 1).unwrap();

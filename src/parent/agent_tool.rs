@@ -274,6 +274,7 @@ mod tests {
 
     #[test]
     fn calls_map_to_run_options() {
+        // parity: 8, 37
         let call = ToolCall { id: "call_7".into(), name: "research".into(), input: json!({"query": "QUIC"}) };
         let o = tool().icon("🔎").run_options(&call, 2);
         assert_eq!(tool().child_class(), "Researcher", "the class it dispatches");

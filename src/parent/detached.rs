@@ -311,6 +311,7 @@ mod tests {
 
     #[test]
     fn a_slot_is_claimed_once_under_a_lease_and_dead_letters_after_max_attempts() {
+        // parity: 52
         let db = db();
         detached(&db, "r", &DetachedOptions::default(), 0);
         let ledger = Ledger::new(&db);
@@ -335,6 +336,7 @@ mod tests {
 
     #[test]
     fn budgets() {
+        // parity: 101, 103, 104, 105
         let db = db();
         let options = DetachedOptions {
             max_budget: Some(std::time::Duration::from_millis(1000)),
@@ -370,6 +372,7 @@ mod tests {
 
     #[test]
     fn the_aborted_after_a_give_up_is_not_delivered() {
+        // parity: 54
         let db = db();
         detached(&db, "r", &DetachedOptions::default(), 0);
         let reg = Registry::new(&db);
@@ -446,6 +449,7 @@ mod tests {
 
     #[test]
     fn outstanding_and_milestones() {
+        // parity: 95
         let db = db();
         let reg = Registry::new(&db);
         let ledger = Ledger::new(&db);

@@ -191,7 +191,8 @@ mod tests {
         assert_eq!(stored.len(), stored.as_str().len());
         assert_eq!(RunInput::of(&serde_json::json!({"a": [1]})).as_str(), r#"{"a":[1]}"#);
         assert_eq!(RunInput::from_text("not json".into()), None);
-        let no_input: StartRequest = serde_json::from_str(r#"{"runId":"r","parentClass":"P","parentName":"p"}"#).unwrap();
+        let no_input: StartRequest =
+            serde_json::from_str(r#"{"runId":"r","parentClass":"P","parentName":"p"}"#).unwrap();
         assert_eq!(no_input.input.as_str(), "null");
     }
 }

@@ -144,6 +144,7 @@ mod tests {
 
     #[test]
     fn progress_and_milestone_shapes() {
+        // parity: 76, 77
         let p = Progress { fraction: Some(0.5), phase: Some("reading".into()), ..Default::default() };
         assert_eq!(
             progress("p1", 41, &p),

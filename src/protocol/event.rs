@@ -217,6 +217,7 @@ mod tests {
 
     #[test]
     fn frames_match_the_typescript_wire_shape() {
+        // parity: 16, 27
         let started = EventFrame::new(
             Some("call_1".into()),
             0,
@@ -251,6 +252,7 @@ mod tests {
 
     #[test]
     fn reasons_round_trip() {
+        // parity: 23
         for r in [
             InterruptedReason::NoProgress,
             InterruptedReason::WindowExceeded,

@@ -2091,6 +2091,7 @@ mod tests {
 
     #[test]
     fn terminal_events_set_status_and_error() {
+        // parity: 28, 120
         let client = fed(&[
             frame(None, 0, started("e", 0)),
             frame(None, 1, json!({"kind": "error", "runId": "e", "error": "boom"})),
@@ -2226,6 +2227,7 @@ mod tests {
 
     #[test]
     fn progress_and_milestones() {
+        // parity: 91
         let progress = |id: &str, fraction: f64| {
             let data = json!({"fraction": fraction, "message": "reading"});
             json!({"type": "data-agent-progress", "id": id, "transient": true, "data": data})
@@ -2387,6 +2389,7 @@ mod tests {
 
     #[test]
     fn runs_sort_by_order_then_as_icu_collates_their_ids() {
+        // parity: 118
         let mut client = client();
         for id in ["b", "A", "a-b", "a", "B", "ab", "a b", "aB", "run-10", "run-9", "x\u{1}"] {
             assert_eq!(client.receive(&frame(Some("c"), 0, started(id, 0))), Outcome::Applied);

@@ -482,6 +482,7 @@ mod tests {
 
     #[test]
     fn the_model_sees_a_summary_or_the_failure_envelope() {
+        // parity: 19, 20, 24
         let mut done = result(RunStatus::Completed);
         done.summary = Some("text".into());
         done.output = Some(json!({"k": 1}));

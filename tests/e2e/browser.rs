@@ -121,6 +121,7 @@ async fn the_agents_state_is_set_followed_and_refused_with_its_reason() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_chat_message_streams_two_child_timelines() {
+    // parity: 117
     scenario("chat", QUICK).await;
 }
 
@@ -141,6 +142,7 @@ async fn a_run_cancelled_from_its_card_is_marked_aborted() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_tray_shows_progress_and_milestones_and_replays_them() {
+    // parity: 78, 119
     scenario("progress", QUICK).await;
 }
 
@@ -166,6 +168,7 @@ async fn an_unknown_drill_in_id_shows_not_found() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_tabs_see_the_same_runs_live() {
+    // parity: 115
     scenario("two-tabs", QUICK).await;
 }
 

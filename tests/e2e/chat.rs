@@ -29,6 +29,7 @@ async fn runs(client: &mut Client) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_offline_model_dispatches_two_children_in_one_step() {
+    // parity: 15
     let vars = [("OFFLINE_WORDS", "8"), ("OFFLINE_DELAY_MS", "5")];
     let worker = Worker::start_with(None, &vars).await;
     let name = unique("chat");
@@ -100,6 +101,7 @@ async fn the_offline_model_dispatches_two_children_in_one_step() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_openai_compatible_server_drives_parent_and_children() {
+    // parity: 9
     let mock = MockModel::start(|body| {
         if !is_parent(body) {
             let topic = offline::topics(&last_user_text(body)).join(" ");
@@ -212,6 +214,7 @@ async fn every_schema_keyword_is_checked_before_a_child_starts() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn invalid_tool_input_is_a_tool_error_and_starts_no_child() {
+    // parity: 10
     let mock = MockModel::start(|body| {
         if last_role(body) == "tool" {
             answer("Sorry, that topic is too short.", 0)
@@ -335,6 +338,7 @@ async fn provider_failures_end_turns_and_runs_with_errors() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_child_may_finish_with_structured_output_and_no_text() {
+    // parity: 29, 31, 33
     let mock = MockModel::start(|_| Reply::Sse(vec![(0, mock_model::finish("stop")), (0, "[DONE]".into())])).await;
     let worker = Worker::start_with_vars(&mock.vars()).await;
     let mut client = worker.client(&unique("structured")).await;

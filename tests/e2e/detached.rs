@@ -74,6 +74,7 @@ async fn backbone_settled(worker: &Worker, name: &str) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_detached_run_returns_at_once_and_its_handler_runs_once() {
+    // parity: 41, 42, 44, 45, 51, 93
     let worker = Worker::start_with(None, FAST_BACKBONE).await;
     let name = unique("detached");
     let mut client = worker.client(&name).await;
@@ -121,6 +122,7 @@ async fn a_detached_run_returns_at_once_and_its_handler_runs_once() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn notify_injects_one_message_and_a_model_turn() {
+    // parity: 64
     let worker = Worker::start_with(None, FAST_BACKBONE).await;
     let name = unique("notify");
     let mut client = worker.client(&name).await;
@@ -145,6 +147,7 @@ async fn notify_injects_one_message_and_a_model_turn() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn milestones_reach_the_chat_live_and_once() {
+    // parity: 94, 96, 100
     // A slow backbone (60 s): a milestone that arrived only on a tick would come far too late.
     let worker = Worker::start_with(None, &[("AGENT_TOOL_BACKBONE_MS", "60000")]).await;
     let name = unique("milestone");
@@ -177,6 +180,7 @@ async fn milestones_reach_the_chat_live_and_once() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_budget_give_up_is_delivered_once_and_its_teardown_never() {
+    // parity: 53, 57
     let worker = Worker::start_with(None, FAST_BACKBONE).await;
     let name = unique("budget");
     let mut client = worker.client(&name).await;
@@ -233,6 +237,7 @@ async fn a_handler_that_always_fails_is_dead_lettered() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn detached_runs_recover_after_the_runtime_is_killed() {
+    // parity: 48
     // An awaited run would be given up after 1.5 s of silence once re-attached; a detached one
     // keeps its own budgets (1 h of no progress) after the restart too, so the rerun's 3 s stall
     // does not end it.

@@ -26,6 +26,7 @@ fn assert_exact_run(events: &[Value], run_id: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn two_concurrent_runs_stream_exact_frames_and_rows() {
+    // parity: 17, 30, 36, 106
     let worker = Worker::start().await;
     let name = unique("fanout");
     let mut client = worker.client(&name).await;
@@ -93,6 +94,7 @@ fn stored_chunks(events: &[Value]) -> usize {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn one_run_id_starts_one_child() {
+    // parity: 38
     let worker = Worker::start().await;
     let name = unique("dup");
     let mut a = worker.client(&name).await;
@@ -183,6 +185,7 @@ async fn malformed_frames_get_errors_and_the_socket_stays_usable() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rows_survive_a_restart_and_replay_with_their_sequences() {
+    // parity: 89, 125
     let mut worker = Worker::start().await;
     let state = worker.take_temp().unwrap();
     let persist = worker.persist.clone();

@@ -12,6 +12,7 @@ use agent_tools::model::OfflineModel;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_callers_signal_cancels_its_awaited_runs() {
+    // parity: 61
     let worker = Worker::start().await;
     let mut client = worker.client(&unique("signal")).await;
     let args = json!([{"topics": ["slow one", "slow two"], "runIds": ["sig-1", "sig-2"], "words": 80, "delayMs": 80,
@@ -63,6 +64,7 @@ async fn a_signal_cancelled_before_admission_writes_nothing() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn scheduled_work_shares_the_alarm_and_survives_a_restart() {
+    // parity: 34
     let mut worker = Worker::start().await;
     let state = worker.take_temp().unwrap();
     let persist = worker.persist.clone();
@@ -102,6 +104,7 @@ async fn scheduled_work_shares_the_alarm_and_survives_a_restart() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn runs_can_be_inspected_and_their_chunks_read() {
+    // parity: 70, 73, 75, 88, 92
     let worker = Worker::start().await;
     let mut client = worker.client(&unique("inspect")).await;
     assert_eq!(client.call("inspect", json!([{"runId": "nope"}])).await.unwrap(), Value::Null, "unknown: null");
@@ -145,6 +148,7 @@ async fn runs_can_be_inspected_and_their_chunks_read() {
 /// in the child, which a later read of the turn shows.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sub_agent_chat_streams_to_its_caller_and_a_dropped_turn_is_cancelled() {
+    // parity: 6
     let worker = Worker::start_with(None, &[("OFFLINE_WORDS", "8"), ("OFFLINE_DELAY_MS", "30")]).await;
     let name = unique("ask");
     let mut client = worker.client(&name).await;

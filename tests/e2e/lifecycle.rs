@@ -63,6 +63,7 @@ async fn run_ids_are_never_reused_across_agent_types() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn cancelling_a_run_stops_the_child_promptly_once() {
+    // parity: 62
     let worker = Worker::start().await;
     let name = unique("cancel");
     let mut a = worker.client(&name).await;
@@ -109,6 +110,7 @@ async fn cancelling_a_run_stops_the_child_promptly_once() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn cancelling_the_chat_turn_cancels_its_children() {
+    // parity: 5
     let worker = Worker::start_with(None, &[("OFFLINE_WORDS", "200"), ("OFFLINE_DELAY_MS", "80")]).await;
     let mut client = worker.client(&unique("chat-cancel")).await;
     let request = client.chat("Research alpha and beta").await;
@@ -143,6 +145,7 @@ async fn cancelling_the_chat_turn_cancels_its_children() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_connecting_mid_stream_gets_every_frame_once() {
+    // parity: 2
     let worker = Worker::start().await;
     let name = unique("refresh");
     let mut watcher = worker.client(&name).await;
@@ -175,6 +178,7 @@ async fn a_client_connecting_mid_stream_gets_every_frame_once() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn clearing_removes_runs_their_children_and_their_replay() {
+    // parity: 126, 127, 129
     let worker = Worker::start().await;
     let name = unique("clear");
     let mut client = worker.client(&name).await;
@@ -225,6 +229,7 @@ async fn clearing_removes_runs_their_children_and_their_replay() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn drill_in_serves_the_childs_own_chat_through_the_gate() {
+    // parity: 1, 107, 121, 124
     let worker = Worker::start().await;
     let name = unique("drill");
     let mut parent = worker.client(&name).await;
@@ -286,6 +291,7 @@ async fn drill_in_serves_the_childs_own_chat_through_the_gate() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn over_the_cap_a_dispatch_is_refused_and_leaves_nothing() {
+    // parity: 59
     let worker = Worker::start_with(None, &[("MAX_CONCURRENT_AGENT_TOOLS", "1")]).await;
     let mut client = worker.client(&unique("cap")).await;
     let slow = client.send_call("dispatch", dispatch_args("Researcher", "first", "one", 30, 30)).await;
@@ -384,6 +390,7 @@ async fn hooks_fire_once_per_awaited_run() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn terminal_event_delivery_forwards_only_lifecycle_progress_and_milestones() {
+    // parity: 108, 109, 112
     let worker = Worker::start().await;
     let mut client = worker.client(&unique("terminal")).await;
     let mut args = dispatch_args("Researcher", "quiet", "terse", 10, 5);
@@ -420,6 +427,7 @@ async fn terminal_event_delivery_forwards_only_lifecycle_progress_and_milestones
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_stock_reducer_rebuilds_the_same_state_after_every_refresh() {
+    // parity: 116
     let worker = Worker::start().await;
     let report = crate::harness::node_report("replay-reducer.mjs", &worker, &[&unique("reducer")]).await;
     assert_eq!(report["reconnects"], 4, "three refreshes mid-run and one after it ended");
@@ -430,6 +438,7 @@ async fn the_stock_reducer_rebuilds_the_same_state_after_every_refresh() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_parents_model_gets_the_failure_envelope_of_a_cancelled_child() {
+    // parity: 18
     let worker = Worker::start_with(None, &[("OFFLINE_WORDS", "60"), ("OFFLINE_DELAY_MS", "40")]).await;
     let name = unique("envelope");
     let mut client = worker.client(&name).await;

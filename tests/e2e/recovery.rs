@@ -119,6 +119,7 @@ const KILL_VARS: &[(&str, &str)] =
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_runtime_heals_every_run_by_running_the_lost_turn_again() {
+    // parity: 132
     let mut worker = Worker::start_with(None, KILL_VARS).await;
     let state = worker.take_temp().unwrap();
     let persist = worker.persist.clone();
@@ -227,6 +228,7 @@ async fn a_killed_runtime_heals_every_run_by_running_the_lost_turn_again() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn under_the_seal_policy_a_killed_run_is_interrupted_and_a_new_dispatch_runs_it_afresh() {
+    // parity: 25
     let vars = [KILL_VARS, &[("CHILD_RECOVERY", "seal")]].concat();
     let mut worker = Worker::start_with(None, &vars).await;
     let state = worker.take_temp().unwrap();
@@ -305,6 +307,7 @@ async fn run_row(worker: &Worker, name: &str, run_id: &str, until: impl Fn(&Valu
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_parent_restarted_alone_reattaches_to_its_live_child_from_the_last_chunk_seen() {
+    // parity: 131
     let mut split = Split::start(RESET_VARS).await;
     let name = unique("reattach");
     let mut client = split.parent.client(&name).await;
@@ -339,6 +342,7 @@ async fn a_parent_restarted_alone_reattaches_to_its_live_child_from_the_last_chu
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_silent_child_is_no_progress_and_its_late_result_repairs_the_run() {
+    // parity: 139
     let vars = [RESET_VARS, &[("AGENT_TOOL_REATTACH_NO_PROGRESS_MS", "1500")]].concat();
     let mut split = Split::start(&vars).await;
     let name = unique("silent");
@@ -370,6 +374,7 @@ async fn a_silent_child_is_no_progress_and_its_late_result_repairs_the_run() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_run_past_its_reattach_window_is_torn_down() {
+    // parity: 138, 141
     let vars = [RESET_VARS, &[("AGENT_TOOL_REATTACH_WINDOW_MS", "1200")]].concat();
     let mut split = Split::start(&vars).await;
     let name = unique("window");
@@ -409,6 +414,7 @@ async fn a_run_past_its_reattach_window_is_torn_down() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_hung_child_times_recovery_out_per_run_and_as_a_whole() {
+    // parity: 143, 146
     let mut split = Split::start(RESET_VARS).await;
     let name = unique("hung");
     let mut client = split.parent.client(&name).await;

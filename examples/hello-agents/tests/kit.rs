@@ -13,6 +13,7 @@ fn worker() -> World {
 
 #[test]
 fn one_step_calls_the_agent_tool_and_the_ordinary_tool() {
+    // parity: 7
     let world = worker();
     let client = world.connect("/agents/planner/alice");
     let reply = client.chat("HTTP/3");
@@ -60,6 +61,7 @@ fn the_researcher_dispatches_its_own_child() {
 
 #[test]
 fn a_post_starts_a_background_run() {
+    // parity: 35
     let world = worker();
     let accepted = world.post("/agents/planner/bob/runs", &json!({ "query": "gRPC" }));
     assert_eq!(accepted.status(), 202);
@@ -103,6 +105,7 @@ fn a_child_that_crashes_mid_run_is_run_again_and_the_chat_gets_its_answer() {
 
 #[test]
 fn a_parent_that_crashes_mid_run_recovers_the_run() {
+    // parity: 130
     let world = worker();
     let client = world.connect("/agents/planner/dave");
     client.send_chat("TLS");

@@ -167,6 +167,7 @@ fn sealing_keeps_the_partial_and_a_new_start_runs_afresh() {
 
 #[test]
 fn reruns_are_bounded() {
+    // parity: 147
     let db = db();
     let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
     engine.start(&db, &start("r"), 1).unwrap();
@@ -210,6 +211,7 @@ fn a_rerun_cut_short_before_it_streamed_begins_again_behind_one_marker() {
 /// when its chat stream is open, and an ordinary chunk only without `terminal` delivery.
 #[test]
 fn a_flush_sends_each_kind_where_it_belongs() {
+    // parity: 111
     let kinds = [(ChunkKind::Stored, "stored"), (ChunkKind::Progress, "progress"), (ChunkKind::Milestone, "milestone")];
     for terminal_only in [false, true] {
         for chat_open in [false, true] {
@@ -281,6 +283,7 @@ fn sent(actions: &[ChildAction]) -> Vec<String> {
 
 #[test]
 fn progress_is_coalesced_and_its_held_report_goes_out_at_the_engines_deadline() {
+    // parity: 85, 86
     let db = db();
     let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
     engine.start(&db, &start("r"), 1).unwrap();
@@ -459,6 +462,7 @@ fn the_log_reads_after_its_cursor_and_statuses_round_trip() {
 /// child's time.
 #[test]
 fn a_rerun_does_not_repeat_a_milestone_an_earlier_attempt_reached() {
+    // parity: 83, 84, 87
     let db = db();
     let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
     engine.start(&db, &start("r"), 1).unwrap();
@@ -510,6 +514,7 @@ fn a_rerun_does_not_repeat_a_milestone_an_earlier_attempt_reached() {
 /// the run, saying why.
 #[test]
 fn a_rerun_is_bounded_by_the_options_and_asked_of_the_agent() {
+    // parity: 147
     use std::cell::RefCell;
     let restart = |engine: ChildEngine, db: &rusqlite::Connection, at: i64| {
         let mut engine = engine;
@@ -566,6 +571,7 @@ fn a_rerun_is_bounded_by_the_options_and_asked_of_the_agent() {
 /// `agent_tool:progress:ignored`, and nothing is stored or sent.
 #[test]
 fn a_report_for_a_run_that_is_not_live_is_ignored() {
+    // parity: 74
     let db = db();
     let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
     engine.start(&db, &start("r"), 1).unwrap();

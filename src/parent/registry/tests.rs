@@ -149,6 +149,7 @@ fn interrupted_is_soft_and_repaired_by_a_real_result() {
 
 #[test]
 fn live_count_counts_starting_and_running() {
+    // parity: 58
     let db = registry_db();
     let reg = Registry::new(&db);
     for id in ["a", "b", "c", "d"] {
@@ -249,6 +250,7 @@ fn input_preview_rules() {
 
 #[test]
 fn matching_selects_by_status_and_age() {
+    // parity: 128
     let db = registry_db();
     let reg = Registry::new(&db);
     for (id, at) in [("old", 10), ("new", 100), ("live", 50)] {
@@ -286,6 +288,7 @@ fn a_cleared_run_id_dispatched_again_keeps_counting() {
 
 #[test]
 fn an_interrupted_run_is_reattached_without_reusing_its_frame() {
+    // parity: 140
     let db = registry_db();
     let reg = Registry::new(&db);
     reg.insert(&new_run("r"), 1).unwrap();

@@ -3,6 +3,7 @@ use crate::types::Retention;
 
 #[test]
 fn retention_clears_the_oldest_finished_runs_and_their_children() {
+    // parity: 39
     let options =
         AgentToolOptions { retention: Retention { max_runs: Some(2), max_age: None }, ..AgentToolOptions::default() };
     let (db, mut engine) = engine(options);

@@ -22,6 +22,7 @@ fn finish_hooks(actions: &[ParentAction]) -> usize {
 
 #[test]
 fn a_caller_gets_the_result_only_after_the_finish_hook_returned() {
+    // parity: 40
     let (db, mut engine) = engine(AgentToolOptions::default());
     let actions = ended(&db, &mut engine, None);
     assert_eq!(finish_hooks(&actions), 1);
@@ -55,6 +56,7 @@ fn delivery(actions: &[ParentAction]) -> Option<Delivery> {
 /// dead letter), or an answer to a delivery no longer waited for.
 #[test]
 fn deliveries_done_failed_and_stale() {
+    // parity: 50
     struct Case {
         name: &'static str,
         answers: &'static [Result<(), &'static str>],
@@ -118,6 +120,7 @@ fn a_slow_delivery_is_not_handed_over_again_while_it_runs() {
 
 #[test]
 fn a_notice_is_posted_once_and_settles_its_delivery() {
+    // parity: 49, 65
     let (db, mut engine) = engine(AgentToolOptions::default());
     db.batch(crate::chat::store::SCHEMA).unwrap();
     let notify = Some(DetachedOptions { notify: true, ..DetachedOptions::default() });

@@ -22,6 +22,7 @@ fn oversized_input_or_display_is_refused_before_anything_is_written() {
 /// What each admission rule does with a dispatch, and that a refusal writes nothing.
 #[test]
 fn admission_rules() {
+    // parity: 43, 114
     let capped = |admission| AgentToolOptions { max_concurrent: Some(1), admission, ..AgentToolOptions::default() };
     struct Case {
         name: &'static str,
@@ -157,8 +158,7 @@ fn a_queued_dispatch_is_admitted_when_a_slot_frees_and_an_abandoned_one_writes_n
 fn a_new_dispatch_never_passes_the_queue_even_when_a_slot_is_free() {
     let options = AgentToolOptions { max_concurrent: Some(1), admission: Admission::Queue, ..Default::default() };
     let (db, mut engine) = engine(options);
-    let db =
-        FailOn::new(db, "SELECT COUNT(*) FROM agent_tool_runs WHERE status IN");
+    let db = FailOn::new(db, "SELECT COUNT(*) FROM agent_tool_runs WHERE status IN");
     engine.dispatch(&db, awaited(new_run("a", &json!(1))), 10);
     assert_eq!(admitted_name(&engine.dispatch(&db, awaited(new_run("b", &json!(2))), 11).0), "queued");
     // `a` ends, but the queue cannot be served this time (a failed read): a slot is free.

@@ -56,6 +56,7 @@ fn inspected_run(db: &rusqlite::Connection, engine: &mut ParentEngine, detached:
 /// run being followed or recovered, awaited or detached.
 #[test]
 fn the_inspection_matrix() {
+    // parity: 71, 72, 133
     let answers: [(&str, Result<Option<InspectionReply>, InterruptedReason>); 5] = [
         ("failed", Err(InterruptedReason::InspectFailed)),
         ("timed out", Err(InterruptedReason::InspectTimeout)),
@@ -115,6 +116,7 @@ fn the_inspection_matrix() {
 /// child torn down), silence (the child left running). A detached run has its own budgets.
 #[test]
 fn a_live_child_is_waited_on_within_the_budgets() {
+    // parity: 26, 134
     let options = AgentToolOptions {
         reattach_no_progress_timeout: std::time::Duration::from_millis(1_000),
         reattach_max_window: Some(std::time::Duration::from_millis(5_000)),
@@ -264,6 +266,7 @@ fn stale_generations_produce_no_action() {
 /// parent forwarded it; a body without one (an older child) gets the parent's.
 #[test]
 fn a_progress_snapshot_keeps_the_childs_time() {
+    // parity: 83
     use crate::protocol::tail::{ChunkKind, TailLine};
     let (db, mut engine) = engine(AgentToolOptions::default());
     let tail = started(&db, &mut engine, "r", None);
@@ -289,6 +292,7 @@ fn a_progress_snapshot_keeps_the_childs_time() {
 /// calling `on_progress` again.
 #[test]
 fn a_restarted_parent_rebuilds_the_snapshot_from_the_childs_inspection() {
+    // parity: 84
     let (db, mut engine) = engine(AgentToolOptions::default());
     started(&db, &mut engine, "r", None);
     let mut engine = ParentEngine::new("Parent", AgentToolOptions::default(), 2);

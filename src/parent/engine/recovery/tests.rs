@@ -41,6 +41,7 @@ fn a_failed_statement_is_reported_and_the_decision_taken_again() {
 
 #[test]
 fn a_recovery_pass_inspects_each_undriven_run_and_seals_those_past_its_deadline() {
+    // parity: 149
     // A restart: the runs are live and nobody drives them.
     let (db, mut engine) = restarted_with_live_runs(["a", "b", "c", "d"]);
     let mut actions = engine.wake(&db, 100);
@@ -107,6 +108,7 @@ fn a_recovery_pass_inspects_each_undriven_run_and_seals_those_past_its_deadline(
 
 #[test]
 fn the_backbone_gives_up_on_an_exhausted_budget_and_records_a_late_completion() {
+    // parity: 55
     let (db, mut engine) = engine(AgentToolOptions::default());
     let budget = Some(DetachedOptions {
         on_finish: Some(json!("h")),
@@ -213,6 +215,7 @@ fn late_completion(engine: &mut ParentEngine, db: &impl Sql, actions: &[ParentAc
 /// a late completion is still recorded (and so delivered) once.
 #[test]
 fn a_silent_detached_run_is_given_up_softly_and_its_late_result_recorded() {
+    // parity: 103
     let (db, mut engine) = engine(AgentToolOptions::default());
     let silent = DetachedOptions {
         on_finish: Some(json!("h")),
@@ -249,6 +252,7 @@ fn a_silent_detached_run_is_given_up_softly_and_its_late_result_recorded() {
 /// (`childStillRunning: true`), and the backbone watches it: a late result repairs it.
 #[test]
 fn a_row_past_the_recovery_deadline_is_watched_for_its_late_result() {
+    // parity: 145
     // Four live rows whose children never answer, the last one `r`: the pass reaches its
     // deadline before it.
     let (db, mut engine) = restarted_with_live_runs(["a", "b", "c", "r"]);
