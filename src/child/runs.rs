@@ -436,4 +436,17 @@ mod tests {
         assert_eq!(run.progress, Some(json!({"fraction": 0.5})));
         assert_eq!(run.last_signal_at, Some(4));
     }
+
+    /// A message a parent sends a run is kept once by name: the first is stored (and said to
+    /// be new, the child's `stored` answer), a second of the same name is not and changes nothing.
+    #[test]
+    fn a_message_is_kept_once_by_name() {
+        let db = db();
+        let runs = ChildRuns::new(&db);
+        assert!(runs.put_message("r", "approval", &json!({"ok": true}), 1).unwrap());
+        assert!(!runs.put_message("r", "approval", &json!({"ok": false}), 2).unwrap());
+        assert!(runs.put_message("r", "other", &json!(1), 3).unwrap());
+        assert_eq!(runs.message("r", "approval").unwrap(), Some(json!({"ok": true})));
+        assert_eq!(runs.message("r", "missing").unwrap(), None);
+    }
 }

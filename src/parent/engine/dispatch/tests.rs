@@ -245,3 +245,34 @@ fn the_size_limits_are_inclusive() {
     new.display = Some(string_of(MAX_DISPLAY_BYTES + 1));
     assert_eq!(admitted_name(&engine.dispatch(&db, awaited(new), 10).0), "refused");
 }
+
+/// A detached run that sets no budgets takes the agent's static ones
+/// (`AgentToolOptions::detached_max_budget`, `detached_no_progress_budget`), which are 24 h and
+/// 1 h unless the agent sets them; a run that sets its own keeps them.
+#[test]
+fn a_detached_runs_budgets_default_to_the_agents_static_options() {
+    // parity: 56, 102
+    use std::time::Duration;
+    let budgets = |db: &rusqlite::Connection, id: &str| {
+        let detached = Registry::new(db).get(id).unwrap().unwrap().detached.unwrap();
+        (detached.max_budget_at, detached.no_progress_budget_ms)
+    };
+    let run = |id: &str, options: DetachedOptions| Dispatch {
+        new: new_run(id, &json!(1)),
+        detached: Some(options),
+        abandoned: None,
+    };
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    engine.dispatch(&db, run("defaults", DetachedOptions::default()), 1_000);
+    assert_eq!(budgets(&db, "defaults"), (Some(1_000 + 24 * 60 * 60 * 1_000), Some(60 * 60 * 1_000)));
+
+    let options = AgentToolOptions::default()
+        .detached_max_budget(Duration::from_secs(5))
+        .detached_no_progress_budget(Duration::from_secs(2));
+    let (db, mut engine) = self::engine(options);
+    engine.dispatch(&db, run("static", DetachedOptions::default()), 1_000);
+    assert_eq!(budgets(&db, "static"), (Some(6_000), Some(2_000)));
+    let own = DetachedOptions { max_budget: Some(Duration::from_secs(60)), ..Default::default() };
+    engine.dispatch(&db, run("own", own), 1_000);
+    assert_eq!(budgets(&db, "own"), (Some(61_000), Some(2_000)), "its own ceiling, the static silence budget");
+}
