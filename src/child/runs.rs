@@ -277,8 +277,9 @@ impl<'a, S: Sql + ?Sized> ChildRuns<'a, S> {
 
     /// Stored chunks with an index greater than `after`, in order, at most `limit`.
     pub fn chunks_after(&self, run_id: &str, after: i64, limit: usize) -> Result<Vec<StoredChunk>, StoreError> {
-        // Beyond what a JavaScript number holds exactly means "all" (see `page_after`).
-        let limit = if limit as u64 > (1u64 << 52) { -1 } else { limit as i64 };
+        // A limit past `i64` (`usize::MAX`, natively) means "all" (see `page_after`); in a
+        // Worker a `usize` is 32 bits, so any limit is a number JavaScript holds exactly.
+        let limit = i64::try_from(limit).unwrap_or(-1);
         StreamLog::new(self.sql).page_after(run_id, after, limit)
     }
 
