@@ -114,7 +114,23 @@ impl Agent for Summarizer {
     }
 }
 
+/// A parent whose notices have its own wording: a run's completion and each milestone it is
+/// told of.
+#[derive(Default)]
+pub struct Herald;
+
+impl Agent for Herald {
+    fn format_detached_completion(&self, run: &RunInfo, result: &RunResult) -> String {
+        format!("{} finished {}: {}", run.agent_type, run.run_id, result.summary.as_deref().unwrap_or("-"))
+    }
+
+    fn format_detached_milestone(&self, run: &RunInfo, milestone: &Milestone) -> String {
+        format!("{} passed {}", run.run_id, milestone.name)
+    }
+}
+
 agent_tools::durable_object!(Desk, unchecked);
+agent_tools::durable_object!(Herald, unchecked);
 agent_tools::durable_object!(QuietDesk, unchecked);
 agent_tools::durable_object!(Writer, unchecked);
 agent_tools::durable_object!(Summarizer, unchecked);
@@ -124,7 +140,7 @@ agent_tools::durable_object!(Summarizer, unchecked);
 /// The Worker of these tests: both parents routed (`/agents/desk/…`, `/agents/quiet-desk/…`),
 /// both children hosted. Each test gives the classes it uses their models.
 fn worker() -> World {
-    World::new().route::<Desk>().route::<QuietDesk>().agent::<Writer>().agent::<Summarizer>()
+    World::new().route::<Desk>().route::<QuietDesk>().route::<Herald>().agent::<Writer>().agent::<Summarizer>()
 }
 
 /// Runs a `C` child from parent `P`'s object `parent`, awaited, and returns its result.
@@ -315,6 +331,35 @@ fn an_empty_completion_notice_posts_nothing_and_settles_the_delivery() {
     let ticks = logged_events(&world, &ObjectRef::of::<QuietDesk>("di"), "agent_tool:alarm");
     let last = ticks.last().expect("the backbone ticked");
     assert_eq!(last["outstanding"], 0, "nothing owed: {ticks:#?}");
+}
+
+/// Rows 66, 67 and 98: a `notify` run's messages are the parent's to word and carry the run's
+/// `notify_source` as `metadata.source`: the milestone line (`format_detached_milestone`) and
+/// the completion notice (`format_detached_completion`, handed the run and its result), which
+/// the parent's model then answers.
+#[test]
+fn a_notify_runs_messages_have_the_parents_wording_and_the_runs_source() {
+    // parity: 66, 67, 98
+    let herald = ScriptedModel::new().otherwise(|_| Step::new().text("Thanks."));
+    let writer = ScriptedModel::new().step(Step::new().text("A draft."));
+    let world = worker().model::<Herald>(herald.clone()).model::<Writer>(writer);
+    let detached = DetachedOptions::default()
+        .notify()
+        .notify_source("nightly-digest")
+        .on_milestones(OnMilestones::narrate(["outlined"]));
+    detach::<Herald>(&world, "hal", RunOptions::new(json!("a draft")).run_id("h1"), detached);
+    world.settle();
+    let messages = world.host::<Herald>("hal").messages();
+    let by_id = |id: &str| {
+        messages.iter().find(|m| m["id"] == id).unwrap_or_else(|| panic!("no message {id}: {messages:#?}")).clone()
+    };
+    let milestone = by_id("detached-ms:h1:outlined");
+    assert_eq!(text_of(&milestone), "h1 passed outlined");
+    assert_eq!(milestone["metadata"]["source"], "nightly-digest");
+    let notice = by_id("detached-finish:h1:completed");
+    assert_eq!(text_of(&notice), "Writer finished h1: A draft.");
+    assert_eq!(notice["metadata"]["source"], "nightly-digest");
+    assert!(user_messages(&herald, 0).contains(&"Writer finished h1: A draft.".to_owned()), "the model is told");
 }
 
 /// Row 69: an explicit `on_finish` takes precedence over `notify`: the handler gets the run's
