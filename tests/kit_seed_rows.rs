@@ -362,6 +362,54 @@ fn a_notify_runs_messages_have_the_parents_wording_and_the_runs_source() {
     assert!(user_messages(&herald, 0).contains(&"Writer finished h1: A draft.".to_owned()), "the model is told");
 }
 
+/// Rows 47 and 63: the detached handler gets the run and its lifecycle result, whatever the
+/// end: `error` with the child's error, `aborted` with the cancel's reason, `interrupted` with
+/// its reason (here its budget ran out) and whether the child still runs, each once.
+#[test]
+fn the_detached_handler_gets_each_kind_of_end() {
+    // parity: 47, 63
+    let writer = ScriptedModel::new().otherwise(|request| {
+        let asked = request.messages.iter().any(|m| matches!(m, ModelMessage::User(t) if t.contains("fail")));
+        if asked {
+            Step::new().fail("the model is down")
+        } else {
+            Step::new().words("one two three four five six seven eight", 1_000)
+        }
+    });
+    let world = worker().model::<Writer>(writer);
+    let tag = DetachedOptions::default().on_finish("ends");
+    detach::<Desk>(&world, "ivy", RunOptions::new(json!("fail")).run_id("e1"), tag.clone());
+    detach::<Desk>(&world, "ivy", RunOptions::new(json!("slow")).run_id("a1"), tag.clone());
+    let budget = tag.max_budget(std::time::Duration::from_secs(3));
+    detach::<Desk>(&world, "ivy", RunOptions::new(json!("slow")).run_id("i1"), budget);
+    world.advance(500);
+    let host = world.host::<Desk>("ivy");
+    host.cancel_agent_tool("a1", Some("the user changed their mind".into())).expect("cancelled");
+    world.settle();
+    let delivered = host.agent().delivered.borrow().clone();
+    let mut ends: Vec<(&str, RunStatus, Option<&str>, Option<String>, Option<bool>)> = (delivered.iter())
+        .map(|(handler, run_id, result)| {
+            assert_eq!(handler, &json!("ends"));
+            let reason = result.reason.map(|r| serde_json::to_value(r).unwrap().as_str().unwrap().to_owned());
+            (run_id.as_str(), result.status, result.error.as_deref(), reason, result.child_still_running)
+        })
+        .collect();
+    ends.sort_by_key(|e| e.0);
+    let budget_error = ends.get(2).and_then(|e| e.2);
+    assert!(budget_error.is_some_and(|e| e.contains("budget")), "{ends:#?}");
+    assert_eq!(
+        ends,
+        [
+            ("a1", RunStatus::Aborted, Some("the user changed their mind"), None, None),
+            ("e1", RunStatus::Error, Some("model provider unreachable: the model is down"), None, None),
+            ("i1", RunStatus::Interrupted, budget_error, Some("budget-exceeded".to_owned()), Some(false)),
+        ]
+    );
+    for run_id in ["a1", "e1", "i1"] {
+        assert_eq!(world.detached_handlers(&ObjectRef::of::<Desk>("ivy"), run_id), 1, "{run_id}");
+    }
+}
+
 /// Row 69: an explicit `on_finish` takes precedence over `notify`: the handler gets the run's
 /// outcome once, and no message is posted (so no model turn runs), though the parent's
 /// completion wording is the default one.
