@@ -129,7 +129,46 @@ impl Agent for Herald {
     }
 }
 
+/// A parent that meters: it keeps every progress signal that passed through it and the kind of
+/// every structured event it was told of.
+#[derive(Default)]
+pub struct Meter {
+    /// `(run id, milestone or fraction, data)` of each `on_progress` call.
+    progress: RefCell<Vec<(String, String, Option<Value>)>>,
+    /// The `type` of each `on_observability` event.
+    observed: RefCell<Vec<String>>,
+}
+
+impl Agent for Meter {
+    async fn on_progress(&self, _host: &AgentHost<Self>, run: &RunInfo, progress: &ProgressSnapshot) {
+        let what = progress.milestone.clone().unwrap_or_else(|| format!("{:?}", progress.fraction));
+        self.progress.borrow_mut().push((run.run_id.clone(), what, progress.data.clone()));
+    }
+
+    fn on_observability(&self, event: &agent_tools::observability::ObservabilityEvent) {
+        let kind = serde_json::to_value(event.kind).expect("JSON");
+        self.observed.borrow_mut().push(kind.as_str().unwrap_or_default().to_owned());
+    }
+}
+
+/// A child whose run reports progress with live-only data, then with data it persists, a
+/// second apart, then ends.
+#[derive(Default)]
+pub struct Gauge;
+
+impl Agent for Gauge {
+    async fn run(&self, turn: &Turn<Self>) -> Result<TurnOutput, Error> {
+        turn.report_progress(Progress::fraction(0.25).data(json!({ "draft": "live only" })));
+        turn.pause(std::time::Duration::from_secs(1)).await;
+        turn.report_progress(Progress::fraction(0.5).data(json!({ "kept": true })).persist());
+        turn.pause(std::time::Duration::from_secs(1)).await;
+        Ok(TurnOutput::new("measured"))
+    }
+}
+
 agent_tools::durable_object!(Desk, unchecked);
+agent_tools::durable_object!(Meter, unchecked);
+agent_tools::durable_object!(Gauge, unchecked);
 agent_tools::durable_object!(Herald, unchecked);
 agent_tools::durable_object!(QuietDesk, unchecked);
 agent_tools::durable_object!(Writer, unchecked);
@@ -140,7 +179,10 @@ agent_tools::durable_object!(Summarizer, unchecked);
 /// The Worker of these tests: both parents routed (`/agents/desk/…`, `/agents/quiet-desk/…`),
 /// both children hosted. Each test gives the classes it uses their models.
 fn worker() -> World {
-    World::new().route::<Desk>().route::<QuietDesk>().route::<Herald>().agent::<Writer>().agent::<Summarizer>()
+    (World::new().route::<Desk>().route::<QuietDesk>().route::<Herald>().route::<Meter>())
+        .agent::<Writer>()
+        .agent::<Summarizer>()
+        .agent::<Gauge>()
 }
 
 /// Runs a `C` child from parent `P`'s object `parent`, awaited, and returns its result.
@@ -408,6 +450,66 @@ fn the_detached_handler_gets_each_kind_of_end() {
     for run_id in ["a1", "e1", "i1"] {
         assert_eq!(world.detached_handlers(&ObjectRef::of::<Desk>("ivy"), run_id), 1, "{run_id}");
     }
+}
+
+/// Row 82: an overridden `on_progress` sees every child signal that passes through the parent,
+/// of awaited and of detached runs alike.
+#[test]
+fn on_progress_sees_the_signals_of_awaited_and_detached_runs() {
+    // parity: 82
+    let writer = ScriptedModel::new().otherwise(|_| Step::new().text("Done."));
+    let world = worker().model::<Writer>(writer);
+    run::<Meter, Writer>(&world, "max", RunOptions::new(json!("a")).run_id("w1"));
+    detach::<Meter>(&world, "max", RunOptions::new(json!("b")).run_id("d1"), DetachedOptions::default());
+    world.settle();
+    let seen = world.host::<Meter>("max").agent().progress.borrow().clone();
+    let outlined: Vec<&str> =
+        (seen.iter()).filter(|(_, what, _)| what == "outlined").map(|(r, _, _)| r.as_str()).collect();
+    assert_eq!(outlined, ["w1", "d1"], "{seen:#?}");
+}
+
+/// Row 81: progress `data` is live-only unless the report persists it: `on_progress` sees both
+/// reports' data as they pass, but the snapshot the parent keeps (what an inspection and a
+/// replay give) has the data only of the report that persisted it.
+#[test]
+fn progress_data_is_kept_only_when_persisted() {
+    // parity: 81
+    let world = worker();
+    let host = world.host::<Meter>("mia");
+    let options = RunOptions::new(json!("g")).run_id("g1");
+    let dispatched =
+        world.block_on(async move { host.run_agent_tool_detached::<Gauge>(options, Default::default()).await });
+    assert_eq!(dispatched.expect("dispatched").status, RunStatus::Running);
+    let kept = || {
+        let host = world.host::<Meter>("mia");
+        host.inspect_agent_tool_run("g1").expect("the registry").expect("the run").progress.expect("a snapshot")
+    };
+    world.advance(500);
+    assert_eq!((kept().fraction, kept().data), (Some(0.25), None), "live only");
+    world.advance(1_000);
+    assert_eq!((kept().fraction, kept().data), (Some(0.5), Some(json!({ "kept": true }))), "persisted");
+    let seen = world.host::<Meter>("mia").agent().progress.borrow().clone();
+    let data: Vec<Option<Value>> = seen.into_iter().map(|(_, _, data)| data).collect();
+    assert_eq!(data, [Some(json!({ "draft": "live only" })), Some(json!({ "kept": true }))], "both pass through");
+}
+
+/// Row 148: an overridden `on_observability` is told of the parent's reconciliation: after the
+/// parent crashed mid-run, its recovery pass's events reach the new instance's hook.
+#[test]
+fn on_observability_is_told_of_recovery() {
+    // parity: 148
+    let writer = ScriptedModel::new().otherwise(|_| Step::new().words("one two three four five six", 1_000));
+    let world = worker().model::<Writer>(writer);
+    let _client = world.connect("/agents/meter/ned");
+    detach::<Meter>(&world, "ned", RunOptions::new(json!("r")).run_id("r1"), DetachedOptions::default());
+    world.advance(1_500);
+    world.crash(&ObjectRef::of::<Meter>("ned"));
+    world.settle();
+    let observed = world.host::<Meter>("ned").agent().observed.borrow().clone();
+    for kind in ["agent_tool:recovery:begin", "agent_tool:recovery:row", "agent_tool:recovery:complete"] {
+        assert!(observed.iter().any(|k| k == kind), "{kind} in {observed:?}");
+    }
+    assert_eq!(row::<Meter>(&world, "ned", "r1").status, RunStatus::Completed);
 }
 
 /// Row 69: an explicit `on_finish` takes precedence over `notify`: the handler gets the run's
