@@ -429,7 +429,9 @@ fn the_detached_handler_gets_each_kind_of_end() {
     host.cancel_agent_tool("a1", Some("the user changed their mind".into())).expect("cancelled");
     world.settle();
     let delivered = host.agent().delivered.borrow().clone();
-    let mut ends: Vec<(&str, RunStatus, Option<&str>, Option<String>, Option<bool>)> = (delivered.iter())
+    // Run id, status, error, reason, whether the child still runs.
+    type End<'a> = (&'a str, RunStatus, Option<&'a str>, Option<String>, Option<bool>);
+    let mut ends: Vec<End> = (delivered.iter())
         .map(|(handler, run_id, result)| {
             assert_eq!(handler, &json!("ends"));
             let reason = result.reason.map(|r| serde_json::to_value(r).unwrap().as_str().unwrap().to_owned());
