@@ -480,6 +480,26 @@ mod tests {
         RunResult { status, ..RunResult::refused("r", "Researcher", "boom") }
     }
 
+    /// Row 22: the failure envelope has `reason` and `childStillRunning` only when the status is
+    /// `interrupted`, even when a result of another status carries them.
+    #[test]
+    fn a_failures_reason_and_child_still_running_are_only_for_interrupted() {
+        // parity: 22
+        for status in [RunStatus::Error, RunStatus::Aborted, RunStatus::Interrupted] {
+            let result = RunResult {
+                reason: Some(InterruptedReason::NoProgress),
+                child_still_running: Some(true),
+                ..result(status)
+            };
+            let envelope = result.for_model();
+            let interrupted = status == RunStatus::Interrupted;
+            assert_eq!(envelope["reason"].as_str(), interrupted.then_some("no-progress"), "{status}");
+            assert_eq!(envelope["childStillRunning"].as_bool(), interrupted.then_some(true), "{status}");
+            assert_eq!(envelope.get("reason").is_some(), interrupted, "absent, not null: {envelope}");
+            assert_eq!((envelope["ok"].as_bool(), envelope["status"].as_str()), (Some(false), Some(status.as_str())));
+        }
+    }
+
     #[test]
     fn the_model_sees_a_summary_or_the_failure_envelope() {
         // parity: 19, 20, 24
