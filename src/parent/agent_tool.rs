@@ -256,6 +256,25 @@ mod tests {
             .display_name("Researcher")
     }
 
+    /// Two agent tools are equal when everything about them is, their approval rule too: the
+    /// same kind of rule, and for a conditional one, the same function.
+    #[test]
+    fn tools_are_equal_only_with_the_same_approval_rule() {
+        fn big(input: &Value) -> bool {
+            input["query"].as_str().is_some_and(|q| q.len() > 10)
+        }
+        fn any(_: &Value) -> bool {
+            true
+        }
+        let rules = [tool(), tool().needs_approval(), tool().needs_approval_when(big), tool().needs_approval_when(any)];
+        for (i, a) in rules.iter().enumerate() {
+            for (j, b) in rules.iter().enumerate() {
+                assert_eq!(a == b, i == j, "rule {i} against rule {j}");
+            }
+        }
+        assert_eq!(tool().needs_approval_when(big), tool().needs_approval_when(big));
+    }
+
     #[test]
     fn derived_schemas_validate_input() {
         let t = tool();
