@@ -514,6 +514,59 @@ fn on_observability_is_told_of_recovery() {
     assert_eq!(row::<Meter>(&world, "ned", "r1").status, RunStatus::Completed);
 }
 
+/// A detached `Writer` run of parent `Desk` `parent` that is streaming, and its child.
+fn streaming_run(world: &World, parent: &str, run_id: &str) -> ObjectRef {
+    detach::<Desk>(world, parent, RunOptions::new(json!("long")).run_id(run_id), DetachedOptions::default());
+    world.advance(2_500);
+    assert_eq!(row::<Desk>(world, parent, run_id).status, RunStatus::Running);
+    let child = world.objects_of::<Writer>().into_iter().find(|o| o.name.ends_with(&format!("/{run_id}")));
+    child.expect("the run's child")
+}
+
+/// A long answer, a word a second.
+fn slow_writer() -> ScriptedModel {
+    let words = (1..=60).map(|n| n.to_string()).collect::<Vec<_>>().join(" ");
+    ScriptedModel::new().otherwise(move |_| Step::new().words(&words, 1_000))
+}
+
+/// Row 142: a child whose stream cannot be tailed, though it answers where the run stands, is
+/// sealed `not-tailable` after three failed tails in a row: `interrupted`, retryable, the child
+/// still running.
+#[test]
+fn a_child_that_cannot_be_tailed_is_sealed_not_tailable() {
+    // parity: 142
+    let world = worker().model::<Writer>(slow_writer());
+    let child = streaming_run(&world, "nia", "t1");
+    world.drop_tails_to(&child, 3);
+    world.break_tails_to(&child);
+    world.advance(5_000);
+    let result = world.host::<Desk>("nia").inspect_agent_tool_run("t1").expect("the registry").expect("the run");
+    let result = result.result.expect("sealed");
+    let reason = result.reason.map(|r| serde_json::to_value(r).expect("JSON"));
+    assert_eq!(
+        (result.status, reason, result.child_still_running),
+        (RunStatus::Interrupted, Some(json!("not-tailable")), Some(true))
+    );
+    assert!(result.failure().expect("a failure").retryable);
+}
+
+/// Row 144: a child that cannot be reached to ask where the run stands is sealed
+/// `inspect-failed`: `interrupted` and retryable, never `error`.
+#[test]
+fn a_child_that_cannot_be_reached_is_sealed_inspect_failed() {
+    // parity: 144
+    let world = worker().model::<Writer>(slow_writer());
+    let child = streaming_run(&world, "oto", "u1");
+    world.drop_hops_to("Writer", 1_000);
+    world.break_tails_to(&child);
+    world.advance(5_000);
+    let result = world.host::<Desk>("oto").inspect_agent_tool_run("u1").expect("the registry").expect("the run");
+    let result = result.result.expect("sealed");
+    let reason = result.reason.map(|r| serde_json::to_value(r).expect("JSON"));
+    assert_eq!((result.status, reason), (RunStatus::Interrupted, Some(json!("inspect-failed"))));
+    assert!(result.failure().expect("a failure").retryable);
+}
+
 /// Row 69: an explicit `on_finish` takes precedence over `notify`: the handler gets the run's
 /// outcome once, and no message is posted (so no model turn runs), though the parent's
 /// completion wording is the default one.

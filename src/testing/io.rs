@@ -244,6 +244,9 @@ impl Io for KitIo {
         let to = ObjectRef { binding: to.binding.clone(), name: to.name.clone() };
         Box::pin(async move {
             world.hop(&to).await?;
+            if matches!(call, ChildCall::Tail { .. }) && world.tail_dropped(&to) {
+                return Err(format!("the tail to {to} could not be opened (a test's fault)"));
+            }
             let (served, ended) =
                 world.deliver_to(&to, move |host| Box::pin(async move { host.serve_child(call).await }));
             Ok(match served.await? {

@@ -246,6 +246,8 @@ impl Ended {
 struct HopFaults {
     delay_ms: HashMap<String, u64>,
     drop: HashMap<String, usize>,
+    /// Tail opens still to fail, by child object.
+    drop_tails: HashMap<ObjectRef, usize>,
 }
 
 /// A check run after every step.
@@ -488,6 +490,12 @@ impl World {
     /// Fails the next `n` calls to objects of `binding`, as a broken connection would.
     pub fn drop_hops_to(&self, binding: &str, n: usize) {
         self.0.hops.borrow_mut().drop.insert(binding.to_owned(), n);
+    }
+
+    /// Fails the next `n` tails a parent opens to `child` (its other calls still reach it), as a
+    /// connection that cannot carry a stream would.
+    pub fn drop_tails_to(&self, child: &ObjectRef, n: usize) {
+        self.0.hops.borrow_mut().drop_tails.insert(child.clone(), n);
     }
 
     // ----- time -------------------------------------------------------------------------
@@ -765,6 +773,17 @@ impl WorldInner {
     }
 
     /// The way to an object: the delay and the failures a test (or the seed) set.
+    /// Whether a tail opened to `to` now fails ([`World::drop_tails_to`]).
+    pub(crate) fn tail_dropped(&self, to: &ObjectRef) -> bool {
+        match self.hops.borrow_mut().drop_tails.get_mut(to) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) async fn hop(self: &Rc<Self>, to: &ObjectRef) -> Result<(), String> {
         let (delay, dropped) = {
             let mut hops = self.hops.borrow_mut();
