@@ -166,7 +166,27 @@ impl Agent for Gauge {
     }
 }
 
+/// A parent whose drill-in gate keeps the runs it calls private (`private-…`) from every client,
+/// and otherwise lets in the runs it has, as the default gate does.
+#[derive(Default)]
+pub struct Vault;
+
+impl Agent for Vault {
+    async fn on_before_sub_agent(
+        &self,
+        host: &AgentHost<Self>,
+        _request: &HttpRequest,
+        child: &agent_tools::SubAgent,
+    ) -> Option<HttpResponse> {
+        if child.name.starts_with("private-") || !host.has_agent_tool_run(&child.class, &child.name).unwrap_or(false) {
+            return Some(agent_tools::json_error(404, "no such report"));
+        }
+        None
+    }
+}
+
 agent_tools::durable_object!(Desk, unchecked);
+agent_tools::durable_object!(Vault, unchecked);
 agent_tools::durable_object!(Meter, unchecked);
 agent_tools::durable_object!(Gauge, unchecked);
 agent_tools::durable_object!(Herald, unchecked);
@@ -179,7 +199,7 @@ agent_tools::durable_object!(Summarizer, unchecked);
 /// The Worker of these tests: both parents routed (`/agents/desk/…`, `/agents/quiet-desk/…`),
 /// both children hosted. Each test gives the classes it uses their models.
 fn worker() -> World {
-    (World::new().route::<Desk>().route::<QuietDesk>().route::<Herald>().route::<Meter>())
+    (World::new().route::<Desk>().route::<QuietDesk>().route::<Herald>().route::<Meter>().route::<Vault>())
         .agent::<Writer>()
         .agent::<Summarizer>()
         .agent::<Gauge>()
@@ -565,6 +585,32 @@ fn a_child_that_cannot_be_reached_is_sealed_inspect_failed() {
     let reason = result.reason.map(|r| serde_json::to_value(r).expect("JSON"));
     assert_eq!((result.status, reason), (RunStatus::Interrupted, Some(json!("inspect-failed"))));
     assert!(result.failure().expect("a failure").retryable);
+}
+
+/// Row 123: an overridden `on_before_sub_agent` decides who drills in: its 404 answers a run
+/// it keeps private (though the run exists) and a guessed run id, and a refused drill-in
+/// creates no child; a run it lets in is served.
+#[test]
+fn an_overridden_drill_in_gate_refuses_with_its_own_answer() {
+    // parity: 123
+    let world = worker().model::<Writer>(ScriptedModel::new().otherwise(|_| Step::new().text("Done.")));
+    let _parent = world.connect("/agents/vault/vi");
+    for run_id in ["private-1", "open-1"] {
+        run::<Vault, Writer>(&world, "vi", RunOptions::new(json!("a")).run_id(run_id));
+    }
+    let children = world.objects_of::<Writer>().len();
+    for run_id in ["private-1", "guess-9"] {
+        let refused = world.get(&format!("/agents/vault/vi/sub/writer/{run_id}/get-messages"));
+        assert_eq!(refused.status(), 404, "{run_id}");
+        let body: Value = serde_json::from_slice(refused.body()).expect("a JSON body");
+        assert_eq!(body["error"], "no such report", "{run_id}: {body}");
+        assert!(world.try_connect(&format!("/agents/vault/vi/sub/writer/{run_id}")).is_err(), "{run_id}");
+    }
+    assert_eq!(world.objects_of::<Writer>().len(), children, "no child was created");
+    let open = world.get("/agents/vault/vi/sub/writer/open-1/get-messages");
+    assert_eq!(open.status(), 200);
+    let messages: Vec<Value> = serde_json::from_slice(open.body()).expect("messages");
+    assert_eq!(messages.len(), 2, "the run's own conversation");
 }
 
 /// Row 69: an explicit `on_finish` takes precedence over `notify`: the handler gets the run's

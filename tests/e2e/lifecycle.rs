@@ -229,7 +229,7 @@ async fn clearing_removes_runs_their_children_and_their_replay() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn drill_in_serves_the_childs_own_chat_through_the_gate() {
-    // parity: 1, 107, 121, 124
+    // parity: 1, 107, 121, 123, 124
     let worker = Worker::start().await;
     let name = unique("drill");
     let mut parent = worker.client(&name).await;
