@@ -185,7 +185,22 @@ impl Agent for Vault {
     }
 }
 
+/// A parent that gives up on a re-attached child after 3 s without a chunk.
+#[derive(Default)]
+pub struct Impatient;
+
+impl Agent for Impatient {
+    fn tools(&self) -> Tools<Self> {
+        Tools::new().agent(AgentTool::of::<Writer>("write", "Write about a topic."))
+    }
+
+    fn agent_tool_options(&self, _env: &Env) -> AgentToolOptions {
+        AgentToolOptions::default().reattach_no_progress_timeout(std::time::Duration::from_secs(3))
+    }
+}
+
 agent_tools::durable_object!(Desk, unchecked);
+agent_tools::durable_object!(Impatient, unchecked);
 agent_tools::durable_object!(Vault, unchecked);
 agent_tools::durable_object!(Meter, unchecked);
 agent_tools::durable_object!(Gauge, unchecked);
@@ -199,10 +214,16 @@ agent_tools::durable_object!(Summarizer, unchecked);
 /// The Worker of these tests: both parents routed (`/agents/desk/…`, `/agents/quiet-desk/…`),
 /// both children hosted. Each test gives the classes it uses their models.
 fn worker() -> World {
-    (World::new().route::<Desk>().route::<QuietDesk>().route::<Herald>().route::<Meter>().route::<Vault>())
-        .agent::<Writer>()
-        .agent::<Summarizer>()
-        .agent::<Gauge>()
+    (World::new()
+        .route::<Desk>()
+        .route::<QuietDesk>()
+        .route::<Herald>()
+        .route::<Meter>()
+        .route::<Vault>()
+        .route::<Impatient>())
+    .agent::<Writer>()
+    .agent::<Summarizer>()
+    .agent::<Gauge>()
 }
 
 /// Runs a `C` child from parent `P`'s object `parent`, awaited, and returns its result.
@@ -790,6 +811,44 @@ fn reattach_budgets_default_to_two_silent_minutes_and_no_window() {
     let options = AgentToolOptions::default();
     assert_eq!(options.reattach_no_progress_timeout, std::time::Duration::from_secs(120));
     assert_eq!(options.reattach_max_window, None);
+}
+
+/// Row 136: the no-progress budget of a re-attach (here 3 s) starts over with every chunk
+/// forwarded: 15 s after the parent's restart, a child that sends a word every 2 s is still
+/// followed (and later to its result), one that waits 5 s between words was given up as
+/// `no-progress`, still running.
+#[test]
+fn the_no_progress_budget_starts_over_with_every_chunk() {
+    // parity: 136
+    for (name, gap) in [("steady", 2_000), ("halting", 5_000)] {
+        let answer = (1..=20).map(|n| format!("w{n}")).collect::<Vec<_>>().join(" ");
+        let impatient = ScriptedModel::new()
+            .step(Step::new().tool_call("write", json!({ "topic": "QUIC" })))
+            .otherwise(|_| Step::new().text("Done."));
+        let writer = ScriptedModel::new().step(Step::new().words(&answer, gap));
+        let world = worker().model::<Impatient>(impatient).model::<Writer>(writer);
+        let client = world.connect(&format!("/agents/impatient/{name}"));
+        client.send_chat("Write about QUIC");
+        assert!(world.run_until(|| !world.objects_of::<Writer>().is_empty()));
+        world.advance(gap / 2);
+        world.crash(&ObjectRef::of::<Impatient>(name));
+        world.advance(15_000);
+        let host = world.host::<Impatient>(name);
+        let run = host.agent_tool_runs().expect("the runs").remove(0);
+        let inspection = host.inspect_agent_tool_run(&run.run_id).expect("the registry").expect("the run");
+        if name == "steady" {
+            assert_eq!(inspection.info.status, RunStatus::Running, "followed");
+            world.settle();
+            let result = host.inspect_agent_tool_run(&run.run_id).expect("the registry").and_then(|i| i.result);
+            let result = result.expect("ended");
+            assert_eq!((result.status, result.summary), (RunStatus::Completed, Some(answer)), "{name}");
+        } else {
+            let result = inspection.result.expect("given up");
+            let reason = result.reason.map(|r| serde_json::to_value(r).expect("JSON"));
+            let got = (result.status, reason, result.child_still_running);
+            assert_eq!(got, (RunStatus::Interrupted, Some(json!("no-progress")), Some(true)), "{name}");
+        }
+    }
 }
 
 /// Row 137: with the default (no window), a re-attach follows a child for as long as it
