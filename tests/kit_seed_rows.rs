@@ -634,6 +634,26 @@ fn an_overridden_drill_in_gate_refuses_with_its_own_answer() {
     assert_eq!(messages.len(), 2, "the run's own conversation");
 }
 
+/// Row 3: both kinds of child are agents of the one trait: a chat agent (the default `run`, a
+/// chat turn of its model: `Writer` only adds a milestone before it) and a workflow whose own
+/// `run` streams what it does and asks no model (`Gauge`). Each run completes with its child's
+/// answer and leaves the child's own conversation.
+#[test]
+fn a_chat_agent_and_a_workflow_are_both_children() {
+    // parity: 3
+    let writer = ScriptedModel::new().step(Step::new().text("A chat answer."));
+    let world = worker().model::<Writer>(writer.clone());
+    let chat = run::<Desk, Writer>(&world, "pia", RunOptions::new(json!("chat")).run_id("c1"));
+    let workflow = run::<Desk, Gauge>(&world, "pia", RunOptions::new(json!("measure")).run_id("g1"));
+    assert_eq!((chat.status, chat.summary.as_deref()), (RunStatus::Completed, Some("A chat answer.")));
+    assert_eq!((workflow.status, workflow.summary.as_deref()), (RunStatus::Completed, Some("measured")));
+    assert_eq!(writer.requests().len(), 1, "only the chat agent asked its model");
+    let chat_transcript = child_transcript::<Writer>(&world, "c1");
+    assert_eq!(text_of(&chat_transcript[1]), "A chat answer.");
+    let inspection = world.host::<Desk>("pia").inspect_agent_tool_run("g1").expect("the registry").expect("the run");
+    assert_eq!(inspection.progress.and_then(|p| p.fraction), Some(0.5), "the workflow's own reports");
+}
+
 /// Row 69: an explicit `on_finish` takes precedence over `notify`: the handler gets the run's
 /// outcome once, and no message is posted (so no model turn runs), though the parent's
 /// completion wording is the default one.
