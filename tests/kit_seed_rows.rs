@@ -654,6 +654,42 @@ fn a_chat_agent_and_a_workflow_are_both_children() {
     assert_eq!(inspection.progress.and_then(|p| p.fraction), Some(0.5), "the workflow's own reports");
 }
 
+/// Row 43: a dispatch that is rejected is an `Err`, never a handle; an `Ok` handle says
+/// `running` for a run started (or still going when its id is dispatched again), and for a
+/// known run id whose run already ended, that run's final status, `error` included: the run is
+/// not started again, and no second child is.
+#[test]
+fn a_detached_handle_is_running_or_a_known_runs_end() {
+    // parity: 43
+    let writer = ScriptedModel::new().otherwise(|request| {
+        let asked = request.messages.iter().any(|m| matches!(m, ModelMessage::User(t) if t.contains("fail")));
+        if asked {
+            Step::new().fail("the model is down")
+        } else {
+            Step::new().words("one two three four five six", 1_000)
+        }
+    });
+    let world = worker().model::<Writer>(writer);
+    let dispatch = |run_id: &str, input: &str| {
+        let host = world.host::<Desk>("quin");
+        let options = RunOptions::new(json!(input)).run_id(run_id);
+        world.block_on(async move { host.run_agent_tool_detached::<Writer>(options, DetachedOptions::default()).await })
+    };
+    assert_eq!(dispatch("f1", "fail").expect("dispatched").status, RunStatus::Running, "started");
+    assert_eq!(dispatch("s1", "slow").expect("dispatched").status, RunStatus::Running, "started");
+    world.advance(2_000);
+    assert_eq!(row::<Desk>(&world, "quin", "f1").status, RunStatus::Error);
+    let again = dispatch("f1", "fail").expect("a known run is no rejection");
+    assert_eq!((again.run_id.as_str(), again.status), ("f1", RunStatus::Error), "its end, not a rejection");
+    assert_eq!(dispatch("s1", "slow").expect("dispatched").status, RunStatus::Running, "still going");
+    assert_eq!(world.objects_of::<Writer>().len(), 2, "no second child");
+    let terminal = RunOptions::new(json!("x")).run_id("t1").event_delivery(EventDelivery::Terminal);
+    let host = world.host::<Desk>("quin");
+    let refused =
+        world.block_on(async move { host.run_agent_tool_detached::<Writer>(terminal, Default::default()).await });
+    assert!(matches!(refused, Err(Error::Refused(_))), "a rejection is an Err: {refused:?}");
+}
+
 /// Row 69: an explicit `on_finish` takes precedence over `notify`: the handler gets the run's
 /// outcome once, and no message is posted (so no model turn runs), though the parent's
 /// completion wording is the default one.

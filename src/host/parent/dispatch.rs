@@ -40,11 +40,12 @@ impl<A: Agent> AgentHost<A> {
     /// Dispatches a run of child agent `C` and returns at once (the TypeScript SDK's
     /// `runAgentTool` with `detached`); the run goes on in the background and its outcome is
     /// delivered durably (see [`DetachedOptions`]). No caller's signal reaches it: cancel it with
-    /// [`AgentHost::cancel_agent_tool`]. A known run id returns its state and never starts a
-    /// second child. `Err` when nothing was started: [`Error::Refused`] when the engine turned
-    /// the dispatch away (the TypeScript SDK's handle with status `error`), [`Error::Invalid`]
-    /// for a malformed run id or a tag that does not serialize, [`Error::Config`] for a child
-    /// class with no binding.
+    /// [`AgentHost::cancel_agent_tool`]. A known run id never starts a second child: its handle
+    /// says `running` while the run goes on, or the status it ended with (`error` included:
+    /// an `Ok` handle is never a rejection). `Err` when nothing was started: [`Error::Refused`]
+    /// when the engine turned the dispatch away (the TypeScript SDK's handle with status
+    /// `error`), [`Error::Invalid`] for a malformed run id or a tag that does not serialize,
+    /// [`Error::Config`] for a child class with no binding.
     ///
     /// ```
     /// use agent_tools::prelude::*;
