@@ -451,15 +451,7 @@ fn a_notify_runs_messages_have_the_parents_wording_and_the_runs_source() {
 #[test]
 fn the_detached_handler_gets_each_kind_of_end() {
     // parity: 47, 63
-    let writer = ScriptedModel::new().otherwise(|request| {
-        let asked = request.messages.iter().any(|m| matches!(m, ModelMessage::User(t) if t.contains("fail")));
-        if asked {
-            Step::new().fail("the model is down")
-        } else {
-            Step::new().words("one two three four five six seven eight", 1_000)
-        }
-    });
-    let world = worker().model::<Writer>(writer);
+    let world = worker().model::<Writer>(failing_or_slow_writer());
     let tag = DetachedOptions::default().on_finish("ends");
     detach::<Desk>(&world, "ivy", RunOptions::new(json!("fail")).run_id("e1"), tag.clone());
     detach::<Desk>(&world, "ivy", RunOptions::new(json!("slow")).run_id("a1"), tag.clone());
@@ -564,6 +556,19 @@ fn streaming_run(world: &World, parent: &str, run_id: &str) -> ObjectRef {
     child.expect("the run's child")
 }
 
+/// A writer's model that fails when asked to ("fail" in the input), and otherwise answers
+/// eight words, a word a second.
+fn failing_or_slow_writer() -> ScriptedModel {
+    ScriptedModel::new().otherwise(|request| {
+        let asked = request.messages.iter().any(|m| matches!(m, ModelMessage::User(t) if t.contains("fail")));
+        if asked {
+            Step::new().fail("the model is down")
+        } else {
+            Step::new().words("one two three four five six seven eight", 1_000)
+        }
+    })
+}
+
 /// A long answer, a word a second.
 fn slow_writer() -> ScriptedModel {
     let words = (1..=60).map(|n| n.to_string()).collect::<Vec<_>>().join(" ");
@@ -661,15 +666,7 @@ fn a_chat_agent_and_a_workflow_are_both_children() {
 #[test]
 fn a_detached_handle_is_running_or_a_known_runs_end() {
     // parity: 43
-    let writer = ScriptedModel::new().otherwise(|request| {
-        let asked = request.messages.iter().any(|m| matches!(m, ModelMessage::User(t) if t.contains("fail")));
-        if asked {
-            Step::new().fail("the model is down")
-        } else {
-            Step::new().words("one two three four five six", 1_000)
-        }
-    });
-    let world = worker().model::<Writer>(writer);
+    let world = worker().model::<Writer>(failing_or_slow_writer());
     let dispatch = |run_id: &str, input: &str| {
         let host = world.host::<Desk>("quin");
         let options = RunOptions::new(json!(input)).run_id(run_id);
