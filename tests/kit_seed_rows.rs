@@ -687,6 +687,25 @@ fn a_detached_handle_is_running_or_a_known_runs_end() {
     assert!(matches!(refused, Err(Error::Refused(_))), "a rejection is an Err: {refused:?}");
 }
 
+/// Rows 7 and 9: the parent's model is offered each agent tool under its name, with its
+/// description and its input's JSON Schema (here the default one of an agent tool without a
+/// typed input), beside the ordinary tools, on every step.
+#[test]
+fn the_model_is_offered_the_agent_tool_with_its_description_and_schema() {
+    // parity: 7, 9
+    let desk = ScriptedModel::new().otherwise(|_| Step::new().text("Nothing to do."));
+    let world = worker().model::<Desk>(desk.clone());
+    world.connect("/agents/desk/rae").chat("Anything?");
+    let requests = desk.requests();
+    let tools = &requests.first().expect("a model request").tools;
+    let write = tools.iter().find(|t| t.name == "write").expect("the agent tool");
+    assert_eq!(write.description, "Write about a topic.");
+    assert_eq!(write.input_schema, json!({ "type": "object" }), "an agent tool with no typed input takes any object");
+    let checkpoint = tools.iter().find(|t| t.name == "checkpoint").expect("the ordinary tool");
+    assert_eq!(checkpoint.description, "Marks a checkpoint of the work.");
+    assert_eq!(checkpoint.input_schema["properties"]["note"]["type"], "string");
+}
+
 /// Row 69: an explicit `on_finish` takes precedence over `notify`: the handler gets the run's
 /// outcome once, and no message is posted (so no model turn runs), though the parent's
 /// completion wording is the default one.
