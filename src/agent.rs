@@ -283,9 +283,11 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
         None
     }
 
-    /// The run's summary: by default the assistant's text, or the output's JSON when the turn
-    /// produced no text.
-    fn agent_tool_summary(&self, text: &str, output: Option<&Value>) -> String {
+    /// Run `run_id`'s summary, what the parent's model reads: by default the assistant's text,
+    /// or the output's JSON when the turn produced no text (the TypeScript SDK's
+    /// `getAgentToolSummary(runId, output)`, also handed the text).
+    fn agent_tool_summary(&self, run_id: &str, text: &str, output: Option<&Value>) -> String {
+        let _ = run_id;
         match output {
             Some(o) if text.is_empty() => o.to_string(),
             _ => text.to_owned(),

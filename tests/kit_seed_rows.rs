@@ -199,7 +199,19 @@ impl Agent for Impatient {
     }
 }
 
+/// A child whose summary is its own: the run id and the answer's first words.
+#[derive(Default)]
+pub struct Briefer;
+
+impl Agent for Briefer {
+    fn agent_tool_summary(&self, run_id: &str, text: &str, _output: Option<&Value>) -> String {
+        let first: Vec<&str> = text.split_whitespace().take(3).collect();
+        format!("[{run_id}] {}…", first.join(" "))
+    }
+}
+
 agent_tools::durable_object!(Desk, unchecked);
+agent_tools::durable_object!(Briefer, unchecked);
 agent_tools::durable_object!(Impatient, unchecked);
 agent_tools::durable_object!(Vault, unchecked);
 agent_tools::durable_object!(Meter, unchecked);
@@ -224,6 +236,7 @@ fn worker() -> World {
     .agent::<Writer>()
     .agent::<Summarizer>()
     .agent::<Gauge>()
+    .agent::<Briefer>()
 }
 
 /// Runs a `C` child from parent `P`'s object `parent`, awaited, and returns its result.
@@ -704,6 +717,20 @@ fn the_model_is_offered_the_agent_tool_with_its_description_and_schema() {
     let checkpoint = tools.iter().find(|t| t.name == "checkpoint").expect("the ordinary tool");
     assert_eq!(checkpoint.description, "Marks a checkpoint of the work.");
     assert_eq!(checkpoint.input_schema["properties"]["note"]["type"], "string");
+}
+
+/// Row 33: a child that overrides `agent_tool_summary` (handed the run id, the answer's text
+/// and its output) decides what the parent's model reads; the child's transcript keeps the
+/// whole answer.
+#[test]
+fn an_overridden_summary_is_what_the_parent_gets() {
+    // parity: 33
+    let answer = "QUIC runs over UDP and carries its own handshake.";
+    let world = worker().model::<Briefer>(ScriptedModel::new().step(Step::new().text(answer)));
+    let result = run::<Desk, Briefer>(&world, "sol", RunOptions::new(json!("QUIC")).run_id("b1"));
+    assert_eq!(result.summary.as_deref(), Some("[b1] QUIC runs over…"), "{result:?}");
+    assert_eq!(result.for_model(), json!("[b1] QUIC runs over…"));
+    assert_eq!(text_of(&child_transcript::<Briefer>(&world, "b1")[1]), answer);
 }
 
 /// Row 69: an explicit `on_finish` takes precedence over `notify`: the handler gets the run's

@@ -251,7 +251,7 @@ impl<A: Agent> Turn<A> {
         match end {
             ChatEnd::Completed => {
                 let output = agent.agent_tool_output(self, &message);
-                let summary = agent.agent_tool_summary(&text_of(&message), output.as_ref());
+                let summary = agent.agent_tool_summary(&self.run_id, &text_of(&message), output.as_ref());
                 Ok(TurnOutput { summary, output })
             }
             ChatEnd::Error(e) => Err(Error::Failed(e)),
