@@ -483,6 +483,8 @@ mod tests {
         let got: Vec<u64> = (0..6).map(|n| cadence_ms(n, &cadence)).collect();
         assert_eq!(got, vec![5_000, 15_000, 30_000, 120_000, 120_000, 120_000]);
         assert_eq!(cadence_ms(3, &[Duration::from_millis(100)]), 100);
-        assert_eq!(cadence_ms(0, &[]), 5_000);
+        // An empty cadence is the default one, capped at its last step too.
+        let default: Vec<u64> = (0..6).map(|n| cadence_ms(n, &[])).collect();
+        assert_eq!(default, vec![5_000, 15_000, 30_000, 120_000, 120_000, 120_000]);
     }
 }
