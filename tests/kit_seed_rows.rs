@@ -210,7 +210,28 @@ impl Agent for Briefer {
     }
 }
 
+/// A parent whose `POST …/watch` starts an awaited `Writer` run `t1` with `terminal` delivery in
+/// the background (its clients get the run's events but not its chunks).
+#[derive(Default)]
+pub struct Relay;
+
+impl Agent for Relay {
+    async fn on_request(&self, host: &AgentHost<Self>, request: HttpRequest) -> HttpResponse {
+        if !request.uri().path().ends_with("/watch") {
+            return host.default_response(&request);
+        }
+        let host = host.clone();
+        host.clone().spawn(async move {
+            let options =
+                RunOptions::new(json!("Write about QUIC")).run_id("t1").event_delivery(EventDelivery::Terminal);
+            host.run_agent_tool::<Writer>(options).await;
+        });
+        agent_tools::json_response(202, &json!({ "runId": "t1" }))
+    }
+}
+
 agent_tools::durable_object!(Desk, unchecked);
+agent_tools::durable_object!(Relay, unchecked);
 agent_tools::durable_object!(Briefer, unchecked);
 agent_tools::durable_object!(Impatient, unchecked);
 agent_tools::durable_object!(Vault, unchecked);
@@ -232,7 +253,8 @@ fn worker() -> World {
         .route::<Herald>()
         .route::<Meter>()
         .route::<Vault>()
-        .route::<Impatient>())
+        .route::<Impatient>()
+        .route::<Relay>())
     .agent::<Writer>()
     .agent::<Summarizer>()
     .agent::<Gauge>()
@@ -731,6 +753,39 @@ fn an_overridden_summary_is_what_the_parent_gets() {
     assert_eq!(result.summary.as_deref(), Some("[b1] QUIC runs over…"), "{result:?}");
     assert_eq!(result.for_model(), json!("[b1] QUIC runs over…"));
     assert_eq!(text_of(&child_transcript::<Briefer>(&world, "b1")[1]), answer);
+}
+
+/// Row 113: a client that drills in to a `terminal`-delivery run sees the child's stored
+/// conversation when it connects and its final messages when the run ends, but no live text.
+#[test]
+fn a_drill_in_to_a_terminal_run_sees_the_conversation_then_the_end_but_no_live_text() {
+    // parity: 113
+    let answer = "one two three four five six";
+    let world = worker().model::<Writer>(ScriptedModel::new().step(Step::new().words(answer, 1_000)));
+    let _parent = world.connect("/agents/relay/ray");
+    assert_eq!(world.post("/agents/relay/ray/watch", &json!({})).status(), 202);
+    world.advance(2_500);
+    let child = world.connect("/agents/relay/ray/sub/writer/t1");
+    let at_connect = child.messages();
+    assert_eq!(at_connect.len(), 1, "the stored conversation: {at_connect:#?}");
+    assert_eq!(text_of(&at_connect[0]), "Write about QUIC");
+    // What the turn streamed before the client came is replayed to it (the stock client's
+    // resume); nothing of the turn comes live after that.
+    let live_text = |client: &Client| -> Vec<Value> {
+        (client.frames().into_iter())
+            .filter(|f| f["type"] == "cf_agent_use_chat_response" && f["replay"] != true)
+            .filter(|f| f["body"].as_str().is_some_and(|b| b.contains("text-delta")))
+            .collect()
+    };
+    let replayed = (child.frames().iter()).filter(|f| f["replay"] == true).count();
+    assert!(replayed > 0, "the stream so far is replayed");
+    world.advance(2_000);
+    assert_eq!(live_text(&child), Vec::<Value>::new(), "no live text");
+    world.settle();
+    let end = child.messages();
+    assert_eq!(end.len(), 2, "the final messages: {end:#?}");
+    assert_eq!((end[1]["role"].as_str(), text_of(&end[1]).trim()), (Some("assistant"), answer));
+    assert_eq!(live_text(&child), Vec::<Value>::new(), "still no live text");
 }
 
 /// Row 69: an explicit `on_finish` takes precedence over `notify`: the handler gets the run's

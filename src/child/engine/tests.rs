@@ -211,7 +211,7 @@ fn a_rerun_cut_short_before_it_streamed_begins_again_behind_one_marker() {
 /// when its chat stream is open, and an ordinary chunk only without `terminal` delivery.
 #[test]
 fn a_flush_sends_each_kind_where_it_belongs() {
-    // parity: 111
+    // parity: 111, 113
     let kinds = [(ChunkKind::Stored, "stored"), (ChunkKind::Progress, "progress"), (ChunkKind::Milestone, "milestone")];
     for terminal_only in [false, true] {
         for chat_open in [false, true] {
