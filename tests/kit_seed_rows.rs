@@ -1005,6 +1005,28 @@ fn the_no_progress_budget_starts_over_with_every_chunk() {
     }
 }
 
+/// Row 147: on the live path (no restart) the parent has no timer for its child: with the same
+/// 3 s no-progress budget as above, a child that waits 5 s between words is followed to its
+/// result, for as long as it streams.
+#[test]
+fn a_live_child_is_followed_however_long_it_pauses() {
+    // parity: 147
+    let answer = (1..=8).map(|n| format!("w{n}")).collect::<Vec<_>>().join(" ");
+    let impatient = ScriptedModel::new()
+        .step(Step::new().tool_call("write", json!({ "topic": "QUIC" })))
+        .otherwise(|_| Step::new().text("Done."));
+    let writer = ScriptedModel::new().step(Step::new().words(&answer, 5_000));
+    let world = worker().model::<Impatient>(impatient).model::<Writer>(writer);
+    let reply = world.connect("/agents/impatient/live").chat("Write about QUIC");
+    assert_eq!((reply.error.as_deref(), reply.text.as_str()), (None, "Done."));
+    let host = world.host::<Impatient>("live");
+    let run = host.agent_tool_runs().expect("the runs").remove(0);
+    let result = host.inspect_agent_tool_run(&run.run_id).expect("the registry").and_then(|i| i.result);
+    let result = result.expect("ended");
+    assert_eq!((result.status, result.summary), (RunStatus::Completed, Some(answer)));
+    assert!(run.completed_at.expect("ended") - run.started_at >= 35_000, "followed through its pauses");
+}
+
 /// Row 137: with the default (no window), a re-attach follows a child for as long as it
 /// streams. The parent crashes a minute into a chat's run whose child sends a word every 90 s
 /// (within the silence budget) for about half an hour: the restarted parent re-attaches and
