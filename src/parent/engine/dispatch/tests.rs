@@ -4,6 +4,10 @@ use crate::types::DetachedOptions;
 
 #[test]
 fn oversized_input_or_display_is_refused_before_anything_is_written() {
+    // The documented limits (docs/security.md): 256 KiB of input, 4 KiB of display; and a child
+    // still running after a give-up is watched for its late result for 24 hours.
+    assert_eq!((MAX_INPUT_BYTES, MAX_DISPLAY_BYTES), (262_144, 4_096));
+    assert_eq!(WATCH_MS, 86_400_000);
     let (db, mut engine) = engine(AgentToolOptions::default());
     let big = Value::String("x".repeat(MAX_INPUT_BYTES));
     let Admitted::Refused(why) = dispatch(&mut engine, &db, "big", big).0 else { panic!("refused") };
