@@ -612,7 +612,8 @@ pub use types::{
     Admission, AgentClass, AgentToolChunk, AgentToolFailure, AgentToolOptions, ChatRecovery, ClearFilter,
     DetachedHandle, DetachedOptions, EventDelivery, HandlerTag, InterruptedReason, InterruptedTurn, Milestone,
     MilestoneMode, OnMilestones, Outcome, Progress, ProgressSnapshot, RecoveryAttempt, RecoveryPolicy, Retention,
-    RunInfo, RunInspection, RunOptions, RunResult, RunStatus, ScheduledTask, UnknownStatus, DEFAULT_NOTIFY_SOURCE,
+    RunInfo, RunInspection, RunOptions, RunResult, RunStatus, ScheduledTask, UnknownStatus,
+    DEFAULT_MAX_RECOVERY_ATTEMPTS, DEFAULT_MAX_RECOVERY_WORK, DEFAULT_NOTIFY_SOURCE,
 };
 
 /// The fixed limits (see `docs/security.md`); the adjustable ones are

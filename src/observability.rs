@@ -45,8 +45,10 @@ pub enum EventType {
     /// `{runId, attempt, reason}`.
     #[serde(rename = "agent_tool:recovery:rerun")]
     ChildRerun,
-    /// A child sealed a run whose turn a restart cut short (policy `seal`, or too many
-    /// attempts); payload `{runId, attempt}`.
+    /// A child sealed a run whose turn a restart cut short, or whose recovery ran away; payload
+    /// `{runId, attempt, reason}`, the reason one of `sealed_by_policy` (policy `seal`),
+    /// `max_attempts_exceeded`, `recovery_aborted` (`should_keep_recovering` said no) and
+    /// `work_budget_exceeded` (`max_recovery_work` passed, live or before a re-run).
     #[serde(rename = "agent_tool:recovery:sealed")]
     ChildSealed,
     /// A late real result repaired a run the parent had stopped waiting for; payload

@@ -5,6 +5,7 @@
 //! `docs/testing.md`), each class on a scripted model.
 
 use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 
 use agent_tools::model::ModelMessage;
 use agent_tools::prelude::*;
@@ -230,7 +231,19 @@ impl Agent for Relay {
     }
 }
 
+/// A child whose recovery may stream at most 40 chunks (`max_recovery_work`): a turn a restart
+/// cut short that then streams on and on is a runaway.
+#[derive(Default)]
+pub struct Rambler;
+
+impl Agent for Rambler {
+    fn agent_tool_options(&self, _env: &Env) -> AgentToolOptions {
+        AgentToolOptions::default().max_recovery_work(Some(40))
+    }
+}
+
 agent_tools::durable_object!(Desk, unchecked);
+agent_tools::durable_object!(Rambler, unchecked);
 agent_tools::durable_object!(Relay, unchecked);
 agent_tools::durable_object!(Briefer, unchecked);
 agent_tools::durable_object!(Impatient, unchecked);
@@ -259,6 +272,7 @@ fn worker() -> World {
     .agent::<Summarizer>()
     .agent::<Gauge>()
     .agent::<Briefer>()
+    .agent::<Rambler>()
 }
 
 /// Runs a `C` child from parent `P`'s object `parent`, awaited, and returns its result.
@@ -1025,6 +1039,54 @@ fn a_live_child_is_followed_however_long_it_pauses() {
     let result = result.expect("ended");
     assert_eq!((result.status, result.summary), (RunStatus::Completed, Some(answer)));
     assert!(run.completed_at.expect("ended") - run.started_at >= 35_000, "followed through its pauses");
+}
+
+/// Row 147: a content runaway is bounded the same way live and in recovery, by the child's own
+/// `max_recovery_work` (the SDK's `maxRecoveryWork`), not by a parent timer. A child streams a
+/// word a second for five minutes; its object crashes ten seconds in; the parent's inspection
+/// runs its turn again, which streams on: the 41st chunk since the restart seals the run
+/// `interrupted` while it is live (no other restart), the turn stops, and the parent's awaited
+/// caller has the child's reason well within a minute and a half, not after five.
+#[test]
+fn a_runaway_after_a_restart_is_sealed_live_by_the_childs_work_bound() {
+    // parity: 147
+    let long = (1..=300).map(|n| format!("w{n}")).collect::<Vec<_>>().join(" ");
+    let rambler = ScriptedModel::new().otherwise(move |_| Step::new().words(&long, 1_000));
+    let world = worker().model::<Rambler>(rambler);
+    let host = world.host::<Desk>("rw");
+    let result = Rc::new(RefCell::new(None));
+    host.clone().spawn({
+        let result = result.clone();
+        async move {
+            let options = RunOptions::new(json!("Ramble")).run_id("ramble-1");
+            *result.borrow_mut() = Some(host.run_agent_tool::<Rambler>(options).await);
+        }
+    });
+    assert!(world.run_until(|| !world.objects_of::<Rambler>().is_empty()));
+    world.advance(10_000);
+    let child = world.objects_of::<Rambler>().remove(0);
+    let began = world.now();
+    world.crash(&child);
+    world.settle();
+    let result = result.borrow_mut().take().expect("the awaited caller has its result");
+    assert_eq!(result.status, RunStatus::Interrupted, "{result:?}");
+    let error = result.error.unwrap_or_default();
+    assert!(error.contains("max_recovery_work (40)"), "{error}");
+    let sealed = logged_events(&world, &child, "agent_tool:recovery:sealed");
+    assert_eq!(sealed.len(), 1, "{sealed:#?}");
+    assert_eq!((&sealed[0]["reason"], &sealed[0]["attempt"]), (&json!("work_budget_exceeded"), &json!(2)));
+    let run = &world.host::<Desk>("rw").agent_tool_runs().expect("the runs")[0];
+    assert_eq!(run.status, RunStatus::Interrupted);
+    let took = run.completed_at.expect("ended") - began;
+    assert!((30_000..90_000).contains(&took), "sealed {took} ms after the restart, not 300 s");
+    // The stopped turn streams nothing more: the child's log ends where the bound was passed.
+    let chunks = || {
+        let host = world.host::<Desk>("rw");
+        world.block_on(async move { host.agent_tool_chunks("ramble-1", None).await.expect("the chunks").len() })
+    };
+    let kept = chunks();
+    world.advance(30_000);
+    assert_eq!(chunks(), kept);
 }
 
 /// Row 137: with the default (no window), a re-attach follows a child for as long as it

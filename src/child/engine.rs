@@ -106,6 +106,8 @@ struct LiveRun {
     /// Milestones earlier attempts of the run reached: this attempt does not report them again
     /// (a milestone is reached once per run and name, however many attempts it takes).
     earlier_milestones: Vec<String>,
+    /// Where the work of the run's recovery is measured from (see [`ChildRun::work_from`]).
+    work_from: Option<i64>,
 }
 
 /// A chunk emitted but not yet stored nor sent.
@@ -163,6 +165,7 @@ pub struct TailStart {
 pub struct ChildEngine {
     policy: RecoveryPolicy,
     max_attempts: i64,
+    max_work: Option<u64>,
     keep_recovering: KeepRecovering,
     live: HashMap<String, LiveRun>,
     next_subscriber: SubscriberId,
@@ -184,6 +187,15 @@ impl Default for KeepRecovering {
     }
 }
 
+/// Why a run gets another attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rerun {
+    /// A restart cut its turn short.
+    Restart,
+    /// A parent dispatched it again after it was sealed.
+    Redispatched,
+}
+
 const LOST_TURN: &str = "the child's turn stopped when its Durable Object restarted; its partial output is kept, \
      and dispatching the same run again runs it afresh";
 
@@ -193,17 +205,39 @@ impl ChildEngine {
         Self {
             policy,
             max_attempts: MAX_ATTEMPTS,
+            max_work: Some(crate::types::DEFAULT_MAX_RECOVERY_WORK),
             keep_recovering: KeepRecovering::default(),
             live: HashMap::new(),
             next_subscriber: 0,
         }
     }
 
-    /// With `Rerun`: at most `max_attempts` attempts a run, each re-run asked of `keep` first.
-    pub fn with_recovery(mut self, max_attempts: u32, keep: KeepRecovering) -> Self {
+    /// With `Rerun`: at most `max_attempts` attempts a run, at most `max_work` chunks streamed
+    /// from its first interruption on, each re-run asked of `keep` first.
+    pub fn with_recovery(mut self, max_attempts: u32, max_work: Option<u64>, keep: KeepRecovering) -> Self {
         self.max_attempts = i64::from(max_attempts.max(1));
+        self.max_work = max_work;
         self.keep_recovering = keep;
         self
+    }
+
+    /// The work a run streamed since a restart first cut it short, when that is past the
+    /// bound: its next index is `next_index`.
+    fn over_budget(&self, work_from: Option<i64>, next_index: i64) -> Option<u64> {
+        if self.policy != RecoveryPolicy::Rerun {
+            return None;
+        }
+        let work = u64::try_from(next_index - work_from?).unwrap_or(0);
+        self.max_work.filter(|max| work > *max).map(|_| work)
+    }
+
+    /// The outcome of a run sealed for streaming `work` chunks past the bound.
+    fn work_exceeded(&self, work: u64) -> Outcome {
+        Outcome::sealed(format!(
+            "the child's turn streamed {work} chunks since a restart first cut it short, past max_recovery_work ({}); \
+             it was stopped and its partial output is kept",
+            self.max_work.unwrap_or_default()
+        ))
     }
 
     /// Whether the run's turn runs here.
@@ -235,14 +269,14 @@ impl ChildEngine {
         if created {
             // A drill-in chat turn may have used this id before the run existed.
             StreamLog::new(sql).delete(&run.run_id)?;
-            self.go_live(&run, 0, Vec::new());
+            self.go_live(&run, 0, Vec::new(), None);
             actions.push(ChildAction::BeginTurn { run_id: run.run_id.clone(), input: run.input.clone(), attempt: 1 });
             return Ok((StartReply { created, status: "running".into() }, actions));
         }
         let run = match run.status {
             // Sealed after a restart: a new dispatch runs it afresh.
             RunStatus::Interrupted => {
-                actions.extend(self.new_attempt(sql, &run, "redispatched")?);
+                actions.extend(self.new_attempt(sql, &run, Rerun::Redispatched)?);
                 runs.get(&run.run_id)?.unwrap_or(run)
             }
             _ => self.reconcile(sql, run, now, &mut actions)?,
@@ -268,58 +302,91 @@ impl ChildEngine {
             // Accepted, or begun again, but nothing of the attempt was streamed before the
             // instance restarted: beginning it now is no rerun.
             runs.mark_running(&run.run_id)?;
-            self.go_live(&run, next_index, earlier_milestones(sql, &run.run_id)?);
+            self.go_live(&run, next_index, earlier_milestones(sql, &run.run_id)?, run.work_from);
             actions.push(ChildAction::BeginTurn {
                 run_id: run.run_id.clone(),
                 input: run.input.clone(),
                 attempt: run.attempt,
             });
+        } else if let Some(work) = self.over_budget(run.work_from, next_index) {
+            // A runaway that a restart cut short again: no re-run (the bound a live turn meets
+            // as it streams, met here before its next attempt).
+            actions.extend(self.seal_sealed(sql, &run, &self.work_exceeded(work), "work_budget_exceeded", now)?);
         } else if self.policy == RecoveryPolicy::Rerun
             && run.attempt < self.max_attempts
             && (self.keep_recovering.0)(&RecoveryAttempt {
                 run_id: run.run_id.clone(),
                 attempt: u32::try_from(run.attempt).unwrap_or(u32::MAX),
                 chunks: u64::try_from(next_index).unwrap_or(0),
+                work: run.work_from.map_or(0, |from| u64::try_from(next_index - from).unwrap_or(0)),
             })
         {
-            actions.extend(self.new_attempt(sql, &run, "restart")?);
+            actions.extend(self.new_attempt(sql, &run, Rerun::Restart)?);
         } else {
-            let error = match self.policy {
-                RecoveryPolicy::Rerun if run.attempt >= self.max_attempts => format!(
-                    "the child's turn was cut short by a restart {} times; it is not run again by itself",
-                    run.attempt
+            let (error, reason) = match self.policy {
+                RecoveryPolicy::Rerun if run.attempt >= self.max_attempts => (
+                    format!(
+                        "the child's turn was cut short by a restart {} times; it is not run again by itself",
+                        run.attempt
+                    ),
+                    "max_attempts_exceeded",
                 ),
-                RecoveryPolicy::Rerun => format!(
-                    "the child's turn was cut short by a restart after {} attempt(s), and should_keep_recovering \
-                     declined another; its partial output is kept",
-                    run.attempt
+                RecoveryPolicy::Rerun => (
+                    format!(
+                        "the child's turn was cut short by a restart after {} attempt(s), and should_keep_recovering \
+                         declined another; its partial output is kept",
+                        run.attempt
+                    ),
+                    "recovery_aborted",
                 ),
-                RecoveryPolicy::Seal => LOST_TURN.to_owned(),
+                RecoveryPolicy::Seal => (LOST_TURN.to_owned(), "sealed_by_policy"),
             };
-            let outcome = Outcome::sealed(error);
-            runs.finish(&run.run_id, &outcome, now)?;
-            actions.push(ChildAction::Observe(
-                EventType::ChildSealed,
-                serde_json::json!({ "runId": run.run_id, "attempt": run.attempt }),
-            ));
+            actions.extend(self.seal_sealed(sql, &run, &Outcome::sealed(error), reason, now)?);
         }
         Ok(runs.get(&run.run_id)?.unwrap_or(run))
     }
 
+    /// Ends a run that lost its turn, without running it again: `reason` says which bound or
+    /// policy sealed it.
+    fn seal_sealed(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run: &ChildRun,
+        outcome: &Outcome,
+        reason: &str,
+        now: i64,
+    ) -> Result<Vec<ChildAction>, StoreError> {
+        ChildRuns::new(sql).finish(&run.run_id, outcome, now)?;
+        Ok(vec![ChildAction::Observe(
+            EventType::ChildSealed,
+            serde_json::json!({ "runId": run.run_id, "attempt": run.attempt, "reason": reason }),
+        )])
+    }
+
     /// Starts the run's next attempt: the marker chunk first (stored, so every tail and every
-    /// replay has it at the same place), then the turn again from the stored input.
+    /// replay has it at the same place), then the turn again from the stored input. A re-run
+    /// after a restart measures the recovery's work from the first one on; a new dispatch
+    /// begins afresh, unmeasured.
     fn new_attempt(
         &mut self,
         sql: &(impl Sql + ?Sized),
         run: &ChildRun,
-        reason: &str,
+        why: Rerun,
     ) -> Result<Vec<ChildAction>, StoreError> {
         let log = StreamLog::new(sql);
         let marker_index = log.next_index(&run.run_id)?;
         let attempt = run.attempt + 1;
+        let reason = match why {
+            Rerun::Restart => "restart",
+            Rerun::Redispatched => "redispatched",
+        };
+        let work_from = match why {
+            Rerun::Restart => Some(run.work_from.unwrap_or(marker_index + 1)),
+            Rerun::Redispatched => None,
+        };
         log.append(&run.run_id, marker_index, ChunkKind::Superseded, &chunk::superseded(attempt, reason))?;
-        ChildRuns::new(sql).begin_attempt(&run.run_id, marker_index + 1)?;
-        self.go_live(run, marker_index + 1, earlier_milestones(sql, &run.run_id)?);
+        ChildRuns::new(sql).begin_attempt(&run.run_id, marker_index + 1, work_from)?;
+        self.go_live(run, marker_index + 1, earlier_milestones(sql, &run.run_id)?, work_from);
         Ok(vec![
             ChildAction::SupersedeMessages { run_id: run.run_id.clone() },
             ChildAction::Observe(
@@ -330,7 +397,7 @@ impl ChildEngine {
         ])
     }
 
-    fn go_live(&mut self, run: &ChildRun, next_index: i64, earlier_milestones: Vec<String>) {
+    fn go_live(&mut self, run: &ChildRun, next_index: i64, earlier_milestones: Vec<String>, work_from: Option<i64>) {
         let live = LiveRun {
             subscribers: Vec::new(),
             next_index,
@@ -338,6 +405,7 @@ impl ChildEngine {
             progress: Coalescer::default(),
             pending: Vec::new(),
             earlier_milestones,
+            work_from,
         };
         self.live.insert(run.run_id.clone(), live);
     }
@@ -385,7 +453,7 @@ impl ChildEngine {
             (returned, Some(reason)) => {
                 if returned.is_none() {
                     let abort = chunk::abort(reason.as_deref());
-                    actions.extend(self.emit(sql, run_id, ChunkKind::Stored, abort, None, chat_streaming)?.1);
+                    actions.extend(self.emit(sql, run_id, ChunkKind::Stored, abort, None, chat_streaming, now)?.1);
                 }
                 aborted(reason)
             }

@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS agent_tool_child_runs (
   last_signal_at INTEGER,
   event_delivery TEXT NOT NULL DEFAULT 'full',
   attempt INTEGER NOT NULL DEFAULT 1,
-  attempt_start INTEGER NOT NULL DEFAULT 0
+  attempt_start INTEGER NOT NULL DEFAULT 0,
+  work_from INTEGER
 );
 CREATE TABLE IF NOT EXISTS agent_tool_child_messages (
   run_id TEXT NOT NULL,
@@ -54,8 +55,11 @@ CREATE TABLE IF NOT EXISTS agent_tool_child_milestones (
 pub const SCHEMAS: [&str; 2] = [SCHEMA, crate::chat::store::SCHEMA];
 
 /// Columns added since the first schema.
-const ADDED_COLUMNS: &[(&str, &str)] =
-    &[("attempt", "INTEGER NOT NULL DEFAULT 1"), ("attempt_start", "INTEGER NOT NULL DEFAULT 0")];
+const ADDED_COLUMNS: &[(&str, &str)] = &[
+    ("attempt", "INTEGER NOT NULL DEFAULT 1"),
+    ("attempt_start", "INTEGER NOT NULL DEFAULT 0"),
+    ("work_from", "INTEGER"),
+];
 
 /// A child run row.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -96,12 +100,18 @@ pub struct ChildRun {
     /// The log index where the current attempt's chunks begin.
     #[serde(skip)]
     pub attempt_start: i64,
+    /// The log index where the work of the run's recovery begins: the first chunk after the
+    /// marker of its first re-run since it was dispatched (`None` while no restart cut it
+    /// short). What it streams from there is measured against
+    /// [`crate::AgentToolOptions::max_recovery_work`].
+    #[serde(skip)]
+    pub work_from: Option<i64>,
 }
 
 crate::store::columns!(mod col {
     run_id, status, input_json, summary, output_json, error_message,
     started_at, completed_at, progress_json, last_signal_at, event_delivery, attempt,
-    attempt_start,
+    attempt_start, work_from,
 });
 use col::LIST as COLUMNS;
 
@@ -123,6 +133,7 @@ impl ChildRun {
             terminal_only: r.text(col::event_delivery).as_deref() == Some("terminal"),
             attempt: r.int(col::attempt).unwrap_or(1),
             attempt_start: r.int(col::attempt_start).unwrap_or(0),
+            work_from: r.int(col::work_from),
         }
     }
 
@@ -189,13 +200,14 @@ impl<'a, S: Sql + ?Sized> ChildRuns<'a, S> {
     }
 
     /// Starts the run's next attempt, whose chunks begin at log index `start`: the row is
-    /// `running` again with no outcome. Returns the attempt's number.
-    pub fn begin_attempt(&self, run_id: &str, start: i64) -> Result<i64, StoreError> {
+    /// `running` again with no outcome, and its recovery's work is measured from `work_from`.
+    /// Returns the attempt's number.
+    pub fn begin_attempt(&self, run_id: &str, start: i64, work_from: Option<i64>) -> Result<i64, StoreError> {
         let row = self.sql.one(
             "UPDATE agent_tool_child_runs SET status = 'running', attempt = attempt + 1, attempt_start = ?, \
-             summary = NULL, output_json = NULL, error_message = NULL, completed_at = NULL \
+             work_from = ?, summary = NULL, output_json = NULL, error_message = NULL, completed_at = NULL \
              WHERE run_id = ? RETURNING attempt",
-            &[V::Int(start), V::from(run_id)],
+            &[V::Int(start), work_from.map_or(V::Null, V::Int), V::from(run_id)],
         )?;
         row.and_then(|r| r.int(0)).ok_or_else(|| StoreError { message: format!("child run {run_id} vanished") })
     }

@@ -80,13 +80,18 @@ impl Model for Paced {
     }
 }
 
-/// `CHILD_RECOVERY`: `rerun` (the default) or `seal`.
+/// `CHILD_RECOVERY`: `rerun` (the default) or `seal`; `CHILD_MAX_RECOVERY_WORK`: the chunks a
+/// run may stream from its first interruption on (default 1 000; `0` for no bound).
 fn child_options(env: &Env) -> AgentToolOptions {
     let recovery = match setting(env, "CHILD_RECOVERY").as_deref() {
         Some("seal") => RecoveryPolicy::Seal,
         _ => RecoveryPolicy::Rerun,
     };
-    AgentToolOptions { recovery, ..AgentToolOptions::default() }
+    let mut options = AgentToolOptions::default().recovery(recovery);
+    if let Some(work) = setting(env, "CHILD_MAX_RECOVERY_WORK").and_then(|v| v.trim().parse::<u64>().ok()) {
+        options = options.max_recovery_work((work > 0).then_some(work));
+    }
+    options
 }
 
 /// A chat agent that researches what it is asked, reporting progress and a milestone.

@@ -319,7 +319,11 @@ impl Host {
             io,
             chat,
             parent: RefCell::new(ParentEngine::new(class, options.clone(), incarnation)),
-            child: RefCell::new(ChildEngine::new(options.recovery).with_recovery(options.max_recovery_attempts, keep)),
+            child: RefCell::new(ChildEngine::new(options.recovery).with_recovery(
+                options.max_recovery_attempts,
+                options.max_recovery_work,
+                keep,
+            )),
             config_error,
             storage_error: RefCell::new(None),
             parent_tables: Cell::new(parent_tables),

@@ -376,6 +376,11 @@ fn scenario(seed: u64) -> (Sim, Vec<(i64, Ev)>, Faults, usize) {
     if rng.chance(0.3) {
         faults = faults.storage(0.03);
     }
+    // Drawn last, so the seeds kept before it was drawn still draw what they drew: sometimes a
+    // recovery's work bound that a re-run passes (a turn streams up to ten chunks).
+    if rng.chance(0.4) {
+        options = options.max_recovery_work(Some(rng.range(0, 8) as u64));
+    }
     let sim =
         Sim { plans, options, seen: RefCell::new(Seen::default()), hooks: Rc::default(), world: std::rc::Weak::new() };
     (sim, timeline, faults, clients)

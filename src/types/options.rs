@@ -39,6 +39,11 @@ pub enum RecoveryPolicy {
 /// and for a chat turn alike).
 pub const DEFAULT_MAX_RECOVERY_ATTEMPTS: u32 = 3;
 
+/// [`AgentToolOptions::max_recovery_work`] unless an agent sets it: the chunks a child run may
+/// stream from its first interruption on (the TypeScript SDK's `chatRecovery` `maxRecoveryWork`
+/// default).
+pub const DEFAULT_MAX_RECOVERY_WORK: u64 = 1000;
+
 /// A child run whose turn a restart cut short, as [`crate::Agent::should_keep_recovering`] sees
 /// it before the run gets another attempt (the TypeScript SDK's `chatRecovery`
 /// `shouldKeepRecovering` context).
@@ -50,8 +55,12 @@ pub struct RecoveryAttempt {
     /// The attempt that was cut short (from 1): the next one would be `attempt + 1`.
     pub attempt: u32,
     /// Chunks the run has streamed so far, every attempt together: the work a re-run would
-    /// repeat, and a runaway's measure.
+    /// repeat.
     pub chunks: u64,
+    /// Chunks the run has streamed since a restart first cut it short (0 at the first
+    /// interruption): a runaway's measure, bounded by
+    /// [`AgentToolOptions::max_recovery_work`] before this is asked.
+    pub work: u64,
 }
 
 /// A chat turn that a restart (a deploy, a crash, an eviction, a panic) cut short, as
@@ -142,10 +151,18 @@ pub struct AgentToolOptions {
     /// How this agent, as a child, heals a turn a restart cut short.
     pub recovery: RecoveryPolicy,
     /// With [`RecoveryPolicy::Rerun`], the most attempts a run gets across restarts (the
-    /// TypeScript SDK's `chatRecovery` `maxRecoveryWork`): past it the run is sealed
-    /// `interrupted`, so a turn that keeps taking its object down cannot loop forever. Default 3;
-    /// [`crate::Agent::should_keep_recovering`] may stop sooner.
+    /// TypeScript SDK's `chatRecovery` `maxAttempts`, but never reset by progress): past it the
+    /// run is sealed `interrupted`, so a turn that keeps taking its object down cannot loop
+    /// forever. Default 3; [`crate::Agent::should_keep_recovering`] may stop sooner.
     pub max_recovery_attempts: u32,
+    /// With [`RecoveryPolicy::Rerun`], the most chunks a child run may stream from the first
+    /// time a restart cut its turn short until it ends (the TypeScript SDK's `chatRecovery`
+    /// `maxRecoveryWork`): the bound of a runaway, the same live and in recovery. It is
+    /// checked as each chunk is stored (the turn is stopped and the run sealed `interrupted`
+    /// the moment it is passed, without waiting for another restart) and before each re-run.
+    /// A run no restart ever cut short is not measured. Default
+    /// [`DEFAULT_MAX_RECOVERY_WORK`]; `None`: no bound.
+    pub max_recovery_work: Option<u64>,
     /// How long finished runs are kept (for replay, drill-in and inspection) before they are
     /// cleared as `AgentHost::clear_agent_tool_runs` clears them.
     pub retention: Retention,
@@ -259,6 +276,12 @@ impl AgentToolOptions {
         self
     }
 
+    /// Sets [`Self::max_recovery_work`] (`None`: no bound).
+    pub fn max_recovery_work(mut self, work: Option<u64>) -> Self {
+        self.max_recovery_work = work;
+        self
+    }
+
     /// Sets [`Self::retention`].
     pub fn retention(mut self, retention: Retention) -> Self {
         self.retention = retention;
@@ -291,6 +314,7 @@ impl Default for AgentToolOptions {
             detached_no_progress_budget: Duration::from_millis(DEFAULT_NO_PROGRESS_BUDGET_MS),
             recovery: RecoveryPolicy::Rerun,
             max_recovery_attempts: DEFAULT_MAX_RECOVERY_ATTEMPTS,
+            max_recovery_work: Some(DEFAULT_MAX_RECOVERY_WORK),
             retention: Retention::default(),
             approval_timeout: None,
         }

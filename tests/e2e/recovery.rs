@@ -279,6 +279,40 @@ async fn under_the_seal_policy_a_killed_run_is_interrupted_and_a_new_dispatch_ru
     drop(state);
 }
 
+/// Row 147 on workerd: a runaway is bounded by the child's own `max_recovery_work`, live. A
+/// research of 400 words is killed a few words in; back up, the child runs it again (one
+/// re-run), and as that attempt streams its 26th chunk the child seals the run `interrupted`
+/// and stops the turn, with no other restart, long before its 400 words.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_runaway_rerun_is_sealed_live_by_the_childs_work_bound() {
+    // parity: 147
+    let vars = [KILL_VARS, &[("CHILD_MAX_RECOVERY_WORK", "25")]].concat();
+    let mut worker = Worker::start_with(None, &vars).await;
+    let state = worker.take_temp().unwrap();
+    let persist = worker.persist.clone();
+    let name = unique("runaway");
+    let mut client = worker.client(&name).await;
+    dispatch(&mut client, "ramble-1", json!({"query": "ramble", "words": 400, "delayMs": 40})).await;
+    client.wait_deltas("ramble-1", 5).await;
+    worker.kill();
+
+    let worker = Worker::start_with(Some(&persist), &vars).await;
+    let sealed = wait_log(&worker, "agent_tool:recovery:sealed", 1).await;
+    assert_eq!(sealed[0]["payload"]["reason"], "work_budget_exceeded", "{sealed:#?}");
+    assert_eq!(sealed[0]["payload"]["attempt"], 2, "sealed during the re-run: {sealed:#?}");
+    assert_eq!(log_events(&worker, "agent_tool:recovery:rerun").len(), 1, "one re-run, no other restart");
+    let row = run_row(&worker, &name, "ramble-1", |r| r["status"] == "interrupted").await;
+    assert_eq!(row["childStillRunning"], false, "{row}");
+    assert!(row["error"].as_str().unwrap_or_default().contains("max_recovery_work (25)"), "{row}");
+    // The stopped turn streamed no more: the child's answer is a fraction of the 400 words.
+    let path = format!("/agents/assistant/{name}/sub/researcher/ramble-1/get-messages");
+    let messages: Vec<Value> = reqwest::get(worker.http(&path)).await.unwrap().json().await.unwrap();
+    let words = messages.iter().filter(|m| m["role"] == "assistant").map(text_of).collect::<String>();
+    let count = words.split_whitespace().count();
+    assert!(count > 0 && count < 100, "{count} words: {messages:#?}");
+    drop(state);
+}
+
 const RESET_VARS: &[(&str, &str)] = &[
     ("AGENT_TOOL_ALARM_MS", "800"),
     ("AGENT_TOOL_BACKBONE_MS", "1000"),

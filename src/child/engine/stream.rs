@@ -9,7 +9,9 @@ impl ChildEngine {
     /// the child's own chat clients when `chat_streaming` (its chat stream is open; ordinary
     /// chunks not under `terminal` delivery), and to every tail, in one step. `kept` is what
     /// the parent keeps for replay when it differs from `body`. `false` when the run is not
-    /// live here (it ended).
+    /// live here (it ended, or this chunk took it past its recovery's work bound: then it is
+    /// sealed at once and its turn stopped, see [`Self::exhaust`]).
+    #[allow(clippy::too_many_arguments)]
     pub fn emit(
         &mut self,
         sql: &(impl Sql + ?Sized),
@@ -18,6 +20,7 @@ impl ChildEngine {
         body: String,
         kept: Option<String>,
         chat_streaming: bool,
+        now: i64,
     ) -> Result<(bool, Vec<ChildAction>), StoreError> {
         let Some(run) = self.live.get_mut(run_id) else { return Ok((false, Vec::new())) };
         let index = kind.is_stored().then(|| {
@@ -30,11 +33,38 @@ impl ChildEngine {
             ChunkKind::Superseded => false,
         };
         run.pending.push(Pending { index, kind, body, kept, chat });
-        if run.pending.len() >= FLUSH_EVERY {
+        let (held, work_from) = (run.pending.len(), run.work_from);
+        if let Some(work) = index.and_then(|i| self.over_budget(work_from, i + 1)) {
+            let exhausted = self.unit(sql, run_id, |engine| engine.exhaust(sql, run_id, work, chat_streaming, now))?;
+            return Ok((false, exhausted));
+        }
+        if held >= FLUSH_EVERY {
             return Ok((true, self.flush(sql, run_id, chat_streaming)?));
         }
-        let first = run.pending.len() == 1;
-        Ok((true, if first { vec![ChildAction::FlushSoon { run_id: run_id.to_owned() }] } else { Vec::new() }))
+        Ok((true, if held == 1 { vec![ChildAction::FlushSoon { run_id: run_id.to_owned() }] } else { Vec::new() }))
+    }
+
+    /// The run streamed `work` chunks since a restart first cut it short, past the bound: a
+    /// runaway. What it emitted is stored and sent, the run is sealed `interrupted` (its tails
+    /// get the `end` line) and its turn is stopped, live, as a re-run would be refused.
+    fn exhaust(
+        &mut self,
+        sql: &(impl Sql + ?Sized),
+        run_id: &str,
+        work: u64,
+        chat_streaming: bool,
+        now: i64,
+    ) -> Result<Vec<ChildAction>, StoreError> {
+        let attempt = ChildRuns::new(sql).get(run_id)?.map_or(0, |run| run.attempt);
+        let mut actions = self.flush(sql, run_id, chat_streaming)?;
+        actions.extend(self.seal(sql, run_id, &self.work_exceeded(work), now)?);
+        let reason = "work_budget_exceeded";
+        actions.push(ChildAction::CancelTurn { run_id: run_id.to_owned(), reason: Some(reason.into()) });
+        actions.push(ChildAction::Observe(
+            EventType::ChildSealed,
+            serde_json::json!({ "runId": run_id, "attempt": attempt, "reason": reason }),
+        ));
+        Ok(actions)
     }
 
     /// Stores the chunks the run emitted since the last flush (a few statements for the lot)
@@ -127,7 +157,7 @@ impl ChildEngine {
         if let Some(name) = report.progress.milestone.clone() {
             let sequence = ChildRuns::new(sql).add_milestone(run_id, &name, report.progress.data.as_ref(), now)?;
             let body = chunk::milestone(&name, sequence, now, &report.progress);
-            return Ok(self.emit(sql, run_id, ChunkKind::Milestone, body, None, chat_streaming)?.1);
+            return Ok(self.emit(sql, run_id, ChunkKind::Milestone, body, None, chat_streaming, now)?.1);
         }
         match decision {
             Decision::Emit(report) => self.send_progress(sql, run_id, &report, chat_streaming, new_id, now),
@@ -199,6 +229,6 @@ impl ChildEngine {
         let live = chunk::progress(&id, now, &report.progress);
         let kept =
             (!report.persist && report.progress.data.is_some()).then(|| chunk::progress(&id, now, &report.kept()));
-        Ok(self.emit(sql, run_id, ChunkKind::Progress, live, kept, chat_streaming)?.1)
+        Ok(self.emit(sql, run_id, ChunkKind::Progress, live, kept, chat_streaming, now)?.1)
     }
 }

@@ -12,7 +12,7 @@ fn db() -> rusqlite::Connection {
 
 /// Emits a stored chunk and flushes it, as the platform does once the turn yields.
 fn emit_now(engine: &mut ChildEngine, db: &rusqlite::Connection, body: String) -> Vec<ChildAction> {
-    let (_, mut actions) = engine.emit(db, "r", ChunkKind::Stored, body, None, false).unwrap();
+    let (_, mut actions) = engine.emit(db, "r", ChunkKind::Stored, body, None, false, 0).unwrap();
     actions.extend(engine.flush(db, "r", false).unwrap());
     actions
 }
@@ -24,9 +24,9 @@ fn emitted_chunks_are_stored_and_sent_together_once_the_turn_yields() {
     engine.start(&db, &start("r"), 1).unwrap();
     let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, false, 1).unwrap();
     let sub = tail.subscriber.unwrap();
-    let (_, first) = engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":0}".into(), None, false).unwrap();
+    let (_, first) = engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":0}".into(), None, false, 0).unwrap();
     assert!(matches!(&first[..], [ChildAction::FlushSoon { .. }]), "one flush asked, on the first");
-    let (_, second) = engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":1}".into(), None, false).unwrap();
+    let (_, second) = engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":1}".into(), None, false, 0).unwrap();
     assert!(second.is_empty());
     assert_eq!(StreamLog::new(&db).next_index("r").unwrap(), 0, "nothing stored before the flush");
     // A tail opened meanwhile flushes first: it reads both, and the open tail gets them too.
@@ -38,7 +38,7 @@ fn emitted_chunks_are_stored_and_sent_together_once_the_turn_yields() {
     // A long burst flushes by itself.
     let mut flushed = 0;
     for n in 0..FLUSH_EVERY {
-        let (_, actions) = engine.emit(&db, "r", ChunkKind::Stored, format!("{{\"m\":{n}}}"), None, false).unwrap();
+        let (_, actions) = engine.emit(&db, "r", ChunkKind::Stored, format!("{{\"m\":{n}}}"), None, false, 0).unwrap();
         flushed += actions.iter().filter(|a| matches!(a, ChildAction::Send { .. })).count();
     }
     assert_eq!(flushed, 2, "the burst went out to both tails at its bound");
@@ -223,7 +223,7 @@ fn a_flush_sends_each_kind_where_it_belongs() {
                 engine.start(&db, &request, 1).unwrap();
                 let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, false, 1).unwrap();
                 assert!(tail.subscriber.is_some());
-                engine.emit(&db, "r", kind, "{\"x\":1}".into(), None, chat_open).unwrap();
+                engine.emit(&db, "r", kind, "{\"x\":1}".into(), None, chat_open, 0).unwrap();
                 let actions = engine.flush(&db, "r", chat_open).unwrap();
                 let to_chat = actions.iter().any(|a| matches!(a, ChildAction::ChatSend { .. }));
                 let to_tail = actions.iter().any(|a| matches!(a, ChildAction::Send { .. }));
@@ -317,10 +317,10 @@ fn a_failed_log_write_keeps_the_chunks_for_the_next_flush() {
     let db = FailOn::new(db(), "INTO chat_stream_chunks");
     let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
     engine.start(&db, &start("r"), 1).unwrap();
-    engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":0}".into(), None, false).unwrap();
+    engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":0}".into(), None, false, 0).unwrap();
     db.times.set(1);
     assert!(engine.flush(&db, "r", false).is_err(), "the failure is the caller's to report");
-    engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":1}".into(), None, false).unwrap();
+    engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":1}".into(), None, false, 0).unwrap();
     engine.flush(&db, "r", false).unwrap();
     let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, false, 2).unwrap();
     let bodies: Vec<String> = tail.lines.iter().map(|l| String::from_utf8_lossy(l).into_owned()).collect();
@@ -523,7 +523,7 @@ fn a_rerun_is_bounded_by_the_options_and_asked_of_the_agent() {
     };
     // Five attempts allowed, the agent always willing.
     let db = db();
-    let fresh = || ChildEngine::new(RecoveryPolicy::Rerun).with_recovery(5, KeepRecovering::default());
+    let fresh = || ChildEngine::new(RecoveryPolicy::Rerun).with_recovery(5, None, KeepRecovering::default());
     let mut engine = fresh();
     engine.start(&db, &start("r"), 1).unwrap();
     emit_now(&mut engine, &db, "{\"partial\":1}".into());
@@ -548,7 +548,7 @@ fn a_rerun_is_bounded_by_the_options_and_asked_of_the_agent() {
             run.attempt < 2
         }))
     };
-    let fresh = || ChildEngine::new(RecoveryPolicy::Rerun).with_recovery(10, keep.clone());
+    let fresh = || ChildEngine::new(RecoveryPolicy::Rerun).with_recovery(10, None, keep.clone());
     let mut engine = fresh();
     engine.start(&db, &start("r"), 1).unwrap();
     emit_now(&mut engine, &db, "{\"partial\":1}".into());
@@ -561,10 +561,123 @@ fn a_rerun_is_bounded_by_the_options_and_asked_of_the_agent() {
     let run = ChildRuns::new(&db).get("r").unwrap().unwrap();
     assert_eq!(run.status, RunStatus::Interrupted);
     assert!(run.error_message.unwrap().contains("should_keep_recovering declined"));
-    let asked: Vec<(String, u32, u64)> =
-        asked.borrow().iter().map(|a| (a.run_id.clone(), a.attempt, a.chunks)).collect();
-    // Attempt 1 streamed one chunk; attempt 2 two more, behind its marker.
-    assert_eq!(asked, [("r".to_owned(), 1, 1), ("r".to_owned(), 2, 4)]);
+    let asked: Vec<(String, u32, u64, u64)> =
+        asked.borrow().iter().map(|a| (a.run_id.clone(), a.attempt, a.chunks, a.work)).collect();
+    // Attempt 1 streamed one chunk (no work yet: nothing was cut short before); attempt 2 two
+    // more, behind its marker, and those are the recovery's work.
+    assert_eq!(asked, [("r".to_owned(), 1, 1, 0), ("r".to_owned(), 2, 4, 2)]);
+}
+
+/// The runs of [`ChildEngine`]s bounded to `max_work` chunks of recovery, one per restart.
+fn bounded(max_work: Option<u64>) -> impl Fn() -> ChildEngine {
+    move || ChildEngine::new(RecoveryPolicy::Rerun).with_recovery(5, max_work, KeepRecovering::default())
+}
+
+/// A runaway is bounded the same way live and in recovery (`max_recovery_work`, the SDK's
+/// `maxRecoveryWork`): a run no restart cut short is not measured; from the first restart on,
+/// every stored chunk counts, and the one that passes the bound seals the run at once, while
+/// its turn is live — its tails get the `end` line, the turn is stopped, what it streamed is
+/// kept — without waiting for another restart.
+#[test]
+fn a_runaway_is_sealed_live_once_its_recovery_streams_past_the_work_bound() {
+    // parity: 147
+    let db = db();
+    let fresh = bounded(Some(5));
+    let mut engine = fresh();
+    engine.start(&db, &start("r"), 1).unwrap();
+    for n in 0..20 {
+        emit_now(&mut engine, &db, format!("{{\"first\":{n}}}"));
+    }
+    assert!(engine.is_live("r"), "never cut short: twenty chunks, unmeasured");
+    // A restart: the second attempt begins behind its marker, and its work is measured.
+    let mut engine = fresh();
+    assert_eq!(begins(&engine.inspect(&db, "r", false, 2).unwrap().1), [2]);
+    let (tail, _) = engine.tail(&db, "r", 20, usize::MAX, false, 2).unwrap();
+    let subscriber = tail.subscriber.unwrap();
+    for n in 0..5 {
+        let (live, _) = engine.emit(&db, "r", ChunkKind::Stored, format!("{{\"again\":{n}}}"), None, false, 3).unwrap();
+        assert!(live, "chunk {n}: within the bound");
+    }
+    let (live, actions) = engine.emit(&db, "r", ChunkKind::Stored, "{\"again\":5}".into(), None, false, 4).unwrap();
+    assert!(!live, "the sixth chunk passes the bound");
+    assert!(!engine.is_live("r"));
+    assert!(
+        actions.contains(&ChildAction::CancelTurn { run_id: "r".into(), reason: Some("work_budget_exceeded".into()) }),
+        "the turn is stopped: {actions:?}"
+    );
+    assert!(actions.iter().any(|a| matches!(a, ChildAction::Observe(EventType::ChildSealed, p)
+        if p["reason"] == "work_budget_exceeded" && p["attempt"] == 2)));
+    let sent: Vec<String> = actions
+        .iter()
+        .filter_map(|a| match a {
+            ChildAction::Send { subscriber: s, line } if *s == subscriber => {
+                Some(String::from_utf8_lossy(line).into_owned())
+            }
+            _ => None,
+        })
+        .collect();
+    let sent = sent.concat();
+    assert!(sent.contains("again"), "the held chunks go out first: {sent}");
+    assert!(sent.trim_end().lines().last().unwrap().contains("\"interrupted\""), "then the end line: {sent}");
+    assert!(actions.contains(&ChildAction::Close { subscriber }));
+    let run = ChildRuns::new(&db).get("r").unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Interrupted);
+    let error = run.error_message.unwrap();
+    assert!(error.contains("6 chunks") && error.contains("max_recovery_work (5)"), "{error}");
+    assert_eq!(StreamLog::new(&db).next_index("r").unwrap(), 27, "20, the marker, and all six kept");
+    // The stopped turn's end changes nothing: the run stays sealed as it was.
+    let actions = engine.turn_finished(&db, "r", None, Some(Some("work_budget_exceeded".into())), false, &id, 5);
+    assert!(actions.unwrap().is_empty());
+    assert_eq!(ChildRuns::new(&db).get("r").unwrap().unwrap().error_message.as_deref(), Some(error.as_str()));
+}
+
+/// The bound is checked before a re-run too: work streamed under a looser bound (here none)
+/// seals the run at its next restart under a tighter one, without running it again. A new
+/// dispatch of the sealed run starts unmeasured; `None` never bounds it; a run under `Seal` is
+/// never re-run, so never measured.
+#[test]
+fn the_work_bound_is_checked_before_a_rerun_and_a_new_dispatch_starts_unmeasured() {
+    // parity: 147
+    let db = db();
+    let mut engine = bounded(None)();
+    engine.start(&db, &start("r"), 1).unwrap();
+    emit_now(&mut engine, &db, "{\"n\":0}".into());
+    let mut engine = bounded(None)();
+    assert_eq!(begins(&engine.inspect(&db, "r", false, 2).unwrap().1), [2]);
+    for n in 0..10 {
+        emit_now(&mut engine, &db, format!("{{\"n\":{n}}}"));
+    }
+    assert!(engine.is_live("r"), "no bound: ten chunks of recovery go on");
+    // A deploy with a bound of 5, and a restart.
+    let mut engine = bounded(Some(5))();
+    let actions = engine.inspect(&db, "r", false, 3).unwrap().1;
+    assert!(begins(&actions).is_empty(), "not run again: {actions:?}");
+    assert!(actions.iter().any(|a| matches!(a, ChildAction::Observe(EventType::ChildSealed, p)
+        if p["reason"] == "work_budget_exceeded")));
+    let run = ChildRuns::new(&db).get("r").unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Interrupted);
+    assert!(run.error_message.unwrap().contains("10 chunks"));
+    // Dispatched again: a fresh start, unmeasured until a restart cuts it short again.
+    assert_eq!(begins(&engine.start(&db, &start("r"), 4).unwrap().1), [3]);
+    for n in 0..10 {
+        emit_now(&mut engine, &db, format!("{{\"n\":{n}}}"));
+    }
+    assert!(engine.is_live("r"));
+    assert_eq!(ChildRuns::new(&db).get("r").unwrap().unwrap().work_from, None);
+    // Under `Seal`, no re-run, no measure: the run is sealed by the policy.
+    let db = self::db();
+    let mut engine = ChildEngine::new(RecoveryPolicy::Seal).with_recovery(5, Some(0), KeepRecovering::default());
+    engine.start(&db, &start("r"), 1).unwrap();
+    emit_now(&mut engine, &db, "{\"n\":0}".into());
+    let mut engine = ChildEngine::new(RecoveryPolicy::Seal).with_recovery(5, Some(0), KeepRecovering::default());
+    let actions = engine.inspect(&db, "r", false, 2).unwrap().1;
+    assert!(actions.iter().any(|a| matches!(a, ChildAction::Observe(EventType::ChildSealed, p)
+        if p["reason"] == "sealed_by_policy")));
+    assert_eq!(begins(&engine.start(&db, &start("r"), 3).unwrap().1), [2], "dispatched again");
+    for n in 0..3 {
+        emit_now(&mut engine, &db, format!("{{\"n\":{n}}}"));
+    }
+    assert!(engine.is_live("r"), "a bound of 0 does not apply under Seal");
 }
 
 /// A report for a run whose turn is not live here (never started, or ended) is refused with
@@ -599,7 +712,7 @@ fn a_failed_end_of_turn_leaves_the_run_as_it_was_and_is_taken_again() {
     engine.start(&db, &start("r"), 1).unwrap();
     let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, false, 1).unwrap();
     let sub = tail.subscriber.unwrap();
-    engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":0}".into(), None, false).unwrap();
+    engine.emit(&db, "r", ChunkKind::Stored, "{\"n\":0}".into(), None, false, 0).unwrap();
     db.times.set(1);
     let returned = Some(Ok(("s".to_owned(), None)));
     let failed = engine.turn_finished(&db, "r", returned.clone(), None, false, &id, 2);

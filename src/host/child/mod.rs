@@ -100,7 +100,8 @@ impl Host {
     /// One chunk of a run's turn (see [`crate::child::engine::ChildEngine::emit`]).
     pub(crate) fn child_emit(&self, run_id: &str, kind: ChunkKind, body: String) -> bool {
         let streaming = self.0.chat.is_streaming(run_id);
-        let result = self.0.child.borrow_mut().emit(self.sql(), run_id, kind, body, None, streaming);
+        let now = self.now();
+        let result = self.0.child.borrow_mut().emit(self.sql(), run_id, kind, body, None, streaming, now);
         match result {
             Ok((live, actions)) => {
                 self.carry_out_child(actions);
