@@ -242,7 +242,26 @@ impl Agent for Rambler {
     }
 }
 
+/// A child whose structured output is what its own stored transcript holds when the output is
+/// read: the last message's id and text, and how many messages there are.
+#[derive(Default)]
+pub struct Archivist;
+
+impl Agent for Archivist {
+    fn agent_tool_output(&self, turn: &Turn<Self>, message: &Value) -> Option<Value> {
+        let stored = turn.host().messages();
+        let last = stored.last()?;
+        Some(json!({
+            "lastId": last["id"],
+            "lastText": text_of(last),
+            "handedId": message["id"],
+            "messages": stored.len(),
+        }))
+    }
+}
+
 agent_tools::durable_object!(Desk, unchecked);
+agent_tools::durable_object!(Archivist, unchecked);
 agent_tools::durable_object!(Rambler, unchecked);
 agent_tools::durable_object!(Relay, unchecked);
 agent_tools::durable_object!(Briefer, unchecked);
@@ -273,6 +292,7 @@ fn worker() -> World {
     .agent::<Gauge>()
     .agent::<Briefer>()
     .agent::<Rambler>()
+    .agent::<Archivist>()
 }
 
 /// Runs a `C` child from parent `P`'s object `parent`, awaited, and returns its result.
@@ -494,6 +514,39 @@ fn a_notify_runs_messages_have_the_parents_wording_and_the_runs_source() {
     assert!(user_messages(&herald, 0).contains(&"Writer finished h1: A draft.".to_owned()), "the model is told");
 }
 
+/// Row 95: a milestone the parent never forwarded, because it was evicted before the child
+/// reported it, is surfaced once it is back: a detached run's child calls `checkpoint` six
+/// seconds in; the parent crashes at three and comes back by its alarm alone, reads the run's
+/// stream from its cursor and posts the milestone's message, then the completion's, each once;
+/// another crash after that posts neither again.
+#[test]
+fn a_milestone_reported_while_the_parent_was_evicted_is_surfaced_once_after() {
+    // parity: 95
+    let writer = ScriptedModel::new()
+        .step(Step::new().delay(6_000).tool_call("checkpoint", json!({ "note": "half way" })))
+        .otherwise(|_| Step::new().words("The rest of the draft.", 500));
+    let world = worker().model::<Writer>(writer);
+    let detached = DetachedOptions::default().notify().on_milestones(OnMilestones::narrate(["checkpoint"]));
+    detach::<Desk>(&world, "eve", RunOptions::new(json!("a draft")).run_id("m1"), detached);
+    world.advance(3_000);
+    let parent = ObjectRef::of::<Desk>("eve");
+    let milestone_id = "detached-ms:m1:checkpoint";
+    let count = |id: &str| world.host::<Desk>("eve").messages().iter().filter(|m| m["id"] == id).count();
+    assert_eq!(count(milestone_id), 0, "not reported yet");
+    world.crash(&parent);
+    world.settle();
+    let messages = world.host::<Desk>("eve").messages();
+    let ids: Vec<&str> = messages.iter().filter_map(|m| m["id"].as_str()).collect();
+    let at = |id: &str| ids.iter().position(|m| *m == id).unwrap_or_else(|| panic!("no {id}: {ids:?}"));
+    assert!(at(milestone_id) < at("detached-finish:m1:completed"), "the milestone's message, then the completion's");
+    let milestone = &messages[at(milestone_id)];
+    assert_eq!(milestone["metadata"]["milestone"], "checkpoint", "{milestone}");
+    assert_eq!(row::<Desk>(&world, "eve", "m1").status, RunStatus::Completed);
+    world.crash(&parent);
+    world.advance(60_000);
+    assert_eq!((count(milestone_id), count("detached-finish:m1:completed")), (1, 1), "once each");
+}
+
 /// Rows 47 and 63: the detached handler gets the run and its lifecycle result, whatever the
 /// end: `error` with the child's error, `aborted` with the cancel's reason, `interrupted` with
 /// its reason (here its budget ran out) and whether the child still runs, each once.
@@ -706,6 +759,22 @@ fn a_chat_agent_and_a_workflow_are_both_children() {
     assert_eq!(text_of(&chat_transcript[1]), "A chat answer.");
     let inspection = world.host::<Desk>("pia").inspect_agent_tool_run("g1").expect("the registry").expect("the run");
     assert_eq!(inspection.progress.and_then(|p| p.fraction), Some(0.5), "the workflow's own reports");
+}
+
+/// Row 32: a child's structured output (`Agent::agent_tool_output`) is read once the turn's
+/// messages are saved: when it is read, the child's stored transcript already ends with the
+/// assistant message the hook is handed, whole, behind the run's input.
+#[test]
+fn the_output_is_read_once_the_turns_messages_are_saved() {
+    // parity: 32
+    let archivist = ScriptedModel::new().step(Step::new().text("Filed and saved."));
+    let world = worker().model::<Archivist>(archivist);
+    let result = run::<Desk, Archivist>(&world, "ada", RunOptions::new(json!("File it")).run_id("a1"));
+    assert_eq!(result.status, RunStatus::Completed, "{result:?}");
+    let output = result.output.expect("an output");
+    assert_eq!(output["lastText"], "Filed and saved.", "{output}");
+    assert_eq!(output["lastId"], output["handedId"], "the message handed is the one stored: {output}");
+    assert_eq!(output["messages"], 2, "the input and the answer: {output}");
 }
 
 /// Row 43: a dispatch that is rejected is an `Err`, never a handle; an `Ok` handle says

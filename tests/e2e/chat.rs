@@ -257,6 +257,7 @@ const LEAKY_KEY: &str = "sk-proj-ab**********************wxyz";
 
 #[tokio::test(flavor = "multi_thread")]
 async fn provider_failures_end_turns_and_runs_with_errors() {
+    // parity: 21
     let mock = MockModel::start(|body| {
         let text = last_user_text(body);
         if text.contains("http401") {
@@ -320,20 +321,40 @@ async fn provider_failures_end_turns_and_runs_with_errors() {
     let line = log_line(&worker, id).await;
     assert!(line.contains(LEAKY_KEY) && line.contains("Rate limit"), "the details are in the log: {line}");
 
-    // Children whose model fails end `error`, each with the provider's problem.
-    let results = client.call("research", json!([["http500", "malformed", "stall"]])).await.unwrap();
+    // Children whose model fails end `error`, each with the provider's problem. A run's `error`
+    // is safe to surface (row 21): a child's provider that quotes a key in its body gives the
+    // run an error that says HTTP 401 and an error id, never the key, in the result, the
+    // frames and the registry alike; the child's log has the details under that id.
+    let results = client.call("research", json!([["http500", "malformed", "stall", "http401"]])).await.unwrap();
     let results = results.as_array().unwrap();
-    let expectations =
-        [("http500", "HTTP 500"), ("malformed", "malformed stream"), ("stall", "sent nothing for 1500 ms")];
+    let expectations = [
+        ("http500", "HTTP 500"),
+        ("malformed", "malformed stream"),
+        ("stall", "sent nothing for 1500 ms"),
+        ("http401", "HTTP 401"),
+    ];
     for (result, (topic, needle)) in results.iter().zip(expectations) {
         assert_eq!(result["status"], "error", "{topic}: {result}");
         assert!(result["error"].as_str().unwrap().contains(needle), "{topic}: {result}");
         let events = client.run_events(result["runId"].as_str().unwrap());
         assert_eq!(events.last().unwrap()["event"]["kind"], "error");
     }
+    let leaked = &results[3];
+    let error = leaked["error"].as_str().unwrap();
+    assert!(!leaked.to_string().contains("sk-"), "the run's result quotes the key: {leaked}");
+    let id = error.split("(error ").nth(1).and_then(|rest| rest.split(';').next()).expect("an error id");
     let rows = runs(&mut client).await;
-    assert_eq!(rows.len(), 3);
+    assert_eq!(rows.len(), 4);
     assert!(rows.iter().all(|r| r["status"] == "error"), "nothing left running: {rows:#?}");
+    client.drain(Duration::from_millis(300)).await;
+    let mut late = worker.client(&name).await;
+    late.drain(Duration::from_millis(500)).await;
+    for frame in client.frames.iter().chain(late.frames.iter()) {
+        assert!(!frame.to_string().contains("sk-"), "a client saw the key: {frame}");
+    }
+    assert!(!serde_json::to_string(&rows).unwrap().contains("sk-"), "the registry keeps the key: {rows:#?}");
+    let line = log_line(&worker, id).await;
+    assert!(line.contains(LEAKY_KEY) && line.contains("HTTP 401"), "the details are in the log: {line}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
