@@ -325,7 +325,6 @@ impl ParentEngine {
         let mut actions = vec![ParentAction::Observe(EventType::StorageFailed, payload)];
         if let Some(run_id) = run_id {
             self.watching.remove(run_id);
-            self.in_flight.retain(|(id, _), _| id != run_id);
             if let Some(pass) = self.pass.as_mut().filter(|p| p.current.as_ref().is_some_and(|(id, _)| id == run_id)) {
                 pass.current = None;
             }
@@ -407,11 +406,9 @@ impl ParentEngine {
                 Registry::new(sql).child_cleared(&run_id)?;
                 Ok(Vec::new())
             }
-            // Retried by the alarm.
-            ParentEvent::ChildCleared { result: Err(_), .. } => {
-                self.wake_at(now + CHILD_CLEAR_RETRY_MS);
-                Ok(Vec::new())
-            }
+            // Asked again by the alarm, which stays armed while a clear is owed (see
+            // `clear_child` and `next_alarm`).
+            ParentEvent::ChildCleared { result: Err(_), .. } => Ok(Vec::new()),
             ParentEvent::DeliveryDone { run_id, slot, gen, attempt, result } => {
                 let delivery = Delivery { slot, gen, attempt };
                 self.on_delivery_done(sql, &run_id, delivery, result, now)

@@ -118,6 +118,36 @@ fn a_slow_delivery_is_not_handed_over_again_while_it_runs() {
     assert!(row.detached.unwrap().finish.delivered_at.is_some());
 }
 
+/// A storage failure in a run's backbone step while its delivery is in flight does not hand
+/// the delivery back: past the lease and several ticks it is not handed over again (the handler
+/// still runs), and the handler's answer settles it.
+#[test]
+fn a_storage_failure_beside_a_delivery_in_flight_does_not_hand_it_over_again() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let db = FailOn::new(db, "FROM agent_tool_runs WHERE run_id = ?");
+    let dispatch = Dispatch { new: new_run("r", &json!(1)), detached: handler(), abandoned: None };
+    let (_, actions) = engine.dispatch(&db, dispatch, 10);
+    let start = gen_of(&actions, "start", "r").unwrap();
+    let actions = engine.handle(&db, ParentEvent::StartReplied { run_id: "r".into(), gen: start, result: Ok(()) }, 11);
+    let tail = gen_of(&actions, "tail", "r").unwrap();
+    let lines = vec![TailLine::End { outcome: Outcome::completed("done") }];
+    let actions = engine.handle(&db, ParentEvent::TailBatch { run_id: "r".into(), gen: tail, lines }, 12);
+    let first = delivery(&actions).expect("handed over");
+    db.times.set(1);
+    let actions = engine.alarm(&db, 70_000);
+    assert!(
+        actions.iter().any(|a| matches!(a, ParentAction::Observe(EventType::StorageFailed, p)
+            if p["runId"] == "r" && p["step"] == "backbone")),
+        "the run's backbone step failed: {actions:?}"
+    );
+    for tick in 2..6 {
+        assert!(delivery(&engine.alarm(&db, tick * 70_000)).is_none(), "tick {tick}: still in flight");
+    }
+    engine.handle(&db, first.done("r".into(), Ok(())), 400_000);
+    let row = Registry::new(&db).get("r").unwrap().unwrap();
+    assert!(row.detached.unwrap().finish.delivered_at.is_some(), "the late answer settled it");
+}
+
 #[test]
 fn a_notice_is_posted_once_and_settles_its_delivery() {
     // parity: 49, 65

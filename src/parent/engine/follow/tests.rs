@@ -514,3 +514,23 @@ fn a_failed_start_is_sent_again_then_the_run_ends_error() {
     engine.handle(&db, ParentEvent::StartReplied { run_id: "refused".into(), gen: start, result: refused }, now);
     assert_eq!(Registry::new(&db).get("refused").unwrap().unwrap().status, RunStatus::Error, "at once");
 }
+
+/// A run whose row is gone while it is followed (its storage was cleared under it) is
+/// forgotten, and its callers get `aborted`, saying it was cleared: never a result it did not
+/// have, and never an `error`.
+#[test]
+fn a_run_cleared_while_followed_hands_its_callers_aborted() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let tail = started(&db, &mut engine, "r", None);
+    db.exec("DELETE FROM agent_tool_runs WHERE run_id = 'r'", &[]).unwrap();
+    let actions = engine.handle(&db, ParentEvent::TailEnded { run_id: "r".into(), gen: tail }, 20);
+    let result = actions
+        .iter()
+        .find_map(|a| match a {
+            ParentAction::Resolve { run_id, result } if run_id == "r" => Some(result.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("the callers are answered: {actions:?}"));
+    assert_eq!((result.status, result.error.as_deref()), (RunStatus::Aborted, Some("the run was cleared")));
+    assert!(!engine.is_driving("r"));
+}

@@ -200,6 +200,64 @@ fn restarted_with_live_runs<const N: usize>(ids: [&str; N]) -> (rusqlite::Connec
     (db, ParentEngine::new("Parent", AgentToolOptions::default(), 2))
 }
 
+fn inspected(actions: &[ParentAction]) -> Vec<String> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            ParentAction::InspectChild { run_id, .. } => Some(run_id.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A failed step moves a recovery pass on only when it is about the row being inspected (the
+/// pass inspects the next row, and the failed one is followed again after a pause); a failure
+/// about another run leaves the pass waiting for its row's answer. Either way the alarm is due
+/// [`STORAGE_RETRY_MS`] later, for the work only it takes up again.
+#[test]
+fn a_failed_step_moves_the_recovery_pass_on_only_for_its_own_row() {
+    let (db, mut engine) = restarted_with_live_runs(["a", "b"]);
+    let db = FailOn::new(db, "FROM agent_tool_runs WHERE run_id = ?");
+    let actions = engine.wake(&db, 100);
+    assert_eq!(inspected(&actions), ["a"]);
+    let a = gen_of(&actions, "inspect", "a").unwrap();
+    take_alarm(&mut engine);
+    db.times.set(1);
+    let actions = engine.abandon(&db, "x", "gone".into(), 101);
+    assert_eq!(observed(&actions), [EventType::StorageFailed], "{actions:?}");
+    assert!(inspected(&actions).is_empty(), "the pass waits for a's answer: {actions:?}");
+    assert_eq!(take_alarm(&mut engine), Some(101 + STORAGE_RETRY_MS), "the alarm takes the failed step up again");
+    db.times.set(1);
+    let live = Ok(Some(crate::protocol::child_api::InspectionReply::live(RunStatus::Running)));
+    let actions = engine.handle(&db, ParentEvent::Inspected { run_id: "a".into(), gen: a, result: live }, 102);
+    assert!(observed(&actions).contains(&EventType::StorageFailed), "{actions:?}");
+    assert_eq!(inspected(&actions), ["b"], "the pass moved on: {actions:?}");
+    assert_eq!(engine.poll_timeout(), Some(102 + STORAGE_RETRY_MS.min(INSPECT_TIMEOUT_MS)));
+}
+
+/// A watched child's inspection that never comes back is forgotten when it times out, so the
+/// next tick asks again; one still in flight is not asked twice.
+#[test]
+fn a_watch_whose_inspection_never_returns_is_asked_again_and_one_in_flight_is_not() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let registry = Registry::new(&db);
+    let gave_up = Outcome::Interrupted {
+        error: "silent".into(),
+        reason: Some(InterruptedReason::NoProgress),
+        child_still_running: Some(true),
+    };
+    registry.insert(&new_run("a", &json!(1)), 1).unwrap();
+    registry.finish("a", &gave_up, 2).unwrap();
+    assert_eq!(inspected(&engine.alarm(&db, 1_000)), ["a"]);
+    registry.insert(&new_run("b", &json!(1)), 3).unwrap();
+    registry.finish("b", &gave_up, 4).unwrap();
+    assert_eq!(inspected(&engine.alarm(&db, 1_000 + INSPECT_TIMEOUT_MS / 2)), ["b"], "a's is still in flight");
+    let due = engine.poll_timeout().expect("a's inspection times out");
+    assert_eq!(due, 1_000 + INSPECT_TIMEOUT_MS);
+    engine.handle_timeout(&db, due);
+    assert_eq!(inspected(&engine.alarm(&db, due + 1)), ["a"], "a asked again; b's is still in flight");
+}
+
 /// The child of run `r` answers the inspection in `actions`: it completed, with "late".
 fn late_completion(engine: &mut ParentEngine, db: &impl Sql, actions: &[ParentAction], now: i64) -> Vec<ParentAction> {
     let gen = gen_of(actions, "inspect", "r").expect("an inspection of the child");
