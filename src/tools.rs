@@ -292,6 +292,21 @@ pub struct Tools<A: Agent> {
     pub(crate) entries: Vec<Entry<A>>,
 }
 
+/// The tools by kind and name, in order: `Tools [agent research, server checkpoint, client local_time]`.
+impl<A: Agent> std::fmt::Debug for Tools<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let tools = self.entries.iter().map(|entry| {
+            let kind = match entry {
+                Entry::Agent(_) => "agent",
+                Entry::Server(_) => "server",
+                Entry::Client(_) => "client",
+            };
+            format!("{kind} {}", entry.spec().name)
+        });
+        f.debug_tuple("Tools").field(&tools.collect::<Vec<_>>()).finish()
+    }
+}
+
 impl<A: Agent> Default for Tools<A> {
     fn default() -> Self {
         Self::new()

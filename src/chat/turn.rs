@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use crate::chat::interaction::Kind;
 use crate::chat::journal::{interrupted_result, Continuation, Redo, ToolResult};
 pub use crate::llm::Model;
-use crate::llm::{ModelError, ModelEvent, ModelMessage, ModelRequest, ToolCall, ToolSpec};
+use crate::llm::{FinishReason, ModelError, ModelEvent, ModelMessage, ModelRequest, ToolCall, ToolSpec};
 
 /// The tools a turn may call.
 #[allow(async_fn_in_trait)]
@@ -231,7 +231,7 @@ pub enum TurnOutcome {
     /// The model stopped (or the step limit was reached).
     Completed {
         /// The last step's finish reason.
-        finish_reason: String,
+        finish_reason: FinishReason,
         /// Steps taken.
         steps: usize,
     },
@@ -311,7 +311,7 @@ pub async fn run_turn(
             emit(json!({ "type": "tool-output-denied", "toolCallId": call.id }));
         }
     }
-    let mut finish_reason = String::from("stop");
+    let mut finish_reason = FinishReason::Stop;
     let mut first = 0;
     if let Some(resume) = &options.resume {
         messages.extend(resume.messages.iter().cloned());
@@ -321,7 +321,7 @@ pub async fn run_turn(
         }
         if resume.answered {
             emit(json!({ "type": "finish-step" }));
-            emit(json!({ "type": "finish", "finishReason": finish_reason }));
+            emit(json!({ "type": "finish", "finishReason": finish_reason.as_str() }));
             return TurnOutcome::Completed { finish_reason, steps: first };
         }
         let outputs = run_calls(tools, &resume.pending, emit, record).await;
@@ -399,7 +399,7 @@ pub async fn run_turn(
         }
         if all_calls.is_empty() {
             emit(json!({ "type": "finish-step" }));
-            emit(json!({ "type": "finish", "finishReason": finish_reason }));
+            emit(json!({ "type": "finish", "finishReason": finish_reason.as_str() }));
             return TurnOutcome::Completed { finish_reason, steps: step + 1 };
         }
         let mut to_run: Vec<(ToolCall, Redo)> = Vec::new();
@@ -437,7 +437,7 @@ pub async fn run_turn(
             });
         }
     }
-    emit(json!({ "type": "finish", "finishReason": finish_reason }));
+    emit(json!({ "type": "finish", "finishReason": finish_reason.as_str() }));
     TurnOutcome::Completed { finish_reason, steps: options.max_steps.max(1) }
 }
 
@@ -480,7 +480,7 @@ mod tests {
                 name: "research".into(),
                 input: json!({"query": "x"}),
             })));
-            on_event(ModelEvent::Finish("tool-calls".into()));
+            on_event(ModelEvent::Finish(FinishReason::ToolCalls));
             Ok(())
         }
     }
@@ -550,7 +550,7 @@ mod tests {
     fn two_tool_calls_in_one_step_run_concurrently_then_the_model_answers() {
         let tools = Research::default();
         let (outcome, chunks, message) = run(&Offline, &tools, "Research HTTP/3 and gRPC", 5);
-        assert_eq!(outcome, TurnOutcome::Completed { finish_reason: "stop".into(), steps: 2 });
+        assert_eq!(outcome, TurnOutcome::Completed { finish_reason: FinishReason::Stop, steps: 2 });
         assert_eq!(tools.max_in_flight.get(), 2, "both calls of the step were in flight at once");
         assert_eq!(*tools.orders.borrow(), vec![0, 1]);
         let types: Vec<&str> = chunks.iter().map(|c| c["type"].as_str().unwrap()).collect();
@@ -596,7 +596,7 @@ mod tests {
         async fn step(&self, request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError> {
             if request.messages.len() > 3 {
                 on_event(ModelEvent::TextDelta("done".into()));
-                on_event(ModelEvent::Finish("stop".into()));
+                on_event(ModelEvent::Finish(FinishReason::Stop));
                 return Ok(());
             }
             on_event(ModelEvent::ToolCallStart { id: "call_0".into(), name: "research".into() });
@@ -605,7 +605,7 @@ mod tests {
                 name: "research".into(),
                 input: json!({"query": "x"}),
             })));
-            on_event(ModelEvent::Finish("tool-calls".into()));
+            on_event(ModelEvent::Finish(FinishReason::ToolCalls));
             Ok(())
         }
     }
@@ -670,7 +670,7 @@ mod tests {
     fn the_step_limit_stops_a_model_that_keeps_calling_tools() {
         let tools = Research::default();
         let (outcome, chunks, _) = run(&Looping, &tools, "x", 3);
-        assert_eq!(outcome, TurnOutcome::Completed { finish_reason: "tool-calls".into(), steps: 3 });
+        assert_eq!(outcome, TurnOutcome::Completed { finish_reason: FinishReason::ToolCalls, steps: 3 });
         assert_eq!(chunks.iter().filter(|c| c["type"] == "start-step").count(), 3);
         assert_eq!(tools.orders.borrow().len(), 3);
     }

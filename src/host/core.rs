@@ -110,6 +110,13 @@ pub struct AgentHost<A: Agent> {
     pub(crate) parts: Rc<Parts<A>>,
 }
 
+/// The agent class it hosts (its storage, sockets and runs are not listed).
+impl<A: Agent> std::fmt::Debug for AgentHost<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentHost").field("class", &self.host.0.class).finish_non_exhaustive()
+    }
+}
+
 impl<A: Agent> Clone for AgentHost<A> {
     fn clone(&self) -> Self {
         Self { host: self.host.clone(), parts: self.parts.clone() }

@@ -23,15 +23,15 @@ pub use openai::OpenAiConfig;
 /// [`ModelRequest::messages`] (the system prompt, the user's message, then each earlier step's
 /// [`ModelMessage::Assistant`] and one [`ModelMessage::Tool`] per call it made), so a step
 /// knows where it is by reading it. A step that calls tools streams
-/// [`ModelEvent::ToolCallReady`] for each call and ends with `Finish("tool-calls")`: the turn
+/// [`ModelEvent::ToolCallReady`] for each call and ends with `Finish(FinishReason::ToolCalls)`: the turn
 /// runs the calls (agent tools and ordinary tools alike, at once), appends their results, and
-/// asks for the next step. A step that ends with any other reason (`"stop"`) ends the turn; so
+/// asks for the next step. A step that ends with any other reason (`FinishReason::Stop`) ends the turn; so
 /// does [`crate::Agent::max_steps`].
 ///
 /// A model that calls the agent's first tool, then answers with what it returned:
 ///
 /// ```
-/// use agent_tools::model::{Model, ModelError, ModelEvent, ModelMessage, ModelRequest, ToolCall};
+/// use agent_tools::model::{FinishReason, Model, ModelError, ModelEvent, ModelMessage, ModelRequest, ToolCall};
 /// use serde_json::json;
 ///
 /// struct CallThenAnswer;
@@ -42,16 +42,16 @@ pub use openai::OpenAiConfig;
 ///         match (request.messages.last(), request.tools.first()) {
 ///             (Some(ModelMessage::Tool { output, .. }), _) => {
 ///                 on_event(ModelEvent::TextDelta(format!("The tool said: {output}")));
-///                 on_event(ModelEvent::Finish("stop".into()));
+///                 on_event(ModelEvent::Finish(FinishReason::Stop));
 ///             }
 ///             (_, Some(tool)) => {
 ///                 let call = ToolCall::new("call_1", tool.name.clone(), json!({ "query": "HTTP/3" }));
 ///                 on_event(ModelEvent::ToolCallReady(Ok(call)));
-///                 on_event(ModelEvent::Finish("tool-calls".into()));
+///                 on_event(ModelEvent::Finish(FinishReason::ToolCalls));
 ///             }
 ///             (_, None) => {
 ///                 on_event(ModelEvent::TextDelta("I have no tools.".into()));
-///                 on_event(ModelEvent::Finish("stop".into()));
+///                 on_event(ModelEvent::Finish(FinishReason::Stop));
 ///             }
 ///         }
 ///         Ok(())
@@ -170,8 +170,63 @@ pub enum ModelEvent {
     /// A tool call is complete. Arguments that are not valid JSON arrive as `Err` with the raw
     /// text, so the call fails on its own without ending the turn.
     ToolCallReady(Result<ToolCall, InvalidToolCall>),
-    /// The step ended (`stop`, `tool-calls`, `length`, …).
-    Finish(String),
+    /// The step ended, and why.
+    Finish(FinishReason),
+}
+
+/// Why a model's step ended (the AI SDK's `finishReason`, as the `finish` chunk spells it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FinishReason {
+    /// The model finished its answer (`stop`).
+    Stop,
+    /// The model called tools and waits for their results (`tool-calls`): the turn runs them and
+    /// asks for the next step.
+    ToolCalls,
+    /// The provider's output limit cut it (`length`).
+    Length,
+    /// The provider's content filter stopped it (`content-filter`).
+    ContentFilter,
+    /// Any other reason a provider gave (`other`).
+    Other,
+}
+
+impl FinishReason {
+    /// The wire spelling: `stop`, `tool-calls`, `length`, `content-filter` or `other`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::ToolCalls => "tool-calls",
+            Self::Length => "length",
+            Self::ContentFilter => "content-filter",
+            Self::Other => "other",
+        }
+    }
+
+    /// The reason an OpenAI-compatible provider gives (`stop`, `tool_calls`, `function_call`,
+    /// `length`, `content_filter`); anything else is [`FinishReason::Other`].
+    ///
+    /// ```
+    /// use agent_tools::model::FinishReason;
+    /// assert_eq!(FinishReason::from_openai("tool_calls"), FinishReason::ToolCalls);
+    /// assert_eq!(FinishReason::from_openai("tool_calls").as_str(), "tool-calls");
+    /// assert_eq!(FinishReason::from_openai("eos"), FinishReason::Other);
+    /// ```
+    pub fn from_openai(raw: &str) -> Self {
+        match raw {
+            "stop" => Self::Stop,
+            "tool_calls" | "function_call" => Self::ToolCalls,
+            "length" => Self::Length,
+            "content_filter" => Self::ContentFilter,
+            _ => Self::Other,
+        }
+    }
+}
+
+impl std::fmt::Display for FinishReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Turns a provider's streamed event data (one SSE `data:` payload at a time) into

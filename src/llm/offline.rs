@@ -17,7 +17,7 @@
 //! 4. No tools (a child): it answers with [`research_answer`] of the topics (a JSON object's
 //!    `query`/`topic`/`text`, else the text).
 
-use super::{ModelEvent, ModelMessage, ModelRequest, ToolCall, ToolSpec};
+use super::{FinishReason, ModelEvent, ModelMessage, ModelRequest, ToolCall, ToolSpec};
 
 /// The built-in offline model: deterministic, no network, no keys (see the module docs for
 /// what it answers). It is what the demo and the tests run on; wrap it to build a model of your
@@ -226,7 +226,7 @@ pub(crate) fn respond(request: &ModelRequest, words: usize) -> Box<dyn Iterator<
                 events.push(ModelEvent::ToolCallDelta { id: id.clone(), delta: input.to_string() });
                 events.push(ModelEvent::ToolCallReady(Ok(ToolCall { id, name: tool.name.clone(), input })));
             }
-            events.push(ModelEvent::Finish("tool-calls".into()));
+            events.push(ModelEvent::Finish(FinishReason::ToolCalls));
             return Box::new(events.into_iter());
         }
         Some(ModelMessage::Tool { .. }) => {
@@ -271,7 +271,7 @@ pub(crate) fn respond(request: &ModelRequest, words: usize) -> Box<dyn Iterator<
                 events.push(ModelEvent::ToolCallStart { id: id.clone(), name: tool.name.clone() });
                 events.push(ModelEvent::ToolCallDelta { id: id.clone(), delta: input.to_string() });
                 events.push(ModelEvent::ToolCallReady(Ok(ToolCall { id, name: tool.name.clone(), input })));
-                events.push(ModelEvent::Finish("tool-calls".into()));
+                events.push(ModelEvent::Finish(FinishReason::ToolCalls));
                 return Box::new(events.into_iter());
             }
             let gist: Vec<&str> = text.split_whitespace().take(12).collect();
@@ -280,10 +280,10 @@ pub(crate) fn respond(request: &ModelRequest, words: usize) -> Box<dyn Iterator<
         _ => {
             let topic = last_user.map(|t| topics(t).join(" and ")).unwrap_or_default();
             let answer = research_deltas(&topic, words).map(ModelEvent::TextDelta);
-            return Box::new(answer.chain(std::iter::once(ModelEvent::Finish("stop".into()))));
+            return Box::new(answer.chain(std::iter::once(ModelEvent::Finish(FinishReason::Stop))));
         }
     }
-    events.push(ModelEvent::Finish("stop".into()));
+    events.push(ModelEvent::Finish(FinishReason::Stop));
     Box::new(events.into_iter())
 }
 

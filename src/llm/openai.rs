@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use super::{EventDecoder, InvalidToolCall, ModelError, ModelEvent, ModelMessage, ModelRequest, ToolCall};
+use super::{
+    EventDecoder, FinishReason, InvalidToolCall, ModelError, ModelEvent, ModelMessage, ModelRequest, ToolCall,
+};
 
 /// Where and what to call. Its `Debug` never shows the key.
 #[derive(Clone, PartialEq, Eq)]
@@ -118,19 +120,8 @@ struct PartialCall {
 #[derive(Debug, Default)]
 pub struct StreamDecoder {
     calls: BTreeMap<u64, PartialCall>,
-    finish_reason: Option<String>,
+    finish_reason: Option<FinishReason>,
     done: bool,
-}
-
-fn finish_reason(raw: &str) -> String {
-    match raw {
-        "stop" => "stop",
-        "tool_calls" | "function_call" => "tool-calls",
-        "length" => "length",
-        "content_filter" => "content-filter",
-        _ => "other",
-    }
-    .to_owned()
 }
 
 impl EventDecoder for StreamDecoder {
@@ -212,7 +203,7 @@ impl StreamDecoder {
             }
         }
         if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
-            self.finish_reason = Some(finish_reason(reason));
+            self.finish_reason = Some(FinishReason::from_openai(reason));
         }
         Ok(events)
     }
@@ -234,7 +225,8 @@ impl StreamDecoder {
                 Err(e) => Err(InvalidToolCall { id, name, raw: call.args.clone(), error: e.to_string() }),
             }));
         }
-        let reason = self.finish_reason.take().unwrap_or_else(|| if has_calls { "tool-calls" } else { "stop" }.into());
+        let reason =
+            self.finish_reason.take().unwrap_or(if has_calls { FinishReason::ToolCalls } else { FinishReason::Stop });
         events.push(ModelEvent::Finish(reason));
         Ok(events)
     }
@@ -270,7 +262,7 @@ mod tests {
             vec![
                 ModelEvent::TextDelta("Hel".into()),
                 ModelEvent::TextDelta("lo".into()),
-                ModelEvent::Finish("stop".into())
+                ModelEvent::Finish(FinishReason::Stop)
             ]
         );
     }
@@ -308,7 +300,7 @@ mod tests {
             })
             .collect();
         assert_eq!(deltas, "{\"query\":\"HTTP/3\"}");
-        assert_eq!(got.last(), Some(&ModelEvent::Finish("tool-calls".into())));
+        assert_eq!(got.last(), Some(&ModelEvent::Finish(FinishReason::ToolCalls)));
     }
 
     #[test]

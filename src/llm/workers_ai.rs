@@ -7,7 +7,7 @@
 use serde_json::Value;
 
 use super::openai::StreamDecoder;
-use super::{EventDecoder, InvalidToolCall, ModelError, ModelEvent, ToolCall};
+use super::{EventDecoder, FinishReason, InvalidToolCall, ModelError, ModelEvent, ToolCall};
 
 /// Decodes a Workers AI stream.
 #[derive(Debug, Default)]
@@ -78,7 +78,7 @@ impl EventDecoder for WorkersAiDecoder {
             };
             events.push(ModelEvent::ToolCallReady(parsed.map(|input| ToolCall { id, name, input })));
         }
-        events.push(ModelEvent::Finish(if has_calls { "tool-calls" } else { "stop" }.into()));
+        events.push(ModelEvent::Finish(if has_calls { FinishReason::ToolCalls } else { FinishReason::Stop }));
         Ok(events)
     }
 }
@@ -97,7 +97,7 @@ mod tests {
         events.extend(d.feed("[DONE]").unwrap());
         assert_eq!(events[0], ModelEvent::TextDelta("Hi".into()));
         assert!(matches!(&events[2], ModelEvent::ToolCallReady(Ok(c)) if c.input["query"] == "QUIC"));
-        assert_eq!(events.last(), Some(&ModelEvent::Finish("tool-calls".into())));
+        assert_eq!(events.last(), Some(&ModelEvent::Finish(FinishReason::ToolCalls)));
     }
 
     #[test]
@@ -105,7 +105,7 @@ mod tests {
         let mut d = WorkersAiDecoder::default();
         let mut events = d.feed(r#"{"choices":[{"delta":{"content":"x"},"finish_reason":"stop"}]}"#).unwrap();
         events.extend(d.end().unwrap());
-        assert_eq!(events, vec![ModelEvent::TextDelta("x".into()), ModelEvent::Finish("stop".into())]);
+        assert_eq!(events, vec![ModelEvent::TextDelta("x".into()), ModelEvent::Finish(FinishReason::Stop)]);
     }
 
     #[test]

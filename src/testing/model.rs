@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use serde_json::Value;
 
-use crate::llm::{Model, ModelError, ModelEvent, ModelMessage, ModelRequest, ToolCall};
+use crate::llm::{FinishReason, Model, ModelError, ModelEvent, ModelMessage, ModelRequest, ToolCall};
 
 /// One thing a scripted step does, in order.
 #[derive(Debug, Clone, PartialEq)]
@@ -172,7 +172,7 @@ impl Model for ScriptedModel {
                 Say::Fail(message) => return Err(ModelError::Network(message)),
             }
         }
-        on_event(ModelEvent::Finish(if tool_calls > 0 { "tool-calls" } else { "stop" }.into()));
+        on_event(ModelEvent::Finish(if tool_calls > 0 { FinishReason::ToolCalls } else { FinishReason::Stop }));
         Ok(())
     }
 }

@@ -339,6 +339,72 @@ pub struct RunInfo {
     pub reruns: i64,
 }
 
+impl RunInfo {
+    /// A run as a hook would see it: `status` since `started_at` (epoch ms), everything else
+    /// unset (no tool call, preview, display, notify source; order 0; awaited; no re-runs). The
+    /// fields are public: set the others after. For a hook's unit test:
+    ///
+    /// ```
+    /// use agent_tools::{Milestone, RunInfo, RunStatus};
+    ///
+    /// let mut run = RunInfo::new("run-1", "Researcher", RunStatus::Running, 1_700_000_000_000);
+    /// run.detached = true;
+    /// let milestone = Milestone::new("sources-gathered", 0, 1_700_000_005_000);
+    /// assert_eq!(
+    ///     agent_tools::milestone_line(&run, &milestone),
+    ///     "Background task \"Researcher\" (run run-1) reached milestone \"sources-gathered\"."
+    /// );
+    /// ```
+    pub fn new(run_id: impl Into<String>, agent_type: impl Into<String>, status: RunStatus, started_at: i64) -> Self {
+        Self {
+            run_id: run_id.into(),
+            parent_tool_call_id: None,
+            agent_type: agent_type.into(),
+            input_preview: None,
+            status,
+            display: None,
+            notify_source: None,
+            display_order: 0,
+            started_at,
+            completed_at: None,
+            detached: false,
+            reruns: 0,
+        }
+    }
+}
+
+impl ProgressSnapshot {
+    /// A signal sent at `at` (epoch ms) that says nothing yet: set the fields it carries.
+    ///
+    /// ```
+    /// use agent_tools::ProgressSnapshot;
+    ///
+    /// let mut progress = ProgressSnapshot::new(1_700_000_000_000);
+    /// progress.fraction = Some(0.5);
+    /// progress.phase = Some("reading".into());
+    /// assert_eq!(progress.milestone, None);
+    /// ```
+    pub fn new(at: i64) -> Self {
+        Self { at, ..Self::default() }
+    }
+}
+
+impl Milestone {
+    /// The milestone `name`, the run's `sequence`-th (from 0), reached at `at` (epoch ms), with
+    /// no data (set [`Milestone::data`] after).
+    ///
+    /// ```
+    /// use agent_tools::Milestone;
+    ///
+    /// let mut milestone = Milestone::new("drafted", 1, 1_700_000_000_000);
+    /// milestone.data = Some(serde_json::json!({ "words": 800 }));
+    /// assert_eq!((milestone.name.as_str(), milestone.sequence), ("drafted", 1));
+    /// ```
+    pub fn new(name: impl Into<String>, sequence: i64, at: i64) -> Self {
+        Self { name: name.into(), sequence, at, data: None }
+    }
+}
+
 /// A run's latest progress signal (the TypeScript SDK's `AgentToolProgressSnapshot`).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[non_exhaustive]

@@ -3,7 +3,9 @@
 //! researcher has an agent tool of its own (`fact_check`, a `FactChecker` grandchild); the
 //! agents run on a small model of this Worker's own; `POST /agents/planner/<name>/runs`
 //! starts a background research run.
-use agent_tools::model::{Model, ModelError, ModelEvent, ModelMessage, ModelRequest, OfflineModel, ToolCall};
+use agent_tools::model::{
+    FinishReason, Model, ModelError, ModelEvent, ModelMessage, ModelRequest, OfflineModel, ToolCall,
+};
 use agent_tools::prelude::*;
 use agent_tools::{json_error, json_response, Env, HttpRequest, HttpResponse};
 use serde_json::{json, Value};
@@ -26,7 +28,7 @@ impl Model for Scripted {
                     let (id, name) = (format!("call_{step}_{n}"), tool.name.clone());
                     on_event(ModelEvent::ToolCallReady(Ok(ToolCall::new(id, name, input))));
                 }
-                on_event(ModelEvent::Finish("tool-calls".into()));
+                on_event(ModelEvent::Finish(FinishReason::ToolCalls));
             }
             _ => {
                 let results: Vec<String> = (request.messages.iter())
@@ -36,7 +38,7 @@ impl Model for Scripted {
                     })
                     .collect();
                 on_event(ModelEvent::TextDelta(format!("Done. {}", results.join("; "))));
-                on_event(ModelEvent::Finish("stop".into()));
+                on_event(ModelEvent::Finish(FinishReason::Stop));
             }
         }
         Ok(())

@@ -51,6 +51,17 @@ pub struct Turn<A: Agent> {
     cancel: CancelToken,
 }
 
+/// The run, its attempt and whether it was cancelled (the input is not listed: it may be large).
+impl<A: Agent> std::fmt::Debug for Turn<A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Turn")
+            .field("run_id", &self.run_id)
+            .field("attempt", &self.attempt)
+            .field("cancelled", &self.cancel.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
 impl<A: Agent> Turn<A> {
     pub(crate) fn new(host: AgentHost<A>, run_id: String, input: Value, attempt: i64, cancel: CancelToken) -> Self {
         Self { host, run_id, input, attempt, cancel }

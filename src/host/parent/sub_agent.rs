@@ -7,7 +7,6 @@
 use std::collections::VecDeque;
 use std::marker::PhantomData;
 
-use futures::StreamExt;
 use serde_json::Value;
 
 use crate::agent::Agent;
@@ -148,27 +147,35 @@ impl ChatStream {
 
     /// The next chunk, `None` once the turn ended (or the stream broke: then
     /// [`Self::outcome`] is `None`). A chunk that cannot be read is an `Err`; reading may go on.
+    /// (The stream's [`futures::Stream`] implementation, as a method: no import needed.)
     pub async fn next(&mut self) -> Option<Result<ChatChunk, Error>> {
+        futures::StreamExt::next(self).await
+    }
+
+    fn poll_chunk(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Result<ChatChunk, Error>>> {
+        use std::task::Poll;
         loop {
             if let Some(chunk) = self.ready.pop_front() {
-                return Some(Ok(chunk));
+                return Poll::Ready(Some(Ok(chunk)));
             }
-            let bytes = match self.body.as_mut()?.next().await {
-                Some(Ok(bytes)) => bytes,
-                Some(Err(e)) => {
+            let Some(body) = self.body.as_mut() else { return Poll::Ready(None) };
+            let bytes = match body.as_mut().poll_next(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Ok(bytes))) => bytes,
+                Poll::Ready(Some(Err(e))) => {
                     self.body = None;
-                    return Some(Err(Unavailable::unreachable(e).into()));
+                    return Poll::Ready(Some(Err(Unavailable::unreachable(e).into())));
                 }
-                None => {
+                Poll::Ready(None) => {
                     self.body = None;
-                    return None;
+                    return Poll::Ready(None);
                 }
             };
             let lines = match self.lines.push(&bytes) {
                 Ok(lines) => lines,
                 Err(too_long) => {
                     self.body = None;
-                    return Some(Err(Unavailable::out_of_protocol(too_long.to_string()).into()));
+                    return Poll::Ready(Some(Err(Unavailable::out_of_protocol(too_long.to_string()).into())));
                 }
             };
             for line in lines {
@@ -176,16 +183,15 @@ impl ChatStream {
                     Ok(TailLine::Chunk { i, b, .. }) => match serde_json::from_str(&b) {
                         Ok(chunk) => self.ready.push_back(ChatChunk { index: i, chunk }),
                         Err(e) => {
-                            return Some(Err(
-                                Unavailable::out_of_protocol(format!("a chunk that is not JSON: {e}")).into()
-                            ))
+                            let error = Unavailable::out_of_protocol(format!("a chunk that is not JSON: {e}"));
+                            return Poll::Ready(Some(Err(error.into())));
                         }
                     },
                     Ok(TailLine::End { outcome }) => {
                         self.outcome = Some(outcome);
                         self.body = None;
                     }
-                    Err(e) => return Some(Err(Unavailable::out_of_protocol(e).into())),
+                    Err(e) => return Poll::Ready(Some(Err(Unavailable::out_of_protocol(e).into()))),
                 }
             }
         }
@@ -209,6 +215,31 @@ impl ChatStream {
 
     fn cancel_call(&self, reason: Option<String>) -> ChildCall {
         ChildCall::Cancel(CancelRequest { run_id: self.turn.clone(), reason })
+    }
+}
+
+/// The turn's chunks as a [`futures::Stream`], for its combinators (`StreamExt::map`,
+/// `take_while`, `forward`, …): the same items as [`ChatStream::next`].
+impl futures::Stream for ChatStream {
+    type Item = Result<ChatChunk, Error>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.get_mut().poll_chunk(cx)
+    }
+}
+
+/// The child and the turn, the chunks read but not yet taken, and the outcome once known.
+impl std::fmt::Debug for ChatStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChatStream")
+            .field("child", &self.to.name)
+            .field("turn", &self.turn)
+            .field("buffered", &self.ready.len())
+            .field("outcome", &self.outcome)
+            .finish_non_exhaustive()
     }
 }
 
