@@ -634,6 +634,32 @@ pub mod limits {
 /// What an agent author needs: `use agent_tools::prelude::*;` brings in the trait and its host,
 /// tools, the types every hook signature names (`Env`, `HttpRequest`, `RunInfo`, `HandlerTag`,
 /// …), the settings and the run's options and results.
+///
+/// It names `Env` and `Error` (this crate's), as `worker`'s prelude does (`worker::*` has its
+/// own `Env` and `Error`): glob-importing both makes either name ambiguous where it is used. Take
+/// from `worker` the few items the fetch entry needs by name, and name its `Env` by its path:
+///
+/// ```
+/// use agent_tools::prelude::*; // Env and Error are agent_tools'
+/// use worker::{event, Context, Request, Response};
+///
+/// #[derive(Default)]
+/// pub struct Assistant;
+///
+/// impl Agent for Assistant {
+///     fn agent_tool_options(&self, env: &Env) -> AgentToolOptions {
+///         let cap = env.var("MAX_RUNS").and_then(|n| n.parse().ok()).unwrap_or(8);
+///         AgentToolOptions::default().max_concurrent(cap)
+///     }
+/// }
+/// agent_tools::durable_object!(Assistant, unchecked);
+///
+/// #[event(fetch)]
+/// async fn fetch(req: Request, env: worker::Env, _ctx: Context) -> worker::Result<Response> {
+///     agent_tools::route::<Assistant>(req, &env).await
+/// }
+/// # fn main() {}
+/// ```
 pub mod prelude {
     pub use crate::{
         Admission, Agent, AgentClass, AgentHost, AgentTool, AgentToolOptions, CancelToken, ClearFilter, ClientTool,

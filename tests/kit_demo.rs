@@ -132,6 +132,12 @@ fn a_child_restart_mid_run_heals_by_running_it_again() {
     let late = world.connect("/agents/assistant/dave");
     world.settle();
     assert_eq!(names(&late.run("r1").expect("replayed")["milestones"]), ["sources-gathered"]);
+    // The same state, typed: the replayed run, its milestone and the progress it left.
+    let typed = late.run_state("r1").expect("replayed");
+    assert_eq!((typed.status, typed.summary.as_deref()), (RunStatus::Completed, run["summary"].as_str()));
+    let milestones: Vec<(&str, i64)> = typed.milestones.iter().map(|m| (m.name.as_str(), m.sequence)).collect();
+    assert_eq!(milestones, [("sources-gathered", 0)]);
+    assert!(typed.progress.is_some(), "{typed:?}");
     let hooks = client.call("hooks", vec![]).expect("hooks");
     let reached = hooks
         .as_array()

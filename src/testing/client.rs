@@ -20,6 +20,54 @@ use crate::error::Unavailable;
 /// delay is about a second).
 pub const RECONNECT_MS: u64 = 1_000;
 
+/// One run as the stock client's state holds it (`useAgentToolEvents`' `AgentToolRunState`),
+/// typed: what [`Client::run_states`] lists. [`Client::runs`] is the same state as JSON, byte for
+/// byte the stock hook's, for comparing with a browser's.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct RunState {
+    /// Run id.
+    pub run_id: String,
+    /// Child class.
+    pub agent_type: String,
+    /// The tool call that dispatched it (none for an unbound run).
+    #[serde(default)]
+    pub parent_tool_call_id: Option<String>,
+    /// Its input's preview.
+    #[serde(default)]
+    pub input_preview: Option<String>,
+    /// Its order among its siblings.
+    #[serde(default)]
+    pub order: Option<i64>,
+    /// Its UI metadata.
+    #[serde(default)]
+    pub display: Option<Value>,
+    /// `running` until its terminal frame (`finished` is [`crate::RunStatus::Completed`]).
+    pub status: crate::RunStatus,
+    /// The child's message parts the client built from the run's chunks.
+    #[serde(default)]
+    pub parts: Vec<Value>,
+    /// Its summary, once completed.
+    #[serde(default)]
+    pub summary: Option<String>,
+    /// Its error (or an abort's reason).
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Why it was interrupted.
+    #[serde(default)]
+    pub reason: Option<crate::InterruptedReason>,
+    /// Whether the child still ran when the parent stopped waiting.
+    #[serde(default)]
+    pub child_still_running: Option<bool>,
+    /// Its latest progress (stamped with the client's clock, as the stock hook does).
+    #[serde(default)]
+    pub progress: Option<crate::ProgressSnapshot>,
+    /// Its milestones, by sequence.
+    #[serde(default)]
+    pub milestones: Vec<crate::Milestone>,
+}
+
 /// A chat response as the client assembled it from its stream.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -455,6 +503,39 @@ impl Client {
     /// One run of [`Client::runs`] (`runsById[run_id]`).
     pub fn run(&self, run_id: &str) -> Option<Value> {
         self.runs().get("runsById").and_then(|runs| runs.get(run_id)).cloned()
+    }
+
+    /// The runs of [`Client::runs`], typed, in the order the client knows them (`runsById`).
+    /// Panics on a run the stock state could not hold (the client checks every frame as it
+    /// arrives, so that is a bug here).
+    ///
+    /// ```
+    /// # use agent_tools::prelude::*;
+    /// # #[derive(Default)] pub struct Planner;
+    /// # impl agent_tools::AgentClass for Planner { const CLASS: &'static str = "Planner"; const BINDING: &'static str = "Planner"; }
+    /// # impl Agent for Planner {}
+    /// use agent_tools::testing::World;
+    ///
+    /// let world = World::new().route::<Planner>();
+    /// let client = world.connect("/agents/planner/p");
+    /// assert!(client.run_states().is_empty(), "no run yet");
+    /// assert_eq!(client.run_state("r1"), None);
+    /// ```
+    pub fn run_states(&self) -> Vec<RunState> {
+        let runs = self.runs();
+        let Some(Value::Object(by_id)) = runs.get("runsById") else { return Vec::new() };
+        by_id
+            .iter()
+            .map(|(id, run)| {
+                serde_json::from_value(run.clone())
+                    .unwrap_or_else(|e| panic!("run {id} of the client's state: {e}: {run}"))
+            })
+            .collect()
+    }
+
+    /// One run of [`Client::run_states`].
+    pub fn run_state(&self, run_id: &str) -> Option<RunState> {
+        self.run_states().into_iter().find(|run| run.run_id == run_id)
     }
 
     /// The transcript as the stock client holds it: loaded at connect (`GET get-messages`),

@@ -22,14 +22,16 @@ fn one_step_calls_the_agent_tool_and_the_ordinary_tool() {
     assert!(reply.text.starts_with("Done. research: Done. fact_check: "), "{}", reply.text);
     assert!(reply.text.ends_with("; word_count: 1"), "{}", reply.text);
     // The stock client's state: one research run, completed, bound to its tool call.
-    let runs = client.runs();
-    let run = runs["runsById"].as_object().expect("runs").values().next().expect("one run");
-    assert_eq!((run["agentType"].as_str(), run["status"].as_str()), (Some("Researcher"), Some("completed")));
+    let runs = client.run_states();
+    assert_eq!(runs.len(), 1);
+    let run = &runs[0];
+    assert_eq!((run.agent_type.as_str(), run.status), ("Researcher", RunStatus::Completed));
     assert_eq!(
-        run["summary"].as_str(),
+        run.summary.as_deref(),
         reply.text.strip_prefix("Done. research: ").and_then(|t| t.split("; word_count").next())
     );
-    assert_eq!(runs["runsByToolCallId"].as_object().map(|m| m.len()), Some(1));
+    assert!(run.parent_tool_call_id.is_some(), "bound to its tool call");
+    assert_eq!(client.runs()["runsByToolCallId"].as_object().map(|m| m.len()), Some(1));
 }
 
 #[test]
