@@ -136,5 +136,8 @@ mod tests {
         assert!(outbox.pending(None).unwrap().is_empty());
         db.exec("DELETE FROM agent_tool_runs WHERE run_id = 'r2'", &[]).unwrap();
         assert_eq!(outbox.prune().unwrap(), 1);
+        assert_eq!(outbox.prune().unwrap(), 0, "the cleared run's message is gone");
+        let left = db.exec("SELECT run_id FROM agent_tool_messages", &[]).unwrap();
+        assert_eq!(left.iter().filter_map(|r| r.text(0)).collect::<Vec<_>>(), ["r1"], "the live run's stays");
     }
 }
