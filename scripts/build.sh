@@ -7,8 +7,11 @@ source "$(dirname "$0")/env.sh"
 cd "$ROOT"
 example=false
 if [ "${1:-}" = "--example" ]; then example=true; shift; fi
-# The demo is a feature of the crate (its default features are the library alone).
-worker-build --release --features demo "$@"
+# The demo is a feature of the library (its default features are the library alone), linked as a
+# cdylib by the demo-worker crate, so the library itself stays an rlib; wrangler.toml serves build/.
+(cd "$ROOT/demo-worker" && worker-build --release "$@")
+rm -rf "$ROOT/build"
+mv "$ROOT/demo-worker/build" "$ROOT/build"
 strip_wasm_names "$ROOT/build/index_bg.wasm"
 "$ROOT/scripts/build-web.sh"
 if $example; then
