@@ -14,7 +14,19 @@ struct Inner {
     wakers: Vec<Waker>,
 }
 
-/// A cloneable, single-threaded cancellation token.
+/// A cloneable, single-threaded cancellation token: [`crate::RunOptions::signal`] hands one to an
+/// awaited run (its `AbortSignal`), and a turn's own is [`crate::Turn::cancelled`].
+///
+/// ```
+/// use agent_tools::CancelToken;
+///
+/// let token = CancelToken::new();
+/// let seen_by_the_run = token.clone();
+/// assert!(!seen_by_the_run.is_cancelled());
+/// token.cancel(Some("the user closed the tab".into()));
+/// assert!(seen_by_the_run.is_cancelled());
+/// assert_eq!(seen_by_the_run.reason().as_deref(), Some("the user closed the tab"));
+/// ```
 #[derive(Clone, Default)]
 pub struct CancelToken(Rc<RefCell<Inner>>);
 

@@ -155,6 +155,15 @@ pub(crate) enum BoundedHook {
 
 /// The Worker's environment as an agent reads it: its vars and secrets (and, in a Worker, the
 /// bindings, through [`Env::worker`]). A test builds one from a map ([`Env::from_vars`]).
+///
+/// ```
+/// use agent_tools::Env;
+///
+/// let env = Env::from_vars([("MODEL", "gpt-4o-mini"), ("EMPTY", "")]);
+/// assert_eq!(env.var("MODEL").as_deref(), Some("gpt-4o-mini"));
+/// assert_eq!(env.var("EMPTY"), None, "an empty var is unset");
+/// assert!(env.worker().is_none(), "no bindings outside a Worker");
+/// ```
 #[derive(Clone, Default)]
 pub struct Env {
     worker: Option<worker::Env>,

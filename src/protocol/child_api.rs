@@ -170,6 +170,24 @@ impl InspectionReply {
 mod tests {
     use super::*;
 
+    /// The URLs a parent calls its child at: on the internal host, at the route the child's
+    /// router takes, with the run id (any characters) and the cursor read back as they were.
+    #[test]
+    fn the_tail_and_inspect_urls_carry_the_run_id_to_the_childs_routes() {
+        use crate::routing::RequestUrl;
+        let run_id = "r 1/&=?é";
+        for (url, path, after) in [
+            (tail_url(run_id, 41), "/_agent_tools/tail", Some("41")),
+            (inspect_url(run_id), "/_agent_tools/inspect", None),
+        ] {
+            let url = RequestUrl::new(url);
+            assert_eq!((url.host(), url.path()), (HOST, path));
+            let query: std::collections::HashMap<String, String> = url.query_pairs().collect();
+            assert_eq!(query.get("runId").map(String::as_str), Some(run_id), "{query:?}");
+            assert_eq!(query.get("after").map(String::as_str), after);
+        }
+    }
+
     /// The input is written once: the start request carries the text as it was made (and as
     /// the registry stored it), not a re-serialization; stored text that is not JSON is no input.
     #[test]

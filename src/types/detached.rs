@@ -21,6 +21,16 @@ pub enum MilestoneMode {
 }
 
 /// Milestones a detached run surfaces in the chat, at most once each.
+///
+/// ```
+/// use agent_tools::{DetachedOptions, MilestoneMode, OnMilestones};
+///
+/// // A line in the chat when the sources are in; the model reacts when the draft is.
+/// let narrate = DetachedOptions::default().on_milestones(OnMilestones::narrate(["sources-gathered"]));
+/// let react = DetachedOptions::default().on_milestones(OnMilestones::react(["drafted"]));
+/// assert_eq!(narrate.on_milestones.map(|m| m.mode), Some(MilestoneMode::Narrate));
+/// assert_eq!(react.on_milestones.map(|m| m.names), Some(vec!["drafted".to_owned()]));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct OnMilestones {
@@ -137,6 +147,25 @@ impl DetachedOptions {
 pub struct HandlerTag(pub(crate) Value);
 
 impl HandlerTag {
+    /// A tag holding `json`, as [`DetachedOptions::on_finish`] stores one: for a unit test of an
+    /// [`crate::Agent::on_detached_finish`] override.
+    ///
+    /// ```
+    /// use agent_tools::HandlerTag;
+    ///
+    /// #[derive(serde::Deserialize, PartialEq, Debug)]
+    /// enum Then {
+    ///     Publish { channel: String },
+    /// }
+    ///
+    /// let tag = HandlerTag::from_json(serde_json::json!({ "Publish": { "channel": "news" } }));
+    /// assert_eq!(tag.decode::<Then>().unwrap(), Then::Publish { channel: "news".into() });
+    /// assert!(tag.decode::<u32>().is_err(), "a tag of another type is an error, not a panic");
+    /// ```
+    pub fn from_json(json: Value) -> Self {
+        Self(json)
+    }
+
     /// The tag as the type it was given as. `Err` for a tag of another type (one a previous
     /// version of the Worker stored, say): returned from the hook, it is retried and then
     /// dead-lettered.

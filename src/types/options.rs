@@ -22,6 +22,23 @@ pub trait AgentClass {
 }
 
 /// How a child that lost its turn to a restart (a deploy, an eviction mid-turn) heals.
+///
+/// ```
+/// use agent_tools::prelude::*;
+/// use agent_tools::RecoveryPolicy;
+///
+/// /// A child whose tools have side effects: a lost turn is sealed, never run twice.
+/// #[derive(Default)]
+/// pub struct Publisher;
+///
+/// impl Agent for Publisher {
+///     fn agent_tool_options(&self, _env: &Env) -> AgentToolOptions {
+///         AgentToolOptions::default().recovery(RecoveryPolicy::Seal)
+///     }
+/// }
+/// # agent_tools::durable_object!(Publisher, unchecked);
+/// # fn main() {}
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum RecoveryPolicy {
@@ -97,6 +114,15 @@ pub enum ChatRecovery {
 }
 
 /// What a dispatch over [`AgentToolOptions::max_concurrent`] does.
+///
+/// ```
+/// use agent_tools::{Admission, AgentToolOptions};
+///
+/// // At most four runs at once; a fifth waits for a slot instead of being refused.
+/// let options = AgentToolOptions::default().max_concurrent(4).admission(Admission::Queue);
+/// assert_eq!(options.admission, Admission::Queue);
+/// assert_eq!(Admission::default(), Admission::Reject);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Admission {
@@ -175,6 +201,17 @@ pub struct AgentToolOptions {
 /// Which finished runs a parent keeps. Live runs are never removed; a run past either limit is
 /// cleared (its row, its frames, its child's storage) by the agent's alarm and on the next
 /// dispatch. [`Retention::forever`] is the TypeScript SDK's "retained until cleared".
+///
+/// ```
+/// use std::time::Duration;
+/// use agent_tools::{AgentToolOptions, Retention};
+///
+/// // The last 100 finished runs, for a day each.
+/// let day = Retention::new(Some(100), Some(Duration::from_secs(24 * 60 * 60)));
+/// let options = AgentToolOptions::default().retention(day);
+/// assert_eq!(options.retention.max_runs, Some(100));
+/// assert_eq!(Retention::forever().max_age, None);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Retention {

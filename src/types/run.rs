@@ -199,6 +199,16 @@ impl AgentToolFailure {
     }
 
     /// A failed server-side tool call.
+    ///
+    /// ```
+    /// use agent_tools::AgentToolFailure;
+    ///
+    /// let failure = AgentToolFailure::error("the index is offline");
+    /// assert_eq!(
+    ///     failure.to_value(),
+    ///     serde_json::json!({ "ok": false, "status": "error", "error": "the index is offline", "retryable": false })
+    /// );
+    /// ```
     pub fn error(message: impl Into<String>) -> Self {
         Self {
             ok: AlwaysFalse,
@@ -474,6 +484,17 @@ pub struct AgentToolChunk {
 }
 
 /// Which runs [`crate::AgentHost::clear_agent_tool_runs`] removes.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use agent_tools::{ClearFilter, RunStatus};
+///
+/// // Failed and aborted runs that started more than an hour ago.
+/// let an_hour_ago = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+/// let filter = ClearFilter::all().status([RunStatus::Error, RunStatus::Aborted]).older_than(an_hour_ago);
+/// assert_eq!(filter.status.as_deref(), Some(&[RunStatus::Error, RunStatus::Aborted][..]));
+/// assert_eq!(ClearFilter::all().status, None, "every retained run");
+/// ```
 #[derive(Debug, Clone, Default, PartialEq)]
 #[non_exhaustive]
 pub struct ClearFilter {
