@@ -142,6 +142,31 @@ pub fn milestone(name: &str, sequence: i64, at: i64, p: &Progress) -> String {
 mod tests {
     use super::*;
 
+    /// Each builder sets its field and only that one, and the chunk carries it: what a turn
+    /// reports is what the parent and the clients read.
+    #[test]
+    fn each_builder_sets_its_field_on_the_wire() {
+        let built = [
+            (Progress::fraction(0.25), json!({ "at": 1, "fraction": 0.25 })),
+            (Progress::status("reading"), json!({ "at": 1, "message": "reading" })),
+            (
+                Progress::fraction(1.0).message("done").phase("write"),
+                json!({ "at": 1, "fraction": 1.0, "message": "done", "phase": "write" }),
+            ),
+            (Progress::status("x").data(json!({ "n": 2 })), json!({ "at": 1, "message": "x", "data": { "n": 2 } })),
+        ];
+        for (progress, data) in built {
+            let chunk: Value = serde_json::from_str(&super::progress("p", 1, &progress)).unwrap();
+            assert_eq!(chunk["data"], data, "{progress:?}");
+        }
+        let milestone = Progress::milestone("drafted");
+        assert_eq!(
+            (milestone.milestone.as_deref(), milestone.fraction, milestone.persist),
+            (Some("drafted"), None, false)
+        );
+        assert!(Progress::fraction(0.5).data(json!(1)).persist().persist);
+    }
+
     #[test]
     fn progress_and_milestone_shapes() {
         // parity: 76, 77

@@ -215,6 +215,17 @@ impl EventFrame {
 mod tests {
     use super::*;
 
+    /// A stored event is its text: the same text is the same event, another text another (a
+    /// replayed frame compares equal to the one sent only when it is byte for byte the same).
+    #[test]
+    fn stored_events_are_equal_by_their_text() {
+        let event = |text: &str| StoredEvent::new(text.to_owned()).expect("JSON");
+        assert_eq!(event(r#"{"kind":"started","runId":"r"}"#), event(r#"{"kind":"started","runId":"r"}"#));
+        assert_ne!(event(r#"{"kind":"started","runId":"r"}"#), event(r#"{"kind":"started","runId":"s"}"#));
+        assert_ne!(event(r#"{"a":1,"b":2}"#), event(r#"{"b":2,"a":1}"#), "by text, not by value");
+        assert!(StoredEvent::new("not json".into()).is_none());
+    }
+
     #[test]
     fn frames_match_the_typescript_wire_shape() {
         // parity: 16, 27
