@@ -351,6 +351,11 @@ fn chunk_bodies(client: &Client, run_id: &str) -> Vec<Value> {
 }
 
 /// The structured events of `type` an object logged (their payloads).
+/// A time as the kit's clock counts it (epoch ms, as `World::now`).
+fn ms(time: std::time::SystemTime) -> i64 {
+    time.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
 fn logged_events(world: &World, object: &ObjectRef, kind: &str) -> Vec<Value> {
     (world.logs().iter())
         .filter(|line| &line.object == object)
@@ -1107,7 +1112,7 @@ fn a_live_child_is_followed_however_long_it_pauses() {
     let result = host.inspect_agent_tool_run(&run.run_id).expect("the registry").and_then(|i| i.result);
     let result = result.expect("ended");
     assert_eq!((result.status, result.summary), (RunStatus::Completed, Some(answer)));
-    assert!(run.completed_at.expect("ended") - run.started_at >= 35_000, "followed through its pauses");
+    assert!(ms(run.completed_at.expect("ended")) - ms(run.started_at) >= 35_000, "followed through its pauses");
 }
 
 /// Row 147: a content runaway is bounded the same way live and in recovery, by the child's own
@@ -1146,7 +1151,7 @@ fn a_runaway_after_a_restart_is_sealed_live_by_the_childs_work_bound() {
     assert_eq!((&sealed[0]["reason"], &sealed[0]["attempt"]), (&json!("work_budget_exceeded"), &json!(2)));
     let run = &world.host::<Desk>("rw").agent_tool_runs().expect("the runs")[0];
     assert_eq!(run.status, RunStatus::Interrupted);
-    let took = run.completed_at.expect("ended") - began;
+    let took = ms(run.completed_at.expect("ended")) - began;
     assert!((30_000..90_000).contains(&took), "sealed {took} ms after the restart, not 300 s");
     // The stopped turn streams nothing more: the child's log ends where the bound was passed.
     let chunks = || {
@@ -1184,7 +1189,7 @@ fn a_reattach_follows_a_streaming_child_past_any_fixed_time() {
     assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     let reattached = logged_events(&world, &parent, "agent_tool:recovery:reattach");
     assert!(reattached.iter().any(|r| r["runId"] == run.run_id.as_str()), "re-attached: {reattached:#?}");
-    let followed = run.completed_at.expect("ended") - crashed_at;
+    let followed = ms(run.completed_at.expect("ended")) - crashed_at;
     assert!(followed > 25 * 60_000, "followed for {followed} ms");
     let result =
         world.host::<Desk>("kai").inspect_agent_tool_run(&run.run_id).expect("the registry").and_then(|i| i.result);

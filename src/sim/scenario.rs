@@ -190,13 +190,16 @@ impl Agent for Lead {
         let slot = if result.status == RunStatus::Interrupted { "GiveUp" } else { "Finish" };
         // A delivery in flight is never handed over again: per run and slot (a give-up and the late
         // real result are two deliveries, each with its own lease).
-        let key = format!("{}/{slot}", incarnation(&run.run_id, run.started_at));
+        let key = format!("{}/{slot}", incarnation(&run.run_id, crate::types::epoch_ms(run.started_at)));
         let attempt = {
             let mut seen = sim.seen.borrow_mut();
             let running = seen.running.entry(key.clone()).or_default();
             *running += 1;
             let overlapping = *running > 1;
-            let attempts = seen.attempts.entry((incarnation(&run.run_id, run.started_at), slot)).or_default();
+            let attempts = seen
+                .attempts
+                .entry((incarnation(&run.run_id, crate::types::epoch_ms(run.started_at)), slot))
+                .or_default();
             *attempts += 1;
             let attempt = *attempts;
             if overlapping {
@@ -214,7 +217,11 @@ impl Agent for Lead {
         if fails {
             return Err(Error::invalid(format!("handler attempt {attempt} fails")));
         }
-        *sim.seen.borrow_mut().delivered.entry((incarnation(&run.run_id, run.started_at), slot)).or_default() += 1;
+        *sim.seen
+            .borrow_mut()
+            .delivered
+            .entry((incarnation(&run.run_id, crate::types::epoch_ms(run.started_at)), slot))
+            .or_default() += 1;
         Ok(())
     }
 

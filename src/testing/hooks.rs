@@ -32,7 +32,7 @@ impl HookCounts {
         hook: BoundedHook,
         run: &RunInfo,
     ) -> Option<Finishing> {
-        let key = (object.clone(), run.run_id.clone(), run.started_at);
+        let key = (object.clone(), run.run_id.clone(), crate::types::epoch_ms(run.started_at));
         let mut all = counts.borrow_mut();
         match hook {
             BoundedHook::Delivery => {

@@ -337,11 +337,12 @@ pub struct RunInfo {
     pub notify_source: Option<String>,
     /// Sibling order.
     pub display_order: i64,
-    /// Epoch ms.
-    pub started_at: i64,
-    /// Epoch ms, once terminal.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub completed_at: Option<i64>,
+    /// When it was dispatched (epoch milliseconds in JSON).
+    #[serde(serialize_with = "epoch_ms::serialize")]
+    pub started_at: SystemTime,
+    /// When it ended (epoch milliseconds in JSON).
+    #[serde(serialize_with = "epoch_ms::option::serialize", skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<SystemTime>,
     /// Whether it was dispatched detached.
     pub detached: bool,
     /// How many times the child ran the turn again after a restart cut it short
@@ -350,22 +351,28 @@ pub struct RunInfo {
 }
 
 impl RunInfo {
-    /// A run as a hook would see it: `status` since `started_at` (epoch ms), everything else
+    /// A run as a hook would see it: `status` since `started_at`, everything else
     /// unset (no tool call, preview, display, notify source; order 0; awaited; no re-runs). The
     /// fields are public: set the others after. For a hook's unit test:
     ///
     /// ```
     /// use agent_tools::{Milestone, RunInfo, RunStatus};
     ///
-    /// let mut run = RunInfo::new("run-1", "Researcher", RunStatus::Running, 1_700_000_000_000);
+    /// let at = |s| std::time::UNIX_EPOCH + std::time::Duration::from_secs(s);
+    /// let mut run = RunInfo::new("run-1", "Researcher", RunStatus::Running, at(1_700_000_000));
     /// run.detached = true;
-    /// let milestone = Milestone::new("sources-gathered", 0, 1_700_000_005_000);
+    /// let milestone = Milestone::new("sources-gathered", 0, at(1_700_000_005));
     /// assert_eq!(
     ///     agent_tools::milestone_line(&run, &milestone),
     ///     "Background task \"Researcher\" (run run-1) reached milestone \"sources-gathered\"."
     /// );
     /// ```
-    pub fn new(run_id: impl Into<String>, agent_type: impl Into<String>, status: RunStatus, started_at: i64) -> Self {
+    pub fn new(
+        run_id: impl Into<String>,
+        agent_type: impl Into<String>,
+        status: RunStatus,
+        started_at: SystemTime,
+    ) -> Self {
         Self {
             run_id: run_id.into(),
             parent_tool_call_id: None,
@@ -384,39 +391,39 @@ impl RunInfo {
 }
 
 impl ProgressSnapshot {
-    /// A signal sent at `at` (epoch ms) that says nothing yet: set the fields it carries.
+    /// A signal sent at `at` that says nothing yet: set the fields it carries.
     ///
     /// ```
     /// use agent_tools::ProgressSnapshot;
     ///
-    /// let mut progress = ProgressSnapshot::new(1_700_000_000_000);
+    /// let mut progress = ProgressSnapshot::new(std::time::SystemTime::now());
     /// progress.fraction = Some(0.5);
     /// progress.phase = Some("reading".into());
     /// assert_eq!(progress.milestone, None);
     /// ```
-    pub fn new(at: i64) -> Self {
-        Self { at, ..Self::default() }
+    pub fn new(at: SystemTime) -> Self {
+        Self { fraction: None, message: None, phase: None, milestone: None, at, data: None }
     }
 }
 
 impl Milestone {
-    /// The milestone `name`, the run's `sequence`-th (from 0), reached at `at` (epoch ms), with
-    /// no data (set [`Milestone::data`] after).
+    /// The milestone `name`, the run's `sequence`-th (from 0), reached at `at`, with no data
+    /// (set [`Milestone::data`] after).
     ///
     /// ```
     /// use agent_tools::Milestone;
     ///
-    /// let mut milestone = Milestone::new("drafted", 1, 1_700_000_000_000);
+    /// let mut milestone = Milestone::new("drafted", 1, std::time::SystemTime::now());
     /// milestone.data = Some(serde_json::json!({ "words": 800 }));
     /// assert_eq!((milestone.name.as_str(), milestone.sequence), ("drafted", 1));
     /// ```
-    pub fn new(name: impl Into<String>, sequence: i64, at: i64) -> Self {
+    pub fn new(name: impl Into<String>, sequence: i64, at: SystemTime) -> Self {
         Self { name: name.into(), sequence, at, data: None }
     }
 }
 
 /// A run's latest progress signal (the TypeScript SDK's `AgentToolProgressSnapshot`).
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct ProgressSnapshot {
     /// 0..1.
@@ -431,8 +438,9 @@ pub struct ProgressSnapshot {
     /// Set when the signal was a durable milestone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub milestone: Option<String>,
-    /// Epoch ms of the signal.
-    pub at: i64,
+    /// When it was sent (epoch milliseconds in JSON).
+    #[serde(with = "epoch_ms")]
+    pub at: SystemTime,
     /// The payload (live signals carry it; a kept snapshot only when persisted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<Value>,
@@ -446,8 +454,9 @@ pub struct Milestone {
     pub name: String,
     /// Per-run ordinal from 0.
     pub sequence: i64,
-    /// Epoch ms.
-    pub at: i64,
+    /// When it was reached (epoch milliseconds in JSON).
+    #[serde(with = "epoch_ms")]
+    pub at: SystemTime,
     /// Its payload.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<Value>,
@@ -647,5 +656,35 @@ mod tests {
         }
         assert_eq!(task.payload::<P>(), Ok(P { n: 3 }));
         assert!(task.payload::<String>().is_err());
+    }
+}
+
+/// A time as JSON carries it: milliseconds since the Unix epoch (a whole number; one with a
+/// fraction, as JavaScript's clocks may give, is rounded).
+mod epoch_ms {
+    use std::time::SystemTime;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::types::{epoch_ms, time_of};
+
+    pub fn serialize<S: Serializer>(time: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_i64(epoch_ms(*time))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<SystemTime, D::Error> {
+        Ok(time_of(f64::deserialize(d)?.round() as i64))
+    }
+
+    /// The same for an optional time (`None`: `null`), written only.
+    pub mod option {
+        use super::*;
+
+        pub fn serialize<S: Serializer>(time: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
+            match time {
+                Some(time) => super::serialize(time, s),
+                None => s.serialize_none(),
+            }
+        }
     }
 }

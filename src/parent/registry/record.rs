@@ -153,8 +153,8 @@ impl RunRecord {
             display: r.display.clone(),
             notify_source: r.detached.as_ref().and_then(|d| d.notify_source.clone()),
             display_order: r.display_order,
-            started_at: r.started_at,
-            completed_at: r.completed_at,
+            started_at: crate::types::time_of(r.started_at),
+            completed_at: r.completed_at.map(crate::types::time_of),
             detached: r.detached.is_some(),
             reruns: r.reruns,
         }

@@ -594,7 +594,10 @@ fn an_inspection_has_the_result_the_latest_signal_and_the_milestones() {
     let forward = |kind, body| Forward { kind, body, replay: None };
     reg.append("r", &[forward(ChunkKind::Progress, progress)], Some(0), 5).unwrap();
     let seen = reg.inspection("r").unwrap().unwrap();
-    assert_eq!((seen.progress.as_ref().and_then(|p| p.fraction), seen.progress.map(|p| p.at)), (Some(0.5), Some(5)));
+    assert_eq!(
+        (seen.progress.as_ref().and_then(|p| p.fraction), seen.progress.map(|p| crate::types::epoch_ms(p.at))),
+        (Some(0.5), Some(5))
+    );
     assert!(seen.result.is_none(), "live: no result yet");
     // A milestone after it is the latest signal, as the stock client's snapshot has it.
     reg.append("r", &[forward(ChunkKind::Milestone, milestone)], Some(1), 8).unwrap();

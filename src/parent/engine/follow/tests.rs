@@ -279,7 +279,7 @@ fn a_progress_snapshot_keeps_the_childs_time() {
     let snapshots: Vec<(Option<f64>, i64)> = actions
         .iter()
         .filter_map(|a| match a {
-            ParentAction::Hook(HookCall::Progress(_, s)) => Some((s.fraction, s.at)),
+            ParentAction::Hook(HookCall::Progress(_, s)) => Some((s.fraction, crate::types::epoch_ms(s.at))),
             _ => None,
         })
         .collect();
@@ -314,7 +314,10 @@ fn a_restarted_parent_rebuilds_the_snapshot_from_the_childs_inspection() {
         .count();
     assert_eq!(sent, 1, "clients get the snapshot: {actions:?}");
     let progress = Registry::new(&db).inspection("r").unwrap().unwrap().progress.expect("a snapshot");
-    assert_eq!((progress.fraction, progress.phase.as_deref(), progress.at), (Some(0.7), Some("writing"), 500));
+    assert_eq!(
+        (progress.fraction, progress.phase.as_deref(), crate::types::epoch_ms(progress.at)),
+        (Some(0.7), Some("writing"), 500)
+    );
     // The same snapshot seen again (another restart) is not adopted twice.
     let mut engine = ParentEngine::new("Parent", AgentToolOptions::default(), 3);
     let actions = engine.wake(&db, 700);
