@@ -288,6 +288,19 @@ mod tests {
 
     use super::*;
 
+    /// Only an interrupted run can be dispatched again with success; a status no version wrote
+    /// says which spelling it was.
+    #[test]
+    fn only_an_interrupted_run_is_retryable_and_an_unknown_status_names_itself() {
+        let retryable = |o: Outcome| o.is_retryable();
+        assert!(retryable(Outcome::sealed("a restart cut it short")));
+        assert!(!retryable(Outcome::completed("done")));
+        assert!(!retryable(Outcome::failed("boom")));
+        assert!(!retryable(Outcome::aborted(None)));
+        let unknown = "paused".parse::<RunStatus>().unwrap_err();
+        assert_eq!(unknown.to_string(), r#"unknown run status "paused""#);
+    }
+
     #[test]
     fn the_wire_shape_is_tagged_by_status() {
         let cases = [

@@ -208,6 +208,19 @@ impl LineSplitter {
 mod tests {
     use super::*;
 
+    /// Every kind but progress is kept in the logs; a line too long says the bound.
+    #[test]
+    fn what_is_stored_and_what_a_long_line_says() {
+        let stored: Vec<bool> = [ChunkKind::Stored, ChunkKind::Milestone, ChunkKind::Progress, ChunkKind::Superseded]
+            .map(ChunkKind::is_stored)
+            .into();
+        assert_eq!(stored, [true, true, false, true]);
+        assert_eq!(
+            LineTooLong.to_string(),
+            format!("the child sent a tail line longer than {MAX_TAIL_LINE_BYTES} bytes")
+        );
+    }
+
     #[test]
     fn lines_survive_arbitrary_splits() {
         let lines = [
