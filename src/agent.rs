@@ -304,6 +304,14 @@ pub trait Agent: AgentClass + Default + Sized + 'static {
 
 /// Why [`Agent::authorize`] turned a request away: an HTTP status (401, 403, …) and a message
 /// for the client.
+///
+/// ```
+/// use agent_tools::Refusal;
+///
+/// assert_eq!(Refusal::unauthorized("sign in first").status, 401);
+/// assert_eq!(Refusal::new(429, "slow down").status, 429);
+/// assert_eq!(Refusal::new(500, "not a refusal's status").status, 403, "anything but a 4xx is a 403");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Refusal {

@@ -16,6 +16,15 @@ pub use crate::protocol::InterruptedReason;
 
 /// Whether a run's ordinary chunks reach clients. In JSON, `"full"` or `"terminal"` (the
 /// TypeScript SDK's `eventDelivery`).
+///
+/// ```
+/// use agent_tools::{EventDelivery, RunOptions};
+///
+/// // The clients see the run start, progress and end, not its words.
+/// let options = RunOptions::new(serde_json::json!({ "query": "HTTP/3" })).event_delivery(EventDelivery::Terminal);
+/// assert_eq!(options.event_delivery, EventDelivery::Terminal);
+/// assert_eq!(serde_json::to_value(EventDelivery::Full).unwrap(), "full");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]

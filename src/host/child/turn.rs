@@ -20,6 +20,25 @@ use crate::protocol::chunk::Progress;
 use crate::protocol::tail::ChunkKind;
 
 /// What a finished run hands back.
+///
+/// ```
+/// use agent_tools::prelude::*;
+/// use serde_json::json;
+///
+/// /// A workflow child: it counts the words of its input, with no model.
+/// #[derive(Default)]
+/// pub struct Counter;
+///
+/// impl Agent for Counter {
+///     async fn run(&self, turn: &Turn<Self>) -> Result<TurnOutput, Error> {
+///         let text = turn.input_json().as_str().unwrap_or_default();
+///         let words = text.split_whitespace().count();
+///         Ok(TurnOutput::new(format!("{words} words")).output(json!({ "words": words })))
+///     }
+/// }
+/// # agent_tools::durable_object!(Counter, unchecked);
+/// # fn main() {}
+/// ```
 #[derive(Debug, Clone, PartialEq, Default)]
 #[non_exhaustive]
 pub struct TurnOutput {
