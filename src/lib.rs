@@ -661,11 +661,14 @@ pub mod limits {
 /// # fn main() {}
 /// ```
 pub mod prelude {
+    pub use crate::model::{Model, ModelError};
+    pub use crate::observability::ObservabilityEvent;
     pub use crate::{
-        Admission, Agent, AgentClass, AgentHost, AgentTool, AgentToolOptions, CancelToken, ClearFilter, ClientTool,
-        DetachedHandle, DetachedOptions, Env, Error, HandlerTag, HttpRequest, HttpResponse, Milestone, OnMilestones,
-        Outcome, Progress, ProgressSnapshot, Refusal, Retention, RunInfo, RunOptions, RunResult, RunStatus,
-        ScheduledTask, Tool, ToolContext, Tools, Turn, TurnOutput,
+        Admission, Agent, AgentClass, AgentHost, AgentTool, AgentToolOptions, CancelToken, ChatRecovery, ClearFilter,
+        ClientTool, DetachedHandle, DetachedOptions, Env, Error, HandlerTag, HttpRequest, HttpResponse,
+        InterruptedTurn, Milestone, OnMilestones, Outcome, Progress, ProgressSnapshot, RecoveryAttempt, Refusal,
+        Retention, RunInfo, RunOptions, RunResult, RunStatus, ScheduledTask, StateSource, SubAgent, Tool, ToolContext,
+        Tools, Turn, TurnOutput,
     };
 }
 
