@@ -296,4 +296,38 @@ mod tests {
         whole.push(b'\n');
         assert_eq!(s.push(&whole), Err(LineTooLong));
     }
+
+    /// The bound is inclusive: a line of exactly `MAX_TAIL_LINE_BYTES` is read, whether it
+    /// comes whole, as a read's unfinished tail, or across reads; one byte more is refused
+    /// each way.
+    #[test]
+    fn a_line_of_exactly_the_bound_is_read_and_one_more_byte_is_refused() {
+        // A garbled line (an error item, not a refusal) of `len` bytes: only its length matters.
+        let line = |len: usize| vec![b'x'; len];
+        let newline = |mut v: Vec<u8>| {
+            v.push(b'\n');
+            v
+        };
+        let max = MAX_TAIL_LINE_BYTES;
+        // Whole, in one read, after a short line.
+        let mut read = newline(b"y".to_vec());
+        read.extend(newline(line(max)));
+        assert_eq!(LineSplitter::default().push(&read).map(|l| l.len()), Ok(2));
+        let mut read = newline(b"y".to_vec());
+        read.extend(newline(line(max + 1)));
+        assert_eq!(LineSplitter::default().push(&read), Err(LineTooLong));
+        // As the unfinished rest of a read, then finished by the next.
+        let mut s = LineSplitter::default();
+        assert_eq!(s.push(&line(max)).map(|l| l.len()), Ok(0));
+        assert_eq!(s.push(b"\n").map(|l| l.len()), Ok(1));
+        assert_eq!(LineSplitter::default().push(&line(max + 1)), Err(LineTooLong));
+        // Across reads: the pending part reaches the bound exactly, then a byte more.
+        let mut s = LineSplitter::default();
+        assert_eq!(s.push(&line(max / 2)).map(|l| l.len()), Ok(0));
+        assert_eq!(s.push(&line(max - max / 2)).map(|l| l.len()), Ok(0));
+        assert_eq!(s.push(b"\n").map(|l| l.len()), Ok(1));
+        let mut s = LineSplitter::default();
+        assert_eq!(s.push(&line(max / 2)).map(|l| l.len()), Ok(0));
+        assert_eq!(s.push(&line(max - max / 2 + 1)), Err(LineTooLong));
+    }
 }
