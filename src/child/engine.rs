@@ -187,6 +187,19 @@ impl Default for KeepRecovering {
     }
 }
 
+/// The chunks a run stored from log index `from` on, when its next index is `next_index`.
+fn work_since(from: i64, next_index: i64) -> u64 {
+    u64::try_from(next_index - from).unwrap_or(0)
+}
+
+/// `agent_tool:recovery:sealed`: the child sealed the run's `attempt`, for `reason`.
+fn sealed_event(run_id: &str, attempt: i64, reason: &str) -> ChildAction {
+    ChildAction::Observe(
+        EventType::ChildSealed,
+        serde_json::json!({ "runId": run_id, "attempt": attempt, "reason": reason }),
+    )
+}
+
 /// Why a run gets another attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Rerun {
@@ -222,12 +235,9 @@ impl ChildEngine {
     }
 
     /// The work a run streamed since a restart first cut it short, when that is past the
-    /// bound: its next index is `next_index`.
+    /// bound: its next index is `next_index`. (Only a re-run under `Rerun` starts measuring.)
     fn over_budget(&self, work_from: Option<i64>, next_index: i64) -> Option<u64> {
-        if self.policy != RecoveryPolicy::Rerun {
-            return None;
-        }
-        let work = u64::try_from(next_index - work_from?).unwrap_or(0);
+        let work = work_since(work_from?, next_index);
         self.max_work.filter(|max| work > *max).map(|_| work)
     }
 
@@ -311,14 +321,14 @@ impl ChildEngine {
         } else if let Some(work) = self.over_budget(run.work_from, next_index) {
             // A runaway that a restart cut short again: no re-run (the bound a live turn meets
             // as it streams, met here before its next attempt).
-            actions.extend(self.seal_sealed(sql, &run, &self.work_exceeded(work), "work_budget_exceeded", now)?);
+            actions.extend(self.seal_lost_turn(sql, &run, &self.work_exceeded(work), "work_budget_exceeded", now)?);
         } else if self.policy == RecoveryPolicy::Rerun
             && run.attempt < self.max_attempts
             && (self.keep_recovering.0)(&RecoveryAttempt {
                 run_id: run.run_id.clone(),
                 attempt: u32::try_from(run.attempt).unwrap_or(u32::MAX),
                 chunks: u64::try_from(next_index).unwrap_or(0),
-                work: run.work_from.map_or(0, |from| u64::try_from(next_index - from).unwrap_or(0)),
+                work: run.work_from.map_or(0, |from| work_since(from, next_index)),
             })
         {
             actions.extend(self.new_attempt(sql, &run, Rerun::Restart)?);
@@ -341,15 +351,15 @@ impl ChildEngine {
                 ),
                 RecoveryPolicy::Seal => (LOST_TURN.to_owned(), "sealed_by_policy"),
             };
-            actions.extend(self.seal_sealed(sql, &run, &Outcome::sealed(error), reason, now)?);
+            actions.extend(self.seal_lost_turn(sql, &run, &Outcome::sealed(error), reason, now)?);
         }
         Ok(runs.get(&run.run_id)?.unwrap_or(run))
     }
 
     /// Ends a run that lost its turn, without running it again: `reason` says which bound or
     /// policy sealed it.
-    fn seal_sealed(
-        &mut self,
+    fn seal_lost_turn(
+        &self,
         sql: &(impl Sql + ?Sized),
         run: &ChildRun,
         outcome: &Outcome,
@@ -357,10 +367,7 @@ impl ChildEngine {
         now: i64,
     ) -> Result<Vec<ChildAction>, StoreError> {
         ChildRuns::new(sql).finish(&run.run_id, outcome, now)?;
-        Ok(vec![ChildAction::Observe(
-            EventType::ChildSealed,
-            serde_json::json!({ "runId": run.run_id, "attempt": run.attempt, "reason": reason }),
-        )])
+        Ok(vec![sealed_event(&run.run_id, run.attempt, reason)])
     }
 
     /// Starts the run's next attempt: the marker chunk first (stored, so every tail and every

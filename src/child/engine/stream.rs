@@ -60,10 +60,7 @@ impl ChildEngine {
         actions.extend(self.seal(sql, run_id, &self.work_exceeded(work), now)?);
         let reason = "work_budget_exceeded";
         actions.push(ChildAction::CancelTurn { run_id: run_id.to_owned(), reason: Some(reason.into()) });
-        actions.push(ChildAction::Observe(
-            EventType::ChildSealed,
-            serde_json::json!({ "runId": run_id, "attempt": attempt, "reason": reason }),
-        ));
+        actions.push(sealed_event(run_id, attempt, reason));
         Ok(actions)
     }
 
