@@ -5,6 +5,8 @@
 //! {"type":"agent_tool:recovery:row","agent":"Assistant","name":"alice","payload":{...},"timestamp":1700000000000}
 //! ```
 
+use std::time::SystemTime;
+
 use serde::Serialize;
 use serde_json::Value;
 
@@ -102,8 +104,9 @@ pub struct ObservabilityEvent {
     pub name: String,
     /// Details.
     pub payload: Value,
-    /// Epoch ms.
-    pub timestamp: i64,
+    /// When (in JSON: milliseconds since the Unix epoch).
+    #[serde(with = "crate::types::epoch_ms_serde")]
+    pub timestamp: SystemTime,
 }
 
 impl ObservabilityEvent {
@@ -124,7 +127,7 @@ mod tests {
             agent: "Assistant".into(),
             name: "alice".into(),
             payload: serde_json::json!({"runId": "r1"}),
-            timestamp: 5,
+            timestamp: crate::types::time_of(5),
         };
         assert_eq!(
             e.to_line(),

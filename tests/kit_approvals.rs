@@ -87,7 +87,7 @@ fn desk_model(request: &ModelRequest) -> Step {
         })
         .collect();
     if !results.is_empty() {
-        return Step::new().words(&format!("Done: {}", results.join(" ; ")), 5);
+        return Step::new().words(&format!("Done: {}", results.join(" ; ")), Duration::from_millis(5));
     }
     let last = request.messages.iter().rev().find_map(|m| match m {
         ModelMessage::User(text) => Some(text.clone()),
@@ -101,7 +101,8 @@ fn desk_model(request: &ModelRequest) -> Step {
     }
     let title = text.trim_start_matches("publish ").trim_start_matches("edit ").to_owned();
     // Streamed word by word, so a crash can cut the asking step itself.
-    let mut step = Step::new().words("On it.", 20).tool_call("publish", json!({ "title": title }));
+    let mut step =
+        Step::new().words("On it.", Duration::from_millis(20)).tool_call("publish", json!({ "title": title }));
     if text.starts_with("edit ") {
         step = step.tool_call("edit", json!({ "article": title }));
     }
@@ -115,7 +116,7 @@ fn world() -> World {
         .route::<Desk>()
         .agent::<Editor>()
         .model::<Desk>(ScriptedModel::new().otherwise(desk_model))
-        .model::<Editor>(ScriptedModel::new().otherwise(|_| Step::new().words("edited", 5)))
+        .model::<Editor>(ScriptedModel::new().otherwise(|_| Step::new().words("edited", Duration::from_millis(5))))
 }
 
 fn stored(world: &World) -> Vec<Value> {
@@ -242,7 +243,7 @@ fn a_pending_approval_survives_a_crash_and_a_reconnect() {
     let (client, call) = asked_to_publish(&world);
     client.close();
     world.crash(&ObjectRef::of::<Desk>("d"));
-    world.advance(120_000 / 4);
+    world.advance(Duration::from_millis(120_000 / 4));
     let back = world.connect("/agents/desk/d");
     world.settle();
     assert_eq!(back.approval_requests().len(), 1, "still asked after the restart");
@@ -273,7 +274,7 @@ fn a_crash_at_any_point_after_the_answer_publishes_at_most_once_and_ends_the_tur
         client.answer_approval(&call, true);
         world.run_until(|| world.steps() - start >= crash_at);
         world.crash(&ObjectRef::of::<Desk>("d"));
-        world.advance(30_000);
+        world.advance(Duration::from_secs(30));
         world.settle();
         let at = format!("crashed {crash_at} of {steps} steps after the answer");
         let messages = stored(&world);
@@ -317,7 +318,7 @@ fn an_unanswered_approval_is_denied_when_its_time_runs_out() {
     let client = world.connect("/agents/desk/d");
     client.chat("publish Rust 2027");
     client.close();
-    world.advance(61_000);
+    world.advance(Duration::from_secs(61));
     world.settle();
     assert_eq!(PUBLISHED.with(Cell::get), 0);
     let answer = &stored(&world)[1];
@@ -396,7 +397,7 @@ fn a_client_side_tool_pauses_the_turn_until_the_browser_answers() {
     assert_eq!(part(&stored(&world)[1], "confirm_title")["state"], "input-available", "it waits, stored");
     // A restart while it waits loses nothing.
     world.crash(&ObjectRef::of::<Desk>("d"));
-    world.advance(10_000);
+    world.advance(Duration::from_secs(10));
     client.add_tool_output(&call, &tool, &json!({ "confirmed": "Rust 2027!" }));
     world.settle();
     let answer = &stored(&world)[1];
@@ -453,14 +454,14 @@ fn an_output_without_auto_continue_is_kept_and_the_next_message_goes_on_from_it(
 
 #[test]
 fn seeded_schedules_with_crashes_while_an_approval_waits_and_two_answers_racing() {
-    let faults = Faults::none().crash(0.02).hibernate(0.01).drop_client(0.02).until_ms(3_000);
+    let faults = Faults::none().crash(0.02).hibernate(0.01).drop_client(0.02).until(Duration::from_secs(3));
     let injected = Simulation::new(|w| {
         PUBLISHED.with(|c| c.set(0));
         TIMEOUT.with(|t| t.set(None));
         w.route::<Desk>()
             .agent::<Editor>()
             .model::<Desk>(ScriptedModel::new().otherwise(desk_model))
-            .model::<Editor>(ScriptedModel::new().otherwise(|_| Step::new().words("edited", 5)))
+            .model::<Editor>(ScriptedModel::new().otherwise(|_| Step::new().words("edited", Duration::from_millis(5))))
     })
     .faults(faults)
     .schedules(100)
@@ -551,7 +552,7 @@ fn a_crash_at_any_point_before_the_question_asks_it_once() {
         let id = client.send_chat("publish Rust 2027");
         world.run_until(|| world.steps() - start >= crash_at);
         world.crash(&ObjectRef::of::<Desk>("d"));
-        world.advance(30_000);
+        world.advance(Duration::from_secs(30));
         world.settle();
         let at = format!("crashed {crash_at} of {steps} steps into the asking turn");
         let messages = stored(&world);

@@ -2,6 +2,8 @@
 //! (a grandchild each), then deletes its storage. A grandchild that could not be reached at
 //! that moment is asked again later: the child keeps what it still owes across its own wipe.
 
+use std::time::Duration;
+
 use agent_tools::prelude::*;
 use agent_tools::testing::{ScriptedModel, Step, World};
 use serde_json::json;
@@ -48,7 +50,7 @@ fn a_grandchild_unreachable_when_its_parent_is_cleared_is_cleared_later() {
     let cleared = world.block_on(async move { top.clear_agent_tool_runs(&ClearFilter::all()).await });
     assert_eq!(cleared.expect("cleared"), ["mid-1"]);
     world.settle();
-    world.advance(10 * 60_000);
+    world.advance(Duration::from_millis(10 * 60_000));
     world.settle();
     let leaf = world.host::<Leaf>("Mid/Top/t/mid-1/leaf-1");
     assert!(leaf.messages().is_empty(), "the grandchild's storage was deleted: {:#?}", leaf.messages());

@@ -4,6 +4,8 @@
 
 #![cfg(feature = "demo")]
 
+use std::time::Duration;
+
 use agent_tools::demo::{Assistant, Researcher, Summarizer};
 use agent_tools::testing::{Faults, ObjectRef, Simulation, World};
 use agent_tools::RunStatus;
@@ -78,7 +80,7 @@ fn a_parent_restart_mid_run_recovers_and_every_client_converges() {
         .call("dispatch", vec![json!({ "agent": "Researcher", "input": { "query": "TLS" }, "runId": "r1", "detached": { "onFinish": "record" } })])
         .expect("a handle");
     assert_eq!(handle["runId"], "r1");
-    world.advance(300);
+    world.advance(Duration::from_millis(300));
     world.crash(&ObjectRef::of::<Assistant>("carol"));
     world.settle();
     assert!(client.reconnects() >= 1);
@@ -112,7 +114,7 @@ fn a_child_restart_mid_run_heals_by_running_it_again() {
         vec![json!({ "agent": "Researcher", "input": { "query": "DNS" }, "runId": "r1", "detached": true })],
     );
     assert!(call.is_ok());
-    world.advance(200);
+    world.advance(Duration::from_millis(200));
     let child = world.objects_of::<Researcher>().remove(0);
     world.crash(&child);
     world.settle();

@@ -5,6 +5,7 @@
 //! cannot be reached when the answer comes, and seeded schedules of crashes.
 
 use std::cell::Cell;
+use std::time::Duration;
 
 use agent_tools::model::{ModelMessage, ModelRequest};
 use agent_tools::prelude::*;
@@ -175,7 +176,7 @@ fn a_child_restarted_while_it_waits_asks_once_and_gets_the_answer() {
     let world = world();
     let client = asked(&world);
     world.crash(&ObjectRef { binding: "Author".into(), name: "Lead/l/w1".into() });
-    world.advance(30_000);
+    world.advance(Duration::from_secs(30));
     assert!(BEGUN.with(Cell::get) >= 2, "the run ran again after the restart");
     let (call, _) = client.approval_requests().remove(0);
     client.answer_approval(&call, true);
@@ -216,7 +217,7 @@ fn a_message_for_a_run_that_ended_or_never_was_is_refused() {
 
 #[test]
 fn seeded_schedules_with_crashes_end_with_the_childs_answer() {
-    let faults = Faults::none().crash(0.02).hibernate(0.01).drop_client(0.01).until_ms(4_000);
+    let faults = Faults::none().crash(0.02).hibernate(0.01).drop_client(0.01).until(Duration::from_secs(4));
     let injected = Simulation::new(|w| {
         BEGUN.with(|b| b.set(0));
         w.route::<Lead>().agent::<Author>().model::<Lead>(ScriptedModel::new().otherwise(lead_model))

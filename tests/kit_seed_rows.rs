@@ -6,6 +6,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::time::Duration;
 
 use agent_tools::model::ModelMessage;
 use agent_tools::prelude::*;
@@ -447,7 +448,7 @@ fn a_run_starts_with_the_message_its_child_formats_from_the_input() {
 fn a_detached_run_ignores_the_callers_signal() {
     // parity: 60
     let answer = "one two three four five";
-    let writer = ScriptedModel::new().otherwise(move |_| Step::new().words(answer, 100));
+    let writer = ScriptedModel::new().otherwise(move |_| Step::new().words(answer, Duration::from_millis(100)));
     let world = worker().model::<Writer>(writer);
     let (later, already) = (CancelToken::new(), CancelToken::new());
     already.cancel(Some("the turn already ended".into()));
@@ -455,7 +456,7 @@ fn a_detached_run_ignores_the_callers_signal() {
         let options = RunOptions::new(json!("count to five")).run_id(run_id).signal(token.clone());
         detach::<Desk>(&world, "cy", options, DetachedOptions::default());
     }
-    world.advance(250);
+    world.advance(Duration::from_millis(250));
     assert_eq!(row::<Desk>(&world, "cy", "d1").status, RunStatus::Running);
     later.cancel(Some("the turn that started it ended".into()));
     world.settle();
@@ -480,7 +481,7 @@ fn an_empty_completion_notice_posts_nothing_and_settles_the_delivery() {
     let options = RunOptions::new(json!("a draft")).run_id("n1");
     detach::<QuietDesk>(&world, "di", options, DetachedOptions::default().notify());
     assert!(world.run_until(|| row::<QuietDesk>(&world, "di", "n1").status == RunStatus::Completed));
-    world.advance(10 * 60_000);
+    world.advance(Duration::from_millis(10 * 60_000));
     let host = world.host::<QuietDesk>("di");
     assert_eq!(host.agent().completions.get(), 1, "worded once, not offered again");
     assert!(host.messages().is_empty(), "no message: {:#?}", host.messages());
@@ -528,12 +529,12 @@ fn a_notify_runs_messages_have_the_parents_wording_and_the_runs_source() {
 fn a_milestone_reported_while_the_parent_was_evicted_is_surfaced_once_after() {
     // parity: 95
     let writer = ScriptedModel::new()
-        .step(Step::new().delay(6_000).tool_call("checkpoint", json!({ "note": "half way" })))
-        .otherwise(|_| Step::new().words("The rest of the draft.", 500));
+        .step(Step::new().delay(Duration::from_secs(6)).tool_call("checkpoint", json!({ "note": "half way" })))
+        .otherwise(|_| Step::new().words("The rest of the draft.", Duration::from_millis(500)));
     let world = worker().model::<Writer>(writer);
     let detached = DetachedOptions::default().notify().on_milestones(OnMilestones::narrate(["checkpoint"]));
     detach::<Desk>(&world, "eve", RunOptions::new(json!("a draft")).run_id("m1"), detached);
-    world.advance(3_000);
+    world.advance(Duration::from_secs(3));
     let parent = ObjectRef::of::<Desk>("eve");
     let milestone_id = "detached-ms:m1:checkpoint";
     let count = |id: &str| world.host::<Desk>("eve").messages().iter().filter(|m| m["id"] == id).count();
@@ -548,7 +549,7 @@ fn a_milestone_reported_while_the_parent_was_evicted_is_surfaced_once_after() {
     assert_eq!(milestone["metadata"]["milestone"], "checkpoint", "{milestone}");
     assert_eq!(row::<Desk>(&world, "eve", "m1").status, RunStatus::Completed);
     world.crash(&parent);
-    world.advance(60_000);
+    world.advance(Duration::from_secs(60));
     assert_eq!((count(milestone_id), count("detached-finish:m1:completed")), (1, 1), "once each");
 }
 
@@ -564,7 +565,7 @@ fn the_detached_handler_gets_each_kind_of_end() {
     detach::<Desk>(&world, "ivy", RunOptions::new(json!("slow")).run_id("a1"), tag.clone());
     let budget = tag.max_budget(std::time::Duration::from_secs(3));
     detach::<Desk>(&world, "ivy", RunOptions::new(json!("slow")).run_id("i1"), budget);
-    world.advance(500);
+    world.advance(Duration::from_millis(500));
     let host = world.host::<Desk>("ivy");
     host.cancel_agent_tool("a1", Some("the user changed their mind".into())).expect("cancelled");
     world.settle();
@@ -626,9 +627,9 @@ fn progress_data_is_kept_only_when_persisted() {
         let host = world.host::<Meter>("mia");
         host.inspect_agent_tool_run("g1").expect("the registry").expect("the run").progress.expect("a snapshot")
     };
-    world.advance(500);
+    world.advance(Duration::from_millis(500));
     assert_eq!((kept().fraction, kept().data), (Some(0.25), None), "live only");
-    world.advance(1_000);
+    world.advance(Duration::from_secs(1));
     assert_eq!((kept().fraction, kept().data), (Some(0.5), Some(json!({ "kept": true }))), "persisted");
     let seen = world.host::<Meter>("mia").agent().progress.borrow().clone();
     let data: Vec<Option<Value>> = seen.into_iter().map(|(_, _, data)| data).collect();
@@ -640,11 +641,12 @@ fn progress_data_is_kept_only_when_persisted() {
 #[test]
 fn on_observability_is_told_of_recovery() {
     // parity: 148
-    let writer = ScriptedModel::new().otherwise(|_| Step::new().words("one two three four five six", 1_000));
+    let writer =
+        ScriptedModel::new().otherwise(|_| Step::new().words("one two three four five six", Duration::from_secs(1)));
     let world = worker().model::<Writer>(writer);
     let _client = world.connect("/agents/meter/ned");
     detach::<Meter>(&world, "ned", RunOptions::new(json!("r")).run_id("r1"), DetachedOptions::default());
-    world.advance(1_500);
+    world.advance(Duration::from_millis(1_500));
     world.crash(&ObjectRef::of::<Meter>("ned"));
     world.settle();
     let observed = world.host::<Meter>("ned").agent().observed.borrow().clone();
@@ -657,7 +659,7 @@ fn on_observability_is_told_of_recovery() {
 /// A detached `Writer` run of parent `Desk` `parent` that is streaming, and its child.
 fn streaming_run(world: &World, parent: &str, run_id: &str) -> ObjectRef {
     detach::<Desk>(world, parent, RunOptions::new(json!("long")).run_id(run_id), DetachedOptions::default());
-    world.advance(2_500);
+    world.advance(Duration::from_millis(2_500));
     assert_eq!(row::<Desk>(world, parent, run_id).status, RunStatus::Running);
     let child = world.objects_of::<Writer>().into_iter().find(|o| o.name.ends_with(&format!("/{run_id}")));
     child.expect("the run's child")
@@ -671,7 +673,7 @@ fn failing_or_slow_writer() -> ScriptedModel {
         if asked {
             Step::new().fail("the model is down")
         } else {
-            Step::new().words("one two three four five six seven eight", 1_000)
+            Step::new().words("one two three four five six seven eight", Duration::from_secs(1))
         }
     })
 }
@@ -679,7 +681,7 @@ fn failing_or_slow_writer() -> ScriptedModel {
 /// A long answer, a word a second.
 fn slow_writer() -> ScriptedModel {
     let words = (1..=60).map(|n| n.to_string()).collect::<Vec<_>>().join(" ");
-    ScriptedModel::new().otherwise(move |_| Step::new().words(&words, 1_000))
+    ScriptedModel::new().otherwise(move |_| Step::new().words(&words, Duration::from_secs(1)))
 }
 
 /// Row 142: a child whose stream cannot be tailed, though it answers where the run stands, is
@@ -692,7 +694,7 @@ fn a_child_that_cannot_be_tailed_is_sealed_not_tailable() {
     let child = streaming_run(&world, "nia", "t1");
     world.drop_tails_to(&child, 3);
     world.break_tails_to(&child);
-    world.advance(5_000);
+    world.advance(Duration::from_secs(5));
     let result = world.host::<Desk>("nia").inspect_agent_tool_run("t1").expect("the registry").expect("the run");
     let result = result.result.expect("sealed");
     let reason = result.reason.map(|r| serde_json::to_value(r).expect("JSON"));
@@ -712,7 +714,7 @@ fn a_child_that_cannot_be_reached_is_sealed_inspect_failed() {
     let child = streaming_run(&world, "oto", "u1");
     world.drop_hops_to("Writer", 1_000);
     world.break_tails_to(&child);
-    world.advance(5_000);
+    world.advance(Duration::from_secs(5));
     let result = world.host::<Desk>("oto").inspect_agent_tool_run("u1").expect("the registry").expect("the run");
     let result = result.result.expect("sealed");
     let reason = result.reason.map(|r| serde_json::to_value(r).expect("JSON"));
@@ -797,7 +799,7 @@ fn a_detached_handle_is_running_or_a_known_runs_end() {
     };
     assert_eq!(dispatch("f1", "fail").expect("dispatched").status, RunStatus::Running, "started");
     assert_eq!(dispatch("s1", "slow").expect("dispatched").status, RunStatus::Running, "started");
-    world.advance(2_000);
+    world.advance(Duration::from_secs(2));
     assert_eq!(row::<Desk>(&world, "quin", "f1").status, RunStatus::Error);
     let again = dispatch("f1", "fail").expect("a known run is no rejection");
     assert_eq!((again.run_id.as_str(), again.status), ("f1", RunStatus::Error), "its end, not a rejection");
@@ -849,10 +851,10 @@ fn an_overridden_summary_is_what_the_parent_gets() {
 fn a_drill_in_to_a_terminal_run_sees_the_conversation_then_the_end_but_no_live_text() {
     // parity: 113
     let answer = "one two three four five six";
-    let world = worker().model::<Writer>(ScriptedModel::new().step(Step::new().words(answer, 1_000)));
+    let world = worker().model::<Writer>(ScriptedModel::new().step(Step::new().words(answer, Duration::from_secs(1))));
     let _parent = world.connect("/agents/relay/ray");
     assert_eq!(world.post("/agents/relay/ray/watch", &json!({})).status(), 202);
-    world.advance(2_500);
+    world.advance(Duration::from_millis(2_500));
     let child = world.connect("/agents/relay/ray/sub/writer/t1");
     let at_connect = child.messages();
     assert_eq!(at_connect.len(), 1, "the stored conversation: {at_connect:#?}");
@@ -867,7 +869,7 @@ fn a_drill_in_to_a_terminal_run_sees_the_conversation_then_the_end_but_no_live_t
     };
     let replayed = (child.frames().iter()).filter(|f| f["replay"] == true).count();
     assert!(replayed > 0, "the stream so far is replayed");
-    world.advance(2_000);
+    world.advance(Duration::from_secs(2));
     assert_eq!(live_text(&child), Vec::<Value>::new(), "no live text");
     world.settle();
     let end = child.messages();
@@ -940,13 +942,13 @@ fn reporting_progress_outside_a_run_only_warns() {
 #[test]
 fn a_milestone_replays_on_drill_in() {
     // parity: 90
-    let writer = ScriptedModel::new().step(Step::new().words("one two three four five six", 1_000));
+    let writer = ScriptedModel::new().step(Step::new().words("one two three four five six", Duration::from_secs(1)));
     let world = worker().model::<Writer>(writer);
     // A parent learns its name from its first request: only then are its runs' children the
     // objects a drill-in path names (`World::host` alone does not tell it).
     let _parent = world.connect("/agents/desk/gus");
     detach::<Desk>(&world, "gus", RunOptions::new(json!("count")).run_id("m1"), DetachedOptions::default());
-    world.advance(2_500);
+    world.advance(Duration::from_millis(2_500));
     let reached = world.host::<Desk>("gus").inspect_agent_tool_run("m1").expect("the registry").expect("the run");
     assert_eq!((reached.info.status, reached.milestones.len()), (RunStatus::Running, 1), "reported, still running");
     let child = world.connect("/agents/desk/gus/sub/writer/m1");
@@ -973,7 +975,7 @@ fn a_milestone_replays_on_drill_in() {
 fn a_react_milestone_posts_a_user_message_and_runs_a_model_turn_once() {
     // parity: 97
     let desk = ScriptedModel::new().otherwise(|_| Step::new().text("Good to know."));
-    let writer = ScriptedModel::new().step(Step::new().words("one two three", 1_000));
+    let writer = ScriptedModel::new().step(Step::new().words("one two three", Duration::from_secs(1)));
     let world = worker().model::<Desk>(desk.clone()).model::<Writer>(writer);
     let detached = DetachedOptions::default().on_milestones(OnMilestones::react(["outlined"]));
     detach::<Desk>(&world, "hal", RunOptions::new(json!("count")).run_id("r1"), detached);
@@ -998,7 +1000,7 @@ fn a_react_milestone_posts_a_user_message_and_runs_a_model_turn_once() {
 fn an_empty_milestone_notice_posts_nothing_and_is_not_offered_again() {
     // parity: 99
     let quiet = ScriptedModel::new();
-    let writer = ScriptedModel::new().step(Step::new().words("one two three four", 20_000));
+    let writer = ScriptedModel::new().step(Step::new().words("one two three four", Duration::from_secs(20)));
     let world = worker().model::<QuietDesk>(quiet.clone()).model::<Writer>(writer);
     let detached = DetachedOptions::default().on_milestones(OnMilestones::narrate(["outlined"]));
     detach::<QuietDesk>(&world, "ida", RunOptions::new(json!("count")).run_id("q1"), detached);
@@ -1019,7 +1021,7 @@ fn an_empty_milestone_notice_posts_nothing_and_is_not_offered_again() {
 #[test]
 fn a_terminal_runs_ordinary_chunks_are_not_replayed() {
     // parity: 110
-    let writer = ScriptedModel::new().otherwise(|_| Step::new().words("alpha beta gamma", 10));
+    let writer = ScriptedModel::new().otherwise(|_| Step::new().words("alpha beta gamma", Duration::from_millis(10)));
     let world = worker().model::<Writer>(writer);
     for (run_id, delivery) in [("full", EventDelivery::Full), ("terminal", EventDelivery::Terminal)] {
         let result =
@@ -1067,14 +1069,14 @@ fn the_no_progress_budget_starts_over_with_every_chunk() {
         let impatient = ScriptedModel::new()
             .step(Step::new().tool_call("write", json!({ "topic": "QUIC" })))
             .otherwise(|_| Step::new().text("Done."));
-        let writer = ScriptedModel::new().step(Step::new().words(&answer, gap));
+        let writer = ScriptedModel::new().step(Step::new().words(&answer, Duration::from_millis(gap)));
         let world = worker().model::<Impatient>(impatient).model::<Writer>(writer);
         let client = world.connect(&format!("/agents/impatient/{name}"));
         client.send_chat("Write about QUIC");
         assert!(world.run_until(|| !world.objects_of::<Writer>().is_empty()));
-        world.advance(gap / 2);
+        world.advance(Duration::from_millis(gap / 2));
         world.crash(&ObjectRef::of::<Impatient>(name));
-        world.advance(15_000);
+        world.advance(Duration::from_secs(15));
         let host = world.host::<Impatient>(name);
         let run = host.agent_tool_runs().expect("the runs").remove(0);
         let inspection = host.inspect_agent_tool_run(&run.run_id).expect("the registry").expect("the run");
@@ -1103,7 +1105,7 @@ fn a_live_child_is_followed_however_long_it_pauses() {
     let impatient = ScriptedModel::new()
         .step(Step::new().tool_call("write", json!({ "topic": "QUIC" })))
         .otherwise(|_| Step::new().text("Done."));
-    let writer = ScriptedModel::new().step(Step::new().words(&answer, 5_000));
+    let writer = ScriptedModel::new().step(Step::new().words(&answer, Duration::from_secs(5)));
     let world = worker().model::<Impatient>(impatient).model::<Writer>(writer);
     let reply = world.connect("/agents/impatient/live").chat("Write about QUIC");
     assert_eq!((reply.error.as_deref(), reply.text.as_str()), (None, "Done."));
@@ -1125,7 +1127,7 @@ fn a_live_child_is_followed_however_long_it_pauses() {
 fn a_runaway_after_a_restart_is_sealed_live_by_the_childs_work_bound() {
     // parity: 147
     let long = (1..=300).map(|n| format!("w{n}")).collect::<Vec<_>>().join(" ");
-    let rambler = ScriptedModel::new().otherwise(move |_| Step::new().words(&long, 1_000));
+    let rambler = ScriptedModel::new().otherwise(move |_| Step::new().words(&long, Duration::from_secs(1)));
     let world = worker().model::<Rambler>(rambler);
     let host = world.host::<Desk>("rw");
     let result = Rc::new(RefCell::new(None));
@@ -1137,7 +1139,7 @@ fn a_runaway_after_a_restart_is_sealed_live_by_the_childs_work_bound() {
         }
     });
     assert!(world.run_until(|| !world.objects_of::<Rambler>().is_empty()));
-    world.advance(10_000);
+    world.advance(Duration::from_secs(10));
     let child = world.objects_of::<Rambler>().remove(0);
     let began = world.now();
     world.crash(&child);
@@ -1151,15 +1153,18 @@ fn a_runaway_after_a_restart_is_sealed_live_by_the_childs_work_bound() {
     assert_eq!((&sealed[0]["reason"], &sealed[0]["attempt"]), (&json!("work_budget_exceeded"), &json!(2)));
     let run = &world.host::<Desk>("rw").agent_tool_runs().expect("the runs")[0];
     assert_eq!(run.status, RunStatus::Interrupted);
-    let took = ms(run.completed_at.expect("ended")) - began;
-    assert!((30_000..90_000).contains(&took), "sealed {took} ms after the restart, not 300 s");
+    let took = run.completed_at.expect("ended").duration_since(began).expect("after the restart");
+    assert!(
+        (Duration::from_secs(30)..Duration::from_secs(90)).contains(&took),
+        "sealed {took:?} after the restart, not 300 s"
+    );
     // The stopped turn streams nothing more: the child's log ends where the bound was passed.
     let chunks = || {
         let host = world.host::<Desk>("rw");
         world.block_on(async move { host.agent_tool_chunks("ramble-1", None).await.expect("the chunks").len() })
     };
     let kept = chunks();
-    world.advance(30_000);
+    world.advance(Duration::from_secs(30));
     assert_eq!(chunks(), kept);
 }
 
@@ -1175,12 +1180,12 @@ fn a_reattach_follows_a_streaming_child_past_any_fixed_time() {
     let desk = ScriptedModel::new()
         .step(Step::new().tool_call("write", json!({ "topic": "QUIC" })))
         .otherwise(|_| Step::new().text("Done."));
-    let writer = ScriptedModel::new().step(Step::new().words(&answer, 90_000));
+    let writer = ScriptedModel::new().step(Step::new().words(&answer, Duration::from_secs(90)));
     let world = worker().model::<Desk>(desk).model::<Writer>(writer);
     let client = world.connect("/agents/desk/kai");
     client.send_chat("Write about QUIC");
     assert!(world.run_until(|| !world.objects_of::<Writer>().is_empty()));
-    world.advance(60_000);
+    world.advance(Duration::from_secs(60));
     let parent = ObjectRef::of::<Desk>("kai");
     world.crash(&parent);
     let crashed_at = world.now();
@@ -1189,8 +1194,8 @@ fn a_reattach_follows_a_streaming_child_past_any_fixed_time() {
     assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     let reattached = logged_events(&world, &parent, "agent_tool:recovery:reattach");
     assert!(reattached.iter().any(|r| r["runId"] == run.run_id.as_str()), "re-attached: {reattached:#?}");
-    let followed = ms(run.completed_at.expect("ended")) - crashed_at;
-    assert!(followed > 25 * 60_000, "followed for {followed} ms");
+    let followed = run.completed_at.expect("ended").duration_since(crashed_at).expect("after the crash");
+    assert!(followed > Duration::from_secs(25 * 60), "followed for {followed:?}");
     let result =
         world.host::<Desk>("kai").inspect_agent_tool_run(&run.run_id).expect("the registry").and_then(|i| i.result);
     assert_eq!(result.and_then(|r| r.summary), Some(answer));

@@ -4,6 +4,7 @@
 //! what a reconnecting client shows, and no tool part is left open.
 
 use std::cell::Cell;
+use std::time::Duration;
 
 use agent_tools::model::ModelRequest;
 use agent_tools::prelude::*;
@@ -86,7 +87,7 @@ fn planner_model(request: &ModelRequest) -> Step {
             .tool_call("research", json!({ "query": "gRPC" }))
             .tool_call("count", json!({ "text": "one two three" }));
     }
-    Step::new().words(&format!("Found: {}", results.join(" ; ")), 10)
+    Step::new().words(&format!("Found: {}", results.join(" ; ")), Duration::from_millis(10))
 }
 
 fn world() -> World {
@@ -96,7 +97,9 @@ fn world() -> World {
         .route::<Planner>()
         .agent::<Researcher>()
         .model::<Planner>(ScriptedModel::new().otherwise(planner_model))
-        .model::<Researcher>(ScriptedModel::new().otherwise(|_| Step::new().words("notes on the topic", 20)))
+        .model::<Researcher>(
+            ScriptedModel::new().otherwise(|_| Step::new().words("notes on the topic", Duration::from_millis(20))),
+        )
 }
 
 fn text_of(message: &Value) -> String {
@@ -180,11 +183,11 @@ fn a_turn_cut_with_no_client_connected_is_continued_by_the_alarm() {
     let world = world();
     let client = world.connect("/agents/planner/p");
     let id = client.send_chat("Research HTTP/3 and gRPC, and count");
-    world.advance(60);
+    world.advance(Duration::from_millis(60));
     client.close();
     world.crash(&ObjectRef::of::<Planner>("p"));
     // Nobody comes back: the alarm wakes the planner and the turn ends.
-    world.advance(60_000);
+    world.advance(Duration::from_secs(60));
     let stored = world.get("/agents/planner/p/get-messages");
     let messages: Vec<Value> = serde_json::from_slice(stored.body()).expect("messages");
     assert_eq!(messages.len(), 2, "{messages:#?}");
@@ -200,7 +203,7 @@ fn a_declined_turn_ends_with_the_reason_and_closes_its_tool_parts() {
     let world = world();
     let client = world.connect("/agents/planner/p");
     let id = client.send_chat("Research HTTP/3 and gRPC, and count");
-    world.advance(15);
+    world.advance(Duration::from_millis(15));
     world.crash(&ObjectRef::of::<Planner>("p"));
     let ended = world.run_until(|| client.reply(&id).is_some_and(|r| r.done));
     DECLINE.with(|d| d.set(false));
@@ -225,11 +228,11 @@ fn a_turn_that_crashes_its_instance_every_time_stops_after_the_bound() {
     client.send_chat("Research HTTP/3 and gRPC, and count");
     client.close();
     let parent = ObjectRef::of::<Planner>("p");
-    world.advance(25);
+    world.advance(Duration::from_millis(25));
     // Each continuation begins with the alarm (no client) and is cut 25 ms in.
     for _ in 0..5 {
         world.crash(&parent);
-        world.advance(5_000);
+        world.advance(Duration::from_secs(5));
     }
     world.settle();
     let stored = world.get("/agents/planner/p/get-messages");
@@ -245,7 +248,7 @@ fn a_notice_that_comes_during_a_turn_is_shown_after_its_answer() {
     let world = world();
     let client = world.connect("/agents/planner/p");
     let id = client.send_chat("Research HTTP/3 and gRPC, and count");
-    world.advance(5);
+    world.advance(Duration::from_millis(5));
     let host = world.host::<Planner>("p");
     let detached = world.block_on(async move {
         let options = RunOptions::new(json!("QUIC")).run_id("bg");
@@ -292,13 +295,15 @@ fn a_panicking_tool_resets_the_instance_and_the_turn_goes_on_without_it() {
 
 #[test]
 fn seeded_schedules_with_crashes_hibernations_and_drops_end_every_turn_once() {
-    let faults = Faults::none().crash(0.01).hibernate(0.01).drop_client(0.01).until_ms(3_000);
+    let faults = Faults::none().crash(0.01).hibernate(0.01).drop_client(0.01).until(Duration::from_secs(3));
     let injected = Simulation::new(|w| {
         COUNTED.with(|c| c.set(0));
         w.route::<Planner>()
             .agent::<Researcher>()
             .model::<Planner>(ScriptedModel::new().otherwise(planner_model))
-            .model::<Researcher>(ScriptedModel::new().otherwise(|_| Step::new().words("notes on the topic", 20)))
+            .model::<Researcher>(
+            ScriptedModel::new().otherwise(|_| Step::new().words("notes on the topic", Duration::from_millis(20))),
+        )
     })
     .faults(faults)
     .schedules(150)
@@ -336,7 +341,7 @@ fn a_message_sent_as_the_agent_comes_back_waits_for_the_cut_turn() {
     let world = world();
     let client = world.connect("/agents/planner/p");
     client.send_chat("Research HTTP/3 and gRPC, and count");
-    world.advance(120);
+    world.advance(Duration::from_millis(120));
     // Evicted with its sockets kept: the new instance's first event is this client's next message.
     world.hibernate(&ObjectRef::of::<Planner>("p"));
     let second = client.send_chat("Research QUIC and TLS, and count");
@@ -372,7 +377,7 @@ fn a_child_whose_run_panics_every_time_still_ends_the_parents_turn() {
             if CHILD_PANICS.with(Cell::get) {
                 panic!("the researcher's model panicked");
             }
-            Step::new().words("notes on the topic", 20)
+            Step::new().words("notes on the topic", Duration::from_millis(20))
         }));
     let client = world.connect("/agents/planner/p");
     let id = client.send_chat("Research HTTP/3 and gRPC, and count");
@@ -517,7 +522,7 @@ fn a_childs_state_is_visible_through_drill_in() {
                 false => Step::new().tool_call("delegate", json!({ "query": "QUIC" })),
             }
         }))
-        .model::<Stateful>(ScriptedModel::new().otherwise(|_| Step::new().words("notes", 5)));
+        .model::<Stateful>(ScriptedModel::new().otherwise(|_| Step::new().words("notes", Duration::from_millis(5))));
     let client = world.connect("/agents/delegator/d");
     client.chat("go");
     let run_id = world.host::<Delegator>("d").agent_tool_runs().expect("the runs")[0].run_id.clone();

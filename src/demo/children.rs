@@ -31,7 +31,7 @@ fn paced_model(env: &Env, input: Option<&Value>) -> Result<Paced, ModelError> {
             pace.words = words.min(200_000) as usize;
         }
         if let Some(delay) = number("delayMs") {
-            pace.delay_ms = delay.min(60_000);
+            pace.delay = Duration::from_millis(delay.min(60_000));
         }
     }
     Ok(Paced {
@@ -52,15 +52,15 @@ impl Model for Paced {
         let long = events.size_hint().0 > 256;
         for (n, event) in events.enumerate() {
             let paced = matches!(event, ModelEvent::TextDelta(_) | ModelEvent::ToolCallStart { .. });
-            if paced && offline.delay_ms > 0 {
-                agent_tools::sleep(Duration::from_millis(offline.delay_ms)).await;
+            if paced && !offline.delay.is_zero() {
+                agent_tools::sleep(offline.delay).await;
             } else if n % 256 == 255 {
                 // With no pace, yield now and then, as a provider's stream does between reads.
                 agent_tools::sleep(Duration::ZERO).await;
             }
             let delta = matches!(event, ModelEvent::TextDelta(_));
             on_event(event);
-            if n == 0 && long && offline.delay_ms == 0 {
+            if n == 0 && long && offline.delay.is_zero() {
                 // A long answer's first event goes out at once, as a provider's first token does.
                 agent_tools::sleep(Duration::ZERO).await;
             }
@@ -135,10 +135,10 @@ impl Agent for Researcher {
     async fn run(&self, turn: &Turn<Self>) -> Result<TurnOutput, Error> {
         // Two word-delays between the research phases, at the pace the model streams.
         let delay = match paced_model(turn.env(), Some(turn.input_json())).map(|m| m.provider) {
-            Ok(ModelProvider::Offline(pace)) => pace.delay_ms,
-            _ => 60,
+            Ok(ModelProvider::Offline(pace)) => pace.delay,
+            _ => Duration::from_millis(60),
         };
-        let pause = Duration::from_millis(delay.min(1000) * 2);
+        let pause = delay.min(Duration::from_secs(1)) * 2;
         let step =
             |fraction: f64, phase: &str, message: &str| Progress::fraction(fraction).phase(phase).message(message);
         turn.report_progress(step(0.1, "searching", "Looking for sources"));

@@ -297,8 +297,8 @@ pub enum ModelError {
     Protocol(String),
     /// Nothing arrived for this long.
     Stalled {
-        /// Milliseconds without a byte.
-        after_ms: u64,
+        /// How long nothing arrived.
+        after: std::time::Duration,
     },
     /// The request could not be made.
     Network(String),
@@ -316,7 +316,7 @@ impl std::fmt::Display for ModelError {
                 write!(f, "model provider reported an error (error {id}; the details are in the Worker's log)")
             }
             Self::Protocol(e) => write!(f, "model provider sent a malformed stream: {e}"),
-            Self::Stalled { after_ms } => write!(f, "model provider sent nothing for {after_ms} ms"),
+            Self::Stalled { after } => write!(f, "model provider sent nothing for {} ms", after.as_millis()),
             Self::Network(e) => write!(f, "model provider unreachable: {e}"),
             Self::Config(e) => write!(f, "model provider misconfigured: {e}"),
         }

@@ -17,6 +17,8 @@
 //! 4. No tools (a child): it answers with [`research_answer`] of the topics (a JSON object's
 //!    `query`/`topic`/`text`, else the text).
 
+use std::time::Duration;
+
 use super::{FinishReason, ModelEvent, ModelMessage, ModelRequest, ToolCall, ToolSpec};
 
 /// The built-in offline model: deterministic, no network, no keys (see the module docs for
@@ -26,13 +28,13 @@ use super::{FinishReason, ModelEvent, ModelMessage, ModelRequest, ToolCall, Tool
 pub struct OfflineModel {
     /// Words in an answer.
     pub words: usize,
-    /// Pause before each text delta, in milliseconds.
-    pub delay_ms: u64,
+    /// Pause before each text delta (and each tool call).
+    pub delay: Duration,
 }
 
 impl Default for OfflineModel {
     fn default() -> Self {
-        Self { words: 24, delay_ms: 60 }
+        Self { words: 24, delay: Duration::from_millis(60) }
     }
 }
 

@@ -3,6 +3,7 @@
 //! local servers (llama.cpp, vLLM, Ollama).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -21,7 +22,7 @@ pub struct OpenAiConfig {
     /// Model name.
     pub model: String,
     /// Give up when no byte arrives for this long.
-    pub stall_timeout_ms: u64,
+    pub stall_timeout: Duration,
 }
 
 impl std::fmt::Debug for OpenAiConfig {
@@ -30,7 +31,7 @@ impl std::fmt::Debug for OpenAiConfig {
             .field("base_url", &self.base_url)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("model", &self.model)
-            .field("stall_timeout_ms", &self.stall_timeout_ms)
+            .field("stall_timeout", &self.stall_timeout)
             .finish()
     }
 }
@@ -39,7 +40,7 @@ impl OpenAiConfig {
     /// `model` at `base_url` (up to and including the API version), no key, a 30 s stall
     /// timeout.
     pub fn new(base_url: impl Into<String>, model: impl Into<String>) -> Self {
-        Self { base_url: base_url.into(), api_key: None, model: model.into(), stall_timeout_ms: 30_000 }
+        Self { base_url: base_url.into(), api_key: None, model: model.into(), stall_timeout: Duration::from_secs(30) }
     }
 
     /// With this bearer token.
@@ -49,8 +50,8 @@ impl OpenAiConfig {
     }
 
     /// Giving up when no byte arrives for `timeout`.
-    pub fn stall_timeout(mut self, timeout: std::time::Duration) -> Self {
-        self.stall_timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    pub fn stall_timeout(mut self, timeout: Duration) -> Self {
+        self.stall_timeout = timeout;
         self
     }
 

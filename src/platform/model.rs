@@ -38,7 +38,7 @@ pub struct WorkersAiConfig {
     /// Model id.
     pub model: String,
     /// Give up when nothing arrives for this long.
-    pub stall_timeout_ms: u64,
+    pub stall_timeout: Duration,
     /// The environment that holds the binding.
     pub env: Env,
 }
@@ -46,7 +46,7 @@ pub struct WorkersAiConfig {
 impl WorkersAiConfig {
     /// `model` on the Workers AI binding `binding` of `env`, with a 30 s stall timeout.
     pub fn new(env: &Env, binding: impl Into<String>, model: impl Into<String>) -> Self {
-        Self { binding: binding.into(), model: model.into(), stall_timeout_ms: 30_000, env: env.clone() }
+        Self { binding: binding.into(), model: model.into(), stall_timeout: Duration::from_secs(30), env: env.clone() }
     }
 }
 
@@ -55,7 +55,7 @@ impl std::fmt::Debug for WorkersAiConfig {
         f.debug_struct("WorkersAiConfig")
             .field("binding", &self.binding)
             .field("model", &self.model)
-            .field("stall_timeout_ms", &self.stall_timeout_ms)
+            .field("stall_timeout", &self.stall_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -82,26 +82,26 @@ impl ModelProvider {
     /// | `WORKERS_AI_MODEL` | model for the `AI` binding | `@cf/meta/llama-3.3-70b-instruct-fp8-fast` |
     /// | `OFFLINE_WORDS`, `OFFLINE_DELAY_MS` | the offline model's answer length and pace | `24`, `60` |
     pub fn from_env(env: &crate::Env) -> Result<Self, ModelError> {
-        let stall_timeout_ms = number(env, "MODEL_STALL_TIMEOUT_MS").unwrap_or(30_000);
+        let stall_timeout = Duration::from_millis(number(env, "MODEL_STALL_TIMEOUT_MS").unwrap_or(30_000));
         match setting(env, "MODEL_PROVIDER").as_deref().unwrap_or("offline") {
             "offline" => {
                 let d = OfflineModel::default();
                 Ok(Self::Offline(OfflineModel {
                     words: number(env, "OFFLINE_WORDS").map_or(d.words, |w| w.min(5000) as usize),
-                    delay_ms: number(env, "OFFLINE_DELAY_MS").map_or(d.delay_ms, |ms| ms.min(60_000)),
+                    delay: number(env, "OFFLINE_DELAY_MS").map_or(d.delay, |ms| Duration::from_millis(ms.min(60_000))),
                 }))
             }
             "openai" => Ok(Self::OpenAi(OpenAiConfig {
                 base_url: setting(env, "OPENAI_BASE_URL").unwrap_or_else(|| "https://api.openai.com/v1".into()),
                 api_key: setting(env, "OPENAI_API_KEY"),
                 model: setting(env, "OPENAI_MODEL").unwrap_or_else(|| "gpt-4o-mini".into()),
-                stall_timeout_ms,
+                stall_timeout,
             })),
             "workers-ai" => Ok(Self::WorkersAi(WorkersAiConfig {
                 binding: "AI".into(),
                 model: setting(env, "WORKERS_AI_MODEL")
                     .unwrap_or_else(|| "@cf/meta/llama-3.3-70b-instruct-fp8-fast".into()),
-                stall_timeout_ms,
+                stall_timeout,
                 env: env
                     .worker()
                     .cloned()
@@ -141,15 +141,15 @@ impl Model for OfflineModel {
         let long = events.size_hint().0 > OFFLINE_YIELD_EVERY;
         for (n, event) in events.enumerate() {
             let paced = matches!(event, ModelEvent::TextDelta(_) | ModelEvent::ToolCallStart { .. });
-            if paced && self.delay_ms > 0 {
-                crate::host::pause(self.delay_ms).await;
+            if paced && !self.delay.is_zero() {
+                crate::host::pause(u64::try_from(self.delay.as_millis()).unwrap_or(u64::MAX)).await;
             } else if n % OFFLINE_YIELD_EVERY == OFFLINE_YIELD_EVERY - 1 {
                 // With no pace, yield now and then, as a provider's stream does between reads:
                 // what was sent so far goes out before the rest is produced.
                 crate::host::pause(0).await;
             }
             on_event(event);
-            if n == 0 && long && self.delay_ms == 0 {
+            if n == 0 && long && self.delay.is_zero() {
                 // A long answer's first event goes out at once, as a provider's first token does.
                 crate::host::pause(0).await;
             }
@@ -169,7 +169,7 @@ impl Model for OpenAiConfig {
 
 impl Model for WorkersAiConfig {
     async fn step(&self, request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError> {
-        workers_ai_step(&self.env, &self.binding, &self.model, self.stall_timeout_ms, request, on_event).await
+        workers_ai_step(&self.env, &self.binding, &self.model, self.stall_timeout, request, on_event).await
     }
 }
 
@@ -177,11 +177,11 @@ impl Model for WorkersAiConfig {
 /// an error the provider reported is logged under an id, which is all clients get.
 async fn read_sse(
     body: worker::ByteStream,
-    stall_timeout_ms: u64,
+    stall_timeout: Duration,
     decoder: impl EventDecoder,
     on_event: &mut dyn FnMut(ModelEvent),
 ) -> Result<(), ModelError> {
-    read_sse_events(body, stall_timeout_ms, decoder, on_event).await.map_err(|e| match e {
+    read_sse_events(body, stall_timeout, decoder, on_event).await.map_err(|e| match e {
         ModelError::Reported { detail, .. } => {
             let id = uuid::Uuid::new_v4().to_string();
             worker::console_error!("agent-tools: model provider error {id}: {detail}");
@@ -193,7 +193,7 @@ async fn read_sse(
 
 async fn read_sse_events(
     mut body: worker::ByteStream,
-    stall_timeout_ms: u64,
+    stall_timeout: Duration,
     mut decoder: impl EventDecoder,
     on_event: &mut dyn FnMut(ModelEvent),
 ) -> Result<(), ModelError> {
@@ -204,7 +204,7 @@ async fn read_sse_events(
     let mut sse = SseDecoder::default();
     loop {
         let next = body.next();
-        let stall = Delay::from(Duration::from_millis(stall_timeout_ms));
+        let stall = Delay::from(stall_timeout);
         futures::pin_mut!(next, stall);
         match select(next, stall).await {
             Either::Left((Some(Ok(bytes)), _)) => {
@@ -214,7 +214,7 @@ async fn read_sse_events(
             }
             Either::Left((Some(Err(e)), _)) => return Err(ModelError::Network(e.to_string())),
             Either::Left((None, _)) => break,
-            Either::Right(_) => return Err(ModelError::Stalled { after_ms: stall_timeout_ms }),
+            Either::Right(_) => return Err(ModelError::Stalled { after: stall_timeout }),
         }
     }
     if let Some(data) = sse.finish().map_err(ModelError::Protocol)? {
@@ -244,11 +244,11 @@ async fn openai_step(
     let _abort = AbortOnDrop(Some(controller));
     let fetch = Fetch::Request(req);
     let send = fetch.send_with_signal(&signal);
-    let stall = Delay::from(Duration::from_millis(config.stall_timeout_ms));
+    let stall = Delay::from(config.stall_timeout);
     futures::pin_mut!(send, stall);
     let mut resp = match select(send, stall).await {
         Either::Left((resp, _)) => resp.map_err(net)?,
-        Either::Right(_) => return Err(ModelError::Stalled { after_ms: config.stall_timeout_ms }),
+        Either::Right(_) => return Err(ModelError::Stalled { after: config.stall_timeout }),
     };
     if resp.status_code() != 200 {
         let status = resp.status_code();
@@ -258,14 +258,14 @@ async fn openai_step(
         return Err(ModelError::Http { status, id });
     }
     let stream = resp.stream().map_err(net)?;
-    read_sse(stream, config.stall_timeout_ms, StreamDecoder::default(), on_event).await
+    read_sse(stream, config.stall_timeout, StreamDecoder::default(), on_event).await
 }
 
 async fn workers_ai_step(
     env: &Env,
     binding: &str,
     model: &str,
-    stall_timeout_ms: u64,
+    stall_timeout: Duration,
     request: &ModelRequest,
     on_event: &mut dyn FnMut(ModelEvent),
 ) -> Result<(), ModelError> {
@@ -275,11 +275,11 @@ async fn workers_ai_step(
         o.remove("model");
     }
     let run = ai.run_bytes(model, input);
-    let stall = Delay::from(Duration::from_millis(stall_timeout_ms));
+    let stall = Delay::from(stall_timeout);
     futures::pin_mut!(run, stall);
     let stream = match select(run, stall).await {
         Either::Left((stream, _)) => stream.map_err(|e| ModelError::Network(e.to_string()))?,
-        Either::Right(_) => return Err(ModelError::Stalled { after_ms: stall_timeout_ms }),
+        Either::Right(_) => return Err(ModelError::Stalled { after: stall_timeout }),
     };
-    read_sse(stream, stall_timeout_ms, WorkersAiDecoder::default(), on_event).await
+    read_sse(stream, stall_timeout, WorkersAiDecoder::default(), on_event).await
 }

@@ -26,7 +26,7 @@ pub(super) const REGRESSIONS: &[u64] = &[9, 24, 25, 44, 57, 178, 1092];
 const HORIZON_MS: u64 = 30 * 60 * 1000;
 
 /// When the random faults stop, so the world can settle.
-const CALM_AFTER_MS: i64 = 8_000;
+const CALM_AFTER: Duration = Duration::from_secs(8);
 
 /// The parent.
 #[derive(Default)]
@@ -376,9 +376,9 @@ fn scenario(seed: u64) -> (Sim, Vec<(i64, Ev)>, Faults, usize) {
         timeline.push((rng.range(50, 6_000), Ev::Abandon(run(&mut rng))));
     }
     timeline.sort_by_key(|(at, _)| *at);
-    let mut faults = Faults::none().until_ms(CALM_AFTER_MS);
+    let mut faults = Faults::none().until(CALM_AFTER);
     if rng.chance(0.5) {
-        faults = faults.max_hop_ms(200).drop_hop(0.05).break_tail(0.002);
+        faults = faults.max_hop(Duration::from_millis(200)).drop_hop(0.05).break_tail(0.002);
     }
     if rng.chance(0.3) {
         faults = faults.storage(0.03);
@@ -601,14 +601,14 @@ fn drive(world: &World, sim: &Rc<Sim>, timeline: &[(i64, Ev)], clients: usize, t
         }
     }
     for (at, ev) in timeline {
-        let now = world.now() - start;
+        let now = world.now_ms() - start;
         if *at > now {
-            world.advance((*at - now) as u64);
+            world.advance(Duration::from_millis((*at - now) as u64));
         }
         happen(world, &clients, ev);
         step_problems(world, sim)?;
     }
-    world.advance(HORIZON_MS.saturating_sub((world.now() - start) as u64));
+    world.advance(Duration::from_millis(HORIZON_MS.saturating_sub((world.now_ms() - start) as u64)));
     step_problems(world, sim)?;
     crate::testing::sim::check_end(world)?;
     check_end(world, sim)

@@ -3,6 +3,7 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::rc::Rc;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -13,7 +14,7 @@ use crate::llm::{FinishReason, Model, ModelError, ModelEvent, ModelMessage, Mode
 enum Say {
     Text(String),
     ToolCall { name: String, input: Value },
-    Delay(u64),
+    Delay(Duration),
     Fail(String),
 }
 
@@ -41,11 +42,11 @@ impl Step {
         self
     }
 
-    /// The text as one delta per word, `delay_ms` of virtual time apart (a streaming answer).
-    pub fn words(mut self, text: &str, delay_ms: u64) -> Self {
+    /// The text as one delta per word, `gap` of virtual time apart (a streaming answer).
+    pub fn words(mut self, text: &str, gap: Duration) -> Self {
         for (i, word) in text.split_whitespace().enumerate() {
-            if i > 0 && delay_ms > 0 {
-                self.says.push(Say::Delay(delay_ms));
+            if i > 0 && !gap.is_zero() {
+                self.says.push(Say::Delay(gap));
             }
             self.says.push(Say::Text(if i == 0 { word.to_owned() } else { format!(" {word}") }));
         }
@@ -59,9 +60,9 @@ impl Step {
         self
     }
 
-    /// Silence for `ms` of virtual time.
-    pub fn delay(mut self, ms: u64) -> Self {
-        self.says.push(Say::Delay(ms));
+    /// Silence for `how_long` of virtual time.
+    pub fn delay(mut self, how_long: Duration) -> Self {
+        self.says.push(Say::Delay(how_long));
         self
     }
 
@@ -168,7 +169,7 @@ impl Model for ScriptedModel {
                     tool_calls += 1;
                     on_event(ModelEvent::ToolCallReady(Ok(ToolCall { id, name, input })));
                 }
-                Say::Delay(ms) => crate::host::pause(ms).await,
+                Say::Delay(gap) => crate::host::pause(u64::try_from(gap.as_millis()).unwrap_or(u64::MAX)).await,
                 Say::Fail(message) => return Err(ModelError::Network(message)),
             }
         }

@@ -85,7 +85,7 @@ impl<S: Fn(World) -> World> Simulation<S> {
             let outcome = catch_unwind(AssertUnwindSafe(|| {
                 let world = (self.setup)(World::seeded(seed).faults(self.faults.clone()));
                 scenario(&world);
-                world.settle_after_faults(self.faults.until_ms);
+                world.settle_after_faults(self.faults.until);
                 let mut problems = Vec::new();
                 if let Err(problem) = check_end(&world) {
                     problems.push(problem);
@@ -259,10 +259,10 @@ fn runs_by_id(state: &Value, retained: &[&str]) -> Value {
 impl World {
     /// Runs until the faults are over, then until nothing happens for a while, every dropped
     /// client back.
-    pub(crate) fn settle_after_faults(&self, until_ms: i64) {
-        let end = super::world::START_MS + until_ms;
-        if self.now() < end {
-            self.advance((end - self.now()) as u64);
+    pub(crate) fn settle_after_faults(&self, until: std::time::Duration) {
+        let end = crate::types::time_of(super::world::START_MS) + until;
+        if let Ok(left) = end.duration_since(self.now()) {
+            self.advance(left);
         }
         self.settle();
     }

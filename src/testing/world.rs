@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::rc::{Rc, Weak};
+use std::time::{Duration, SystemTime};
 
 use futures::channel::oneshot;
 
@@ -63,7 +64,7 @@ impl fmt::Display for ObjectRef {
 }
 
 /// Faults a seeded world injects by itself, each a chance per step (a task polled) until the
-/// virtual clock reaches `until_ms` after the world's start. All zero by default.
+/// virtual clock is `until` past the world's start. All zero by default.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct Faults {
@@ -75,12 +76,12 @@ pub struct Faults {
     pub hibernate: f64,
     /// A client's connection drops (it reconnects by itself, as the stock client does).
     pub drop_client: f64,
-    /// An object stops answering for a while (up to `max_stall_ms`), as a hung one does.
+    /// An object stops answering for a while (up to `max_stall`), as a hung one does.
     pub stall: f64,
     /// The longest stall.
-    pub max_stall_ms: u64,
+    pub max_stall: Duration,
     /// A call between objects takes up to this long on its way.
-    pub max_hop_ms: u64,
+    pub max_hop: Duration,
     /// A storage statement fails (in every object's store), as on a full disk: the atomic unit
     /// it belongs to rolls back.
     pub storage: f64,
@@ -88,12 +89,12 @@ pub struct Faults {
     pub drop_hop: f64,
     /// An open tail of a child's stream breaks (the parent reads an error, then the end).
     pub break_tail: f64,
-    /// When the faults stop (ms after the start), so the world can settle.
-    pub until_ms: i64,
+    /// When the faults stop (how long after the start), so the world can settle.
+    pub until: Duration,
 }
 
 impl Faults {
-    /// No faults: chain the ones a test wants (`Faults::none().crash(0.01).until_ms(30_000)`).
+    /// No faults: chain the ones a test wants (`Faults::none().crash(0.01).until(Duration::from_secs(30))`).
     pub fn none() -> Self {
         Self::default()
     }
@@ -116,16 +117,16 @@ impl Faults {
         self
     }
 
-    /// Sets [`Self::stall`] and [`Self::max_stall_ms`].
-    pub fn stall(mut self, chance: f64, max_ms: u64) -> Self {
+    /// Sets [`Self::stall`] and [`Self::max_stall`].
+    pub fn stall(mut self, chance: f64, max: Duration) -> Self {
         self.stall = chance;
-        self.max_stall_ms = max_ms;
+        self.max_stall = max;
         self
     }
 
-    /// Sets [`Self::max_hop_ms`].
-    pub fn max_hop_ms(mut self, ms: u64) -> Self {
-        self.max_hop_ms = ms;
+    /// Sets [`Self::max_hop`].
+    pub fn max_hop(mut self, max: Duration) -> Self {
+        self.max_hop = max;
         self
     }
 
@@ -147,9 +148,9 @@ impl Faults {
         self
     }
 
-    /// Sets [`Self::until_ms`].
-    pub fn until_ms(mut self, ms: i64) -> Self {
-        self.until_ms = ms;
+    /// Sets [`Self::until`].
+    pub fn until(mut self, after_start: Duration) -> Self {
+        self.until = after_start;
         self
     }
 
@@ -161,9 +162,9 @@ impl Faults {
             hibernate: 0.002,
             drop_client: 0.003,
             stall: 0.002,
-            max_stall_ms: 5_000,
-            max_hop_ms: 50,
-            until_ms: 60_000,
+            max_stall: Duration::from_secs(5),
+            max_hop: Duration::from_millis(50),
+            until: Duration::from_secs(60),
             ..Self::default()
         }
     }
@@ -173,8 +174,8 @@ impl Faults {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct LogLine {
-    /// When (virtual epoch ms).
-    pub at: i64,
+    /// When (on the virtual clock).
+    pub at: SystemTime,
     /// The object.
     pub object: ObjectRef,
     /// An error line.
@@ -475,16 +476,16 @@ impl World {
         self.0.crash(object, false);
     }
 
-    /// Makes `object` answer nothing for `ms` (requests wait, as behind a hung turn's input
-    /// gate); what it is running goes on.
-    pub fn stall(&self, object: &ObjectRef, ms: u64) {
+    /// Makes `object` answer nothing for `how_long` (requests wait, as behind a hung turn's
+    /// input gate); what it is running goes on.
+    pub fn stall(&self, object: &ObjectRef, how_long: Duration) {
         let object = self.0.object(object);
-        object.stalled_until.set(self.0.exec.now() + ms as i64);
+        object.stalled_until.set(self.0.exec.now() + millis(how_long));
     }
 
-    /// Delays every call to objects of `binding` by `ms` from now on (0 ends it).
-    pub fn delay_hops_to(&self, binding: &str, ms: u64) {
-        self.0.hops.borrow_mut().delay_ms.insert(binding.to_owned(), ms);
+    /// Delays every call to objects of `binding` by `delay` from now on (zero ends it).
+    pub fn delay_hops_to(&self, binding: &str, delay: Duration) {
+        self.0.hops.borrow_mut().delay_ms.insert(binding.to_owned(), millis(delay) as u64);
     }
 
     /// Fails the next `n` calls to objects of `binding`, as a broken connection would.
@@ -500,8 +501,13 @@ impl World {
 
     // ----- time -------------------------------------------------------------------------
 
-    /// Now on the virtual clock (epoch ms).
-    pub fn now(&self) -> i64 {
+    /// Now on the virtual clock.
+    pub fn now(&self) -> SystemTime {
+        crate::types::time_of(self.0.exec.now())
+    }
+
+    /// Now on the virtual clock in epoch milliseconds, as the engines count.
+    pub(crate) fn now_ms(&self) -> i64 {
         self.0.exec.now()
     }
 
@@ -509,19 +515,19 @@ impl World {
     /// within [`QUIET_MS`] of the last event; stops when nothing is, or after
     /// [`WAIT_LIMIT_MS`] of virtual time (a timer that fires forever).
     pub fn settle(&self) {
-        let limit = self.now() + WAIT_LIMIT_MS;
+        let limit = self.now_ms() + WAIT_LIMIT_MS;
         loop {
             self.0.run_ready();
             match self.0.next_event() {
-                Some(at) if at <= self.now() + QUIET_MS && at <= limit => self.0.advance_to(at),
+                Some(at) if at <= self.now_ms() + QUIET_MS && at <= limit => self.0.advance_to(at),
                 _ => break,
             }
         }
     }
 
-    /// Lets `ms` of virtual time pass, running what falls due on the way.
-    pub fn advance(&self, ms: u64) {
-        let until = self.now() + ms as i64;
+    /// Lets `how_long` of virtual time pass, running what falls due on the way.
+    pub fn advance(&self, how_long: Duration) {
+        let until = self.now_ms() + millis(how_long);
         loop {
             self.0.run_ready();
             match self.0.next_event() {
@@ -799,7 +805,8 @@ impl WorldInner {
         };
         let (random, lost) = match self.chaos.borrow_mut().as_mut() {
             Some((rng, faults)) if self.faults_on(faults) => {
-                let delay = if faults.max_hop_ms > 0 { rng.next() % (faults.max_hop_ms + 1) } else { 0 };
+                let max_hop = millis(faults.max_hop) as u64;
+                let delay = if max_hop > 0 { rng.next() % (max_hop + 1) } else { 0 };
                 (delay, rng.chance(faults.drop_hop))
             }
             _ => (0, false),
@@ -819,7 +826,7 @@ impl WorldInner {
     }
 
     fn faults_on(&self, faults: &Faults) -> bool {
-        self.exec.now() < super::world::START_MS + faults.until_ms
+        self.exec.now() < super::world::START_MS + millis(faults.until)
     }
 
     /// Whether the statement being run fails ([`Faults::storage`]).
@@ -972,7 +979,12 @@ impl WorldInner {
         if self.echo_logs.get() {
             eprintln!("[{} {object}] {text}", self.exec.now() - START_MS);
         }
-        let line = LogLine { at: self.exec.now(), object: object.clone(), error, text: text.to_owned() };
+        let line = LogLine {
+            at: crate::types::time_of(self.exec.now()),
+            object: object.clone(),
+            error,
+            text: text.to_owned(),
+        };
         self.logs.borrow_mut().push(line);
     }
 
@@ -1103,7 +1115,7 @@ impl WorldInner {
         let fault = {
             let mut chaos = self.chaos.borrow_mut();
             let Some((rng, faults)) = chaos.as_mut() else { return };
-            if self.exec.now() >= START_MS + faults.until_ms {
+            if self.exec.now() >= START_MS + millis(faults.until) {
                 return;
             }
             let kind = if rng.chance(faults.crash) {
@@ -1119,7 +1131,7 @@ impl WorldInner {
             } else {
                 return;
             };
-            (kind, rng.next(), rng.next() % (faults.max_stall_ms + 1))
+            (kind, rng.next(), rng.next() % (millis(faults.max_stall) as u64 + 1))
         };
         let (kind, pick, stall_ms) = fault;
         let live: Vec<ObjectRef> = (self.objects.borrow().iter())
@@ -1177,4 +1189,10 @@ impl WorldInner {
         self.exec.kill(TEST);
         self.objects.borrow_mut().clear();
     }
+}
+
+/// `d` in whole milliseconds, as the virtual clock counts (saturating: a century is as good as
+/// forever here).
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
 }

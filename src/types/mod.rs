@@ -6,6 +6,7 @@
 mod detached;
 mod options;
 mod run;
+pub(crate) use run::epoch_ms as epoch_ms_serde;
 
 pub use detached::*;
 pub use options::*;

@@ -670,7 +670,7 @@ mod tests {
 
 /// A time as JSON carries it: milliseconds since the Unix epoch (a whole number; one with a
 /// fraction, as JavaScript's clocks may give, is rounded).
-mod epoch_ms {
+pub(crate) mod epoch_ms {
     use std::time::SystemTime;
 
     use serde::{Deserialize, Deserializer, Serializer};

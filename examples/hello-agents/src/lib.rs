@@ -3,6 +3,8 @@
 //! researcher has an agent tool of its own (`fact_check`, a `FactChecker` grandchild); the
 //! agents run on a small model of this Worker's own; `POST /agents/planner/<name>/runs`
 //! starts a background research run.
+use std::time::Duration;
+
 use agent_tools::model::{
     FinishReason, Model, ModelError, ModelEvent, ModelMessage, ModelRequest, OfflineModel, ToolCall,
 };
@@ -135,7 +137,7 @@ pub struct FactChecker;
 
 impl Agent for FactChecker {
     fn model(&self, _env: &Env, _input: Option<&Value>) -> Result<impl Model, ModelError> {
-        Ok(OfflineModel { words: 8, delay_ms: 20 })
+        Ok(OfflineModel { words: 8, delay: Duration::from_millis(20) })
     }
 }
 

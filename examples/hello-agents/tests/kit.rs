@@ -1,6 +1,8 @@
 //! The example Worker's agents under `cargo test`, hosted natively by `agent_tools::testing`:
 //! the same code `wrangler dev` runs, on a virtual clock, with crashes on demand.
 
+use std::time::Duration;
+
 use agent_tools::testing::{Faults, ObjectRef, Simulation, World};
 use agent_tools::RunStatus;
 use hello_agents::{FactChecker, Planner, Researcher};
@@ -90,7 +92,7 @@ fn a_child_that_crashes_mid_run_is_run_again_and_the_chat_gets_its_answer() {
     // Let the grandchild get going (its offline model streams a word every 20 ms), then crash
     // the researcher between its turn's start and its end.
     assert!(world.run_until(|| !world.objects_of::<FactChecker>().is_empty()));
-    world.advance(30);
+    world.advance(Duration::from_millis(30));
     let researcher = world.objects_of::<Researcher>().remove(0);
     world.crash(&researcher);
     let reply = client.wait_reply(&request);
@@ -153,7 +155,7 @@ fn seeded_schedules_with_faults_keep_the_contract() {
             world.post("/agents/planner/sim/runs", &json!({ "query": "QUIC" }));
             // The next message once the first answer is in (or after a minute: a crash can lose
             // a turn), as a user would send it.
-            let patience = world.now() + 60_000;
+            let patience = world.now() + Duration::from_secs(60);
             world.run_until(|| client.reply(&first).is_some_and(|r| r.done) || world.now() > patience);
             client.send_chat("TLS");
         });

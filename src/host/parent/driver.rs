@@ -218,7 +218,7 @@ impl Host {
             agent: self.0.class.to_owned(),
             name: self.name().unwrap_or_default(),
             payload,
-            timestamp: self.now(),
+            timestamp: crate::types::time_of(self.now()),
         };
         self.log(&event.to_line());
         self.0.hooks.on_observability(&event);
@@ -311,6 +311,8 @@ fn done(reply: Result<ChildReply, String>) -> Result<(), String> {
 
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod tests {
+    use std::time::Duration;
+
     use crate::child::progress::Report;
     use crate::protocol::child_api::StartRequest;
     use crate::protocol::chunk::Progress;
@@ -347,24 +349,24 @@ mod tests {
                 terminal_only: false,
                 tail_after: None,
             };
-            host.0.child.borrow_mut().start(host.sql(), &start, world.now()).unwrap();
+            host.0.child.borrow_mut().start(host.sql(), &start, world.now_ms()).unwrap();
         }
         let report_now = |run: &str| {
-            host.0.child.borrow_mut().report_progress(host.sql(), run, report(), false, &id, world.now()).unwrap();
+            host.0.child.borrow_mut().report_progress(host.sql(), run, report(), false, &id, world.now_ms()).unwrap();
         };
         // Each run's first report goes out; a second within its window is held to the window's end.
         report_now("a");
-        world.advance(150);
+        world.advance(Duration::from_millis(150));
         report_now("b");
-        world.advance(10);
+        world.advance(Duration::from_millis(10));
         report_now("b"); // held until 150 + 200
         host.rearm_timer();
-        assert_eq!(host.0.timer_at.get(), Some(world.now() + 190));
+        assert_eq!(host.0.timer_at.get(), Some(world.now_ms() + 190));
         assert_eq!(world.0.exec.tasks_of(owner), 1, "one timer sleeps");
         report_now("a"); // held until 0 + 200: earlier
         host.rearm_timer();
-        assert_eq!(host.0.timer_at.get(), Some(world.now() + 40));
-        world.advance(0);
+        assert_eq!(host.0.timer_at.get(), Some(world.now_ms() + 40));
+        world.advance(Duration::from_millis(0));
         assert_eq!(world.0.exec.tasks_of(owner), 1, "the later timer's task ended when it was replaced");
     }
 }
