@@ -75,7 +75,22 @@ impl std::fmt::Debug for CancelToken {
 }
 
 /// The future returned by [`CancelToken::cancelled`].
+///
+/// ```
+/// use agent_tools::CancelToken;
+///
+/// let token = CancelToken::new();
+/// let cancelled = token.cancelled();
+/// token.cancel(Some("the user left".into()));
+/// futures::executor::block_on(cancelled); // ready once the token is cancelled
+/// ```
 pub struct Cancelled(CancelToken);
+
+impl std::fmt::Debug for Cancelled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Cancelled").field(&self.0).finish()
+    }
+}
 
 impl Future for Cancelled {
     type Output = ();

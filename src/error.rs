@@ -104,6 +104,13 @@ impl fmt::Display for Error {
 }
 
 /// What is wrong with an input ([`Error::Invalid`]). New kinds may come in a minor version.
+///
+/// ```
+/// use agent_tools::{Error, Invalid};
+///
+/// let error = Error::invalid("a run id may not contain '/'");
+/// assert!(matches!(error, Error::Invalid(Invalid::Other(_))));
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Invalid {
@@ -136,6 +143,13 @@ impl fmt::Display for Invalid {
 }
 
 /// What was not found ([`Error::NotFound`]). New kinds may come in a minor version.
+///
+/// ```
+/// use agent_tools::{Error, NotFound};
+///
+/// let error = Error::NotFound(NotFound::Run("run-9".into()));
+/// assert_eq!(error.to_string(), "no agent-tool run \"run-9\"");
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum NotFound {
@@ -159,6 +173,14 @@ impl fmt::Display for NotFound {
 
 /// Another object, a binding or the network that could not be reached, or answered out of
 /// protocol ([`Error::Unavailable`]).
+///
+/// ```
+/// use agent_tools::Unavailable;
+///
+/// assert!(Unavailable::answered(503, "the child is overloaded").retryable);
+/// assert!(!Unavailable::answered(404, "no such child").retryable);
+/// assert!(Unavailable::unreachable("connection reset").retryable);
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Unavailable {
@@ -197,6 +219,20 @@ impl fmt::Display for Unavailable {
 
 /// Why a dispatch or a message was turned away, writing nothing ([`Error::Refused`]). New
 /// reasons may come in a minor version.
+///
+/// ```
+/// use agent_tools::{Error, Refused};
+///
+/// fn tell(error: &Error) -> &'static str {
+///     match error {
+///         Error::Refused(Refused::CapReached { .. }) => "busy: try again when a run ends",
+///         Error::Refused(Refused::TooLarge { .. }) => "the input is too large",
+///         Error::Refused(_) => "refused",
+///         _ => "failed",
+///     }
+/// }
+/// assert_eq!(tell(&Error::Refused(Refused::CapReached { limit: 4 })), "busy: try again when a run ends");
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Refused {

@@ -64,6 +64,7 @@
 
 #![deny(missing_docs)]
 #![deny(rustdoc::broken_intra_doc_links)]
+#![deny(missing_debug_implementations)]
 
 // The demo names the crate as a Worker would (`agent_tools::…`).
 extern crate self as agent_tools;
@@ -596,6 +597,11 @@ pub mod model {
     pub use crate::llm::*;
     pub use crate::platform::model::{ModelProvider, WorkersAiConfig};
 }
+
+/// The `http` crate the hooks' [`HttpRequest`] and [`HttpResponse`] come from, re-exported so a
+/// Worker matches `http::Method::POST` or builds an `http::Response` without naming the same
+/// version itself.
+pub use http;
 
 pub use agent::{milestone_line, require_token, Agent, Refusal, SubAgent};
 pub use cancel::{CancelToken, Cancelled};

@@ -122,6 +122,12 @@ macro_rules! durable_object {
                 host: $crate::AgentHost<self::$name>,
             }
 
+            impl ::core::fmt::Debug for $name {
+                fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+                    ::core::fmt::Debug::fmt(&self.host, f)
+                }
+            }
+
             impl ::worker::DurableObject for $name {
                 fn new(state: ::worker::State, env: ::worker::Env) -> Self {
                     Self { host: $crate::AgentHost::new(state, env) }

@@ -1,5 +1,5 @@
 //! Structured events of the agent-tool engine: one JSON line each (visible in `wrangler tail`)
-//! and a hook (`ParentAgent::on_observability`) to subscribe in Rust.
+//! and a hook ([`crate::Agent::on_observability`]) to subscribe in Rust.
 //!
 //! ```text
 //! {"type":"agent_tool:recovery:row","agent":"Assistant","name":"alice","payload":{...},"timestamp":1700000000000}
@@ -11,6 +11,22 @@ use serde::Serialize;
 use serde_json::Value;
 
 /// What happened.
+///
+/// ```
+/// # use agent_tools::prelude::*;
+/// use agent_tools::observability::EventType;
+/// # #[derive(Default)] pub struct Assistant;
+/// # agent_tools::durable_object!(Assistant, unchecked);
+/// # fn main() {}
+///
+/// impl Agent for Assistant {
+///     fn on_observability(&self, event: &ObservabilityEvent) {
+///         if event.kind == EventType::RecoveryRow {
+///             // Count recovered runs in your own metrics.
+///         }
+///     }
+/// }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub enum EventType {
@@ -92,6 +108,24 @@ pub enum EventType {
 }
 
 /// One event.
+///
+/// ```
+/// use std::time::{Duration, UNIX_EPOCH};
+/// use agent_tools::observability::{EventType, ObservabilityEvent};
+/// use serde_json::json;
+///
+/// let event = ObservabilityEvent::new(
+///     EventType::RecoveryRow,
+///     "Assistant",
+///     "alice",
+///     json!({ "runId": "r1" }),
+///     UNIX_EPOCH + Duration::from_millis(1_700_000_000_000),
+/// );
+/// assert_eq!(
+///     event.to_line(),
+///     r#"{"type":"agent_tool:recovery:row","agent":"Assistant","name":"alice","payload":{"runId":"r1"},"timestamp":1700000000000}"#
+/// );
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct ObservabilityEvent {
@@ -110,6 +144,18 @@ pub struct ObservabilityEvent {
 }
 
 impl ObservabilityEvent {
+    /// The event `kind` on the agent `agent` named `name`, with its `payload`, at `timestamp`:
+    /// for an agent's own tests of [`crate::Agent::on_observability`].
+    pub fn new(
+        kind: EventType,
+        agent: impl Into<String>,
+        name: impl Into<String>,
+        payload: Value,
+        timestamp: SystemTime,
+    ) -> Self {
+        Self { kind, agent: agent.into(), name: name.into(), payload, timestamp }
+    }
+
     /// The JSON log line.
     pub fn to_line(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()

@@ -20,6 +20,12 @@ pub struct Storage<'a> {
     sql: &'a dyn crate::store::Sql,
 }
 
+impl std::fmt::Debug for Storage<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Storage").finish_non_exhaustive()
+    }
+}
+
 impl<'a> Storage<'a> {
     pub(crate) fn new(sql: &'a dyn crate::store::Sql) -> Self {
         Self { sql }

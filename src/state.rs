@@ -21,6 +21,20 @@ CREATE TABLE IF NOT EXISTS agent_state (
 pub const MAX_STATE_BYTES: usize = 1_000_000;
 
 /// Who changed the state.
+///
+/// ```
+/// # use agent_tools::prelude::*;
+/// # #[derive(Default)] pub struct Board;
+/// # agent_tools::durable_object!(Board, unchecked);
+/// # fn main() {}
+/// impl Agent for Board {
+///     async fn on_state_changed(&self, host: &AgentHost<Self>, state: &serde_json::Value, source: &StateSource) {
+///         if let StateSource::Client(connection) = source {
+///             host.log(&format!("connection {connection} set the board to {state}"));
+///         }
+///     }
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StateSource {

@@ -29,6 +29,11 @@ impl From<i64> for Value {
         Value::Int(v)
     }
 }
+impl From<f64> for Value {
+    fn from(v: f64) -> Self {
+        Value::Real(v)
+    }
+}
 impl From<bool> for Value {
     fn from(v: bool) -> Self {
         Value::Int(v as i64)
@@ -106,6 +111,22 @@ impl Row {
             Value::Real(v) => Some(*v as i64),
             _ => None,
         }
+    }
+}
+
+/// The largest integer a JavaScript number holds exactly (`Number.MAX_SAFE_INTEGER`): Durable
+/// Object storage carries bound integers as JavaScript numbers, so a larger one would be rounded.
+pub(crate) const MAX_SAFE_INTEGER: i64 = (1 << 53) - 1;
+
+/// Refuses a statement that binds an integer Durable Object storage would round (it would store
+/// another number, with only a warning in the Worker's log); the native store refuses it alike,
+/// so a test finds what workerd would mangle.
+pub(crate) fn check_bindings(sql: &str, params: &[Value]) -> Result<(), StoreError> {
+    match params.iter().find(|p| matches!(p, Value::Int(i) if i.unsigned_abs() > MAX_SAFE_INTEGER as u64)) {
+        Some(Value::Int(i)) => Err(StoreError {
+            message: format!("the integer {i} is outside JavaScript's safe range and would be rounded (in `{sql}`)"),
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -196,6 +217,7 @@ pub(crate) mod sqlite {
 
     impl Sql for rusqlite::Connection {
         fn exec(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError> {
+            super::check_bindings(sql, params)?;
             let mut stmt = self.prepare_cached(sql).map_err(err)?;
             let columns = stmt.column_count();
             let mut rows = stmt.query(rusqlite::params_from_iter(params.iter())).map_err(err)?;
@@ -452,5 +474,22 @@ mod tests {
         assert_eq!((col::run_id, col::status, col::started_at), (0, 1, 2));
         let row = super::Row(vec![super::Value::from("r"), super::Value::from("running"), super::Value::Int(7)]);
         assert_eq!((row.text(col::status).as_deref(), row.int(col::started_at)), (Some("running"), Some(7)));
+    }
+
+    /// Durable Object storage carries bound integers as JavaScript numbers: one it would round
+    /// is refused with the statement named, in the native store as in a Worker.
+    #[test]
+    fn an_integer_storage_would_round_is_refused() {
+        use super::{Sql, Value, MAX_SAFE_INTEGER};
+        let db = super::sqlite::memory();
+        db.batch("CREATE TABLE t (n INTEGER)").unwrap();
+        for n in [MAX_SAFE_INTEGER, -MAX_SAFE_INTEGER, 0] {
+            db.exec("INSERT INTO t (n) VALUES (?)", &[Value::Int(n)]).unwrap();
+        }
+        for n in [MAX_SAFE_INTEGER + 1, i64::MAX, i64::MIN] {
+            let error = db.exec("INSERT INTO t (n) VALUES (?)", &[Value::Int(n)]).unwrap_err();
+            assert!(error.message.contains(&n.to_string()) && error.message.contains("INSERT INTO t"), "{error}");
+        }
+        assert_eq!(db.one("SELECT COUNT(*) FROM t", &[]).unwrap().and_then(|r| r.int(0)), Some(3));
     }
 }

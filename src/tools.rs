@@ -100,6 +100,16 @@ pub struct ToolContext<'a, A: Agent> {
     pub(crate) turn: Option<&'a Turn<A>>,
 }
 
+impl<A: Agent> std::fmt::Debug for ToolContext<'_, A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolContext")
+            .field("tool", &self.call.name)
+            .field("call_id", &self.call.id)
+            .field("in_turn", &self.turn.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl<'a, A: Agent> ToolContext<'a, A> {
     /// The agent running the tool.
     pub fn host(&self) -> &'a AgentHost<A> {

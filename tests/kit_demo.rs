@@ -67,7 +67,7 @@ fn drilling_in_shows_the_childs_own_chat_and_a_guessed_id_is_refused() {
     let identity = child.frames().into_iter().find(|f| f["type"] == "cf_agent_identity").expect("an identity");
     assert_eq!((&identity["agent"], &identity["name"]), (&json!("researcher"), &json!(run_id)));
     // A run id the parent never dispatched: the socket is accepted and closed with 4404.
-    let refused = world.try_connect("/agents/assistant/bob/sub/researcher/guessed").err().expect("refused");
+    let refused = world.try_connect("/agents/assistant/bob/sub/researcher/guessed").expect_err("refused");
     assert!(refused.to_string().contains("4404"), "{refused}");
 }
 

@@ -21,7 +21,7 @@ use super::setting;
 /// The input of the `research` tool. Besides the topic, optional fields whose schema uses what
 /// a validator must really check (`pattern`, `format`, `uniqueItems`, `if`/`then`): an input
 /// that breaks any of them is refused before a child starts.
-#[derive(JsonSchema, serde::Deserialize)]
+#[derive(Debug, JsonSchema, serde::Deserialize)]
 #[allow(dead_code)] // read by the child's model, not by Rust
 #[schemars(extend("if" = {"properties": {"depth": {"const": "deep"}}, "required": ["depth"]},
                   "then" = {"required": ["sources"]}))]
@@ -46,7 +46,7 @@ pub struct ResearchInput {
 }
 
 /// How deep a research goes.
-#[derive(JsonSchema, serde::Deserialize)]
+#[derive(Debug, JsonSchema, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Depth {
     /// A quick look.
@@ -59,7 +59,7 @@ pub enum Depth {
 const DEMO_LIVE_RUNS: usize = 64;
 
 /// The parent: a chat agent whose model researches topics with `Researcher` children.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Assistant;
 
 /// The demo's detached completion handlers: a typed registry, kept in SQL by name.

@@ -95,7 +95,7 @@ fn child_options(env: &Env) -> AgentToolOptions {
 }
 
 /// A chat agent that researches what it is asked, reporting progress and a milestone.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Researcher;
 
 /// The answer a reviewed research waits for (`{"approved": bool, "reason"?: string}`).
@@ -185,7 +185,7 @@ impl Agent for Researcher {
 }
 
 /// A second child class: summarizes text in one turn, no progress.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Summarizer;
 
 impl Agent for Summarizer {

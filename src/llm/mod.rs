@@ -65,7 +65,7 @@ pub use openai::OpenAiConfig;
 #[allow(async_fn_in_trait)] // Workers are single-threaded; no `Send` bound is wanted.
 pub trait Model {
     /// Streams one step for `request`, handing each event to `on_event` as it arrives. A step
-    /// that calls tools ends with [`ModelEvent::Finish`]`("tool-calls")`; the turn runs them and
+    /// that calls tools ends with `ModelEvent::Finish(FinishReason::ToolCalls)`; the turn runs them and
     /// asks for the next step.
     async fn step(&self, request: &ModelRequest, on_event: &mut dyn FnMut(ModelEvent)) -> Result<(), ModelError>;
 }
@@ -74,6 +74,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// A tool call the model made.
+///
+/// ```
+/// use agent_tools::model::ToolCall;
+/// use serde_json::json;
+///
+/// let call = ToolCall::new("call_1", "research", json!({ "query": "QUIC" }));
+/// assert_eq!((call.name.as_str(), &call.input["query"]), ("research", &json!("QUIC")));
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct ToolCall {
@@ -93,6 +101,22 @@ impl ToolCall {
 }
 
 /// One message of the conversation, in the shape every provider maps from.
+///
+/// ```
+/// use agent_tools::model::{ModelMessage, ToolCall};
+/// use serde_json::json;
+///
+/// // A step that called a tool, then the tool's result: what the next step is shown.
+/// let conversation = vec![
+///     ModelMessage::User("Research QUIC".into()),
+///     ModelMessage::Assistant {
+///         text: String::new(),
+///         tool_calls: vec![ToolCall::new("call_1", "research", json!({ "query": "QUIC" }))],
+///     },
+///     ModelMessage::Tool { call_id: "call_1".into(), name: "research".into(), output: json!("QUIC runs over UDP.") },
+/// ];
+/// assert!(matches!(conversation.last(), Some(ModelMessage::Tool { call_id, .. }) if call_id == "call_1"));
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum ModelMessage {
@@ -119,6 +143,18 @@ pub enum ModelMessage {
 }
 
 /// A tool as the model sees it.
+///
+/// ```
+/// use agent_tools::model::ToolSpec;
+/// use serde_json::json;
+///
+/// let spec = ToolSpec::new(
+///     "word_count",
+///     "Count the words of a text.",
+///     json!({ "type": "object", "properties": { "text": { "type": "string" } }, "required": ["text"] }),
+/// );
+/// assert_eq!(spec.input_schema["required"][0], "text");
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct ToolSpec {
@@ -138,6 +174,20 @@ impl ToolSpec {
 }
 
 /// What a model is asked.
+///
+/// ```
+/// use agent_tools::model::{ModelEvent, ModelMessage, ModelRequest, OfflineModel, ToolSpec};
+/// use serde_json::json;
+///
+/// let schema = json!({ "type": "object", "properties": { "query": { "type": "string" } } });
+/// let request = ModelRequest::new(
+///     vec![ModelMessage::User("Research QUIC".into())],
+///     vec![ToolSpec::new("research", "Research a topic.", schema)],
+/// );
+/// // The offline model calls the offered tool for a research request.
+/// let events = OfflineModel::default().respond(&request);
+/// assert!(events.iter().any(|e| matches!(e, ModelEvent::ToolCallStart { name, .. } if name == "research")));
+/// ```
 #[derive(Debug, Clone, PartialEq, Default)]
 #[non_exhaustive]
 pub struct ModelRequest {
@@ -148,6 +198,24 @@ pub struct ModelRequest {
 }
 
 /// What a model streams.
+///
+/// What a [`Model`] of your own sends for one step that answers in text (see [`Model`] for a
+/// whole one):
+///
+/// ```
+/// use agent_tools::model::{FinishReason, ModelEvent};
+///
+/// fn answer(on_event: &mut dyn FnMut(ModelEvent)) {
+///     for word in ["QUIC ", "runs ", "over ", "UDP."] {
+///         on_event(ModelEvent::TextDelta(word.into()));
+///     }
+///     on_event(ModelEvent::Finish(FinishReason::Stop));
+/// }
+///
+/// let mut text = String::new();
+/// answer(&mut |event| if let ModelEvent::TextDelta(delta) = event { text.push_str(&delta) });
+/// assert_eq!(text, "QUIC runs over UDP.");
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum ModelEvent {
@@ -175,6 +243,13 @@ pub enum ModelEvent {
 }
 
 /// Why a model's step ended (the AI SDK's `finishReason`, as the `finish` chunk spells it).
+///
+/// ```
+/// use agent_tools::model::FinishReason;
+///
+/// assert_eq!(FinishReason::ToolCalls.to_string(), "tool-calls");
+/// assert_eq!(FinishReason::from_openai("stop"), FinishReason::Stop);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum FinishReason {
@@ -231,7 +306,7 @@ impl std::fmt::Display for FinishReason {
 
 /// Turns a provider's streamed event data (one SSE `data:` payload at a time) into
 /// [`ModelEvent`]s.
-pub trait EventDecoder {
+pub(crate) trait EventDecoder {
     /// Feeds one event's data.
     fn feed(&mut self, data: &str) -> Result<Vec<ModelEvent>, ModelError>;
     /// The stream ended: completes what is pending, or says the stream was cut short.
@@ -239,6 +314,15 @@ pub trait EventDecoder {
 }
 
 /// A tool call whose arguments were not valid JSON.
+///
+/// ```
+/// use agent_tools::model::{InvalidToolCall, ModelEvent};
+///
+/// // A provider sent arguments that are not JSON: the call fails on its own, the turn goes on.
+/// let bad = InvalidToolCall::new("call_2", "research", "{\"query\": ", "EOF while parsing");
+/// let event = ModelEvent::ToolCallReady(Err(bad));
+/// assert!(matches!(event, ModelEvent::ToolCallReady(Err(InvalidToolCall { ref raw, .. })) if raw.ends_with(": ")));
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct InvalidToolCall {
@@ -272,6 +356,17 @@ impl InvalidToolCall {
 }
 
 /// Why a model call failed. Each ends the turn with an error part.
+///
+/// ```
+/// use std::time::Duration;
+/// use agent_tools::model::ModelError;
+///
+/// let stalled = ModelError::Stalled { after: Duration::from_secs(30) };
+/// assert_eq!(stalled.to_string(), "model provider sent nothing for 30000 ms");
+/// // A provider's HTTP error names the status and the log line's id, never the provider's body.
+/// let http = ModelError::Http { status: 401, id: "e-7".into() };
+/// assert!(http.to_string().contains("HTTP 401") && http.to_string().contains("e-7"));
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum ModelError {

@@ -1,29 +1,47 @@
-//! The built-in offline model: deterministic text, streamed word by word at a set pace.
-//!
-//! The same conversation always yields the same answer, so tests can assert it exactly, and the
-//! demo works with no network and no API keys. It behaves like a small tool-using model:
-//!
-//! 1. The last message is the user's, tools are offered, and the user asks for research (the
-//!    text starts with "research", "compare", "look into" or "find out about", after an
-//!    optional "please"): it reads **topics** from the rest (split on commas, "and", "vs") and
-//!    calls the first tool once per topic, all in one step, with `{"query": topic}` (or
-//!    `topic`/`text`, whichever the tool's schema has).
-//!    Or the user's message starts with the name of an offered tool (underscores read as
-//!    spaces: `publish QUIC`, `local time`): it calls that tool once, with the rest of the
-//!    message as its `query`/`topic`/`text`.
-//! 2. The last messages are tool results: it answers with one line per result.
-//! 3. Tools are offered but the user did not ask for research (a background run's
-//!    notification, say): it answers `Noted: ` and the message's first words.
-//! 4. No tools (a child): it answers with [`research_answer`] of the topics (a JSON object's
-//!    `query`/`topic`/`text`, else the text).
+//! The built-in offline model (see [`OfflineModel`] for what it answers).
 
 use std::time::Duration;
 
 use super::{FinishReason, ModelEvent, ModelMessage, ModelRequest, ToolCall, ToolSpec};
 
-/// The built-in offline model: deterministic, no network, no keys (see the module docs for
-/// what it answers). It is what the demo and the tests run on; wrap it to build a model of your
+/// The built-in offline model: deterministic text, streamed word by word at a set pace, no
+/// network, no keys. It is what the demo and the tests run on; wrap it to build a model of your
 /// own.
+///
+/// The same conversation always yields the same answer, so tests can assert it exactly, and the
+/// demo works offline. It behaves like a small tool-using model:
+///
+/// 1. The last message is the user's, tools are offered, and the user asks for research (the
+///    text starts with "research", "compare", "look into" or "find out about", after an
+///    optional "please"): it reads **topics** from the rest (split on commas, "and", "vs") and
+///    calls the first tool once per topic, all in one step, with `{"query": topic}` (or
+///    `topic`/`text`, whichever the tool's schema has).
+///    Or the user's message starts with the name of an offered tool (underscores read as
+///    spaces: `publish QUIC`, `local time`): it calls that tool once, with the rest of the
+///    message as its `query`/`topic`/`text`.
+/// 2. The last messages are tool results: it answers with one line per result.
+/// 3. Tools are offered but the user did not ask for research (a background run's
+///    notification, say): it answers `Noted: ` and the message's first words.
+/// 4. No tools (a child): it answers with [`OfflineModel::research_answer`] of the topics (a JSON object's
+///    `query`/`topic`/`text`, else the text).
+///
+/// ```
+/// use std::time::Duration;
+/// use agent_tools::model::{ModelEvent, ModelMessage, ModelRequest, OfflineModel};
+///
+/// // Eight words, 20 ms apart when it streams in an agent.
+/// let model = OfflineModel { words: 8, delay: Duration::from_millis(20) };
+/// let request = ModelRequest::new(vec![ModelMessage::User("HTTP/3".into())], vec![]);
+/// let text: String = model
+///     .respond(&request)
+///     .into_iter()
+///     .filter_map(|e| match e {
+///         ModelEvent::TextDelta(t) => Some(t),
+///         _ => None,
+///     })
+///     .collect();
+/// assert_eq!(text, OfflineModel::research_answer("HTTP/3", 8));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OfflineModel {
     /// Words in an answer.

@@ -12,6 +12,17 @@ use super::{
 };
 
 /// Where and what to call. Its `Debug` never shows the key.
+///
+/// ```
+/// use std::time::Duration;
+/// use agent_tools::model::OpenAiConfig;
+///
+/// let config = OpenAiConfig::new("http://127.0.0.1:8080/v1", "llama-3.1-8b")
+///     .api_key("sk-local")
+///     .stall_timeout(Duration::from_secs(10));
+/// assert_eq!(config.endpoint(), "http://127.0.0.1:8080/v1/chat/completions");
+/// assert!(!format!("{config:?}").contains("sk-local"), "Debug never shows the key");
+/// ```
 #[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct OpenAiConfig {

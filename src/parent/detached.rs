@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use super::registry::RunRecord;
 use crate::protocol::InterruptedReason;
-use crate::store::{Sql, StoreError, Value as V};
+use crate::store::{Sql, StoreError, Value as V, MAX_SAFE_INTEGER};
 use std::time::Duration;
 
 use crate::types::{ms, DetachedOptions, RunStatus, CADENCE_MS, DEFAULT_MAX_BUDGET_MS, DEFAULT_NO_PROGRESS_BUDGET_MS};
@@ -148,8 +148,9 @@ impl<'a, S: Sql + ?Sized> Ledger<'a, S> {
                 V::from(options.on_finish.as_ref().map(Value::to_string)),
                 V::from(options.notify_source.clone()),
                 V::from(options.on_milestones.as_ref().and_then(|m| serde_json::to_string(m).ok())),
-                V::Int(now.saturating_add(max)),
-                V::Int(no_progress),
+                // A budget past what storage holds exactly is no budget (NULL: never).
+                V::from(Some(now.saturating_add(max)).filter(|&at| at <= MAX_SAFE_INTEGER)),
+                V::from(Some(no_progress).filter(|&budget| budget <= MAX_SAFE_INTEGER)),
                 V::from(options.notify),
                 V::from(run_id),
             ],
@@ -306,7 +307,7 @@ mod tests {
         };
         detached(&db, "h", &huge, 5);
         let h = Registry::new(&db).get("h").unwrap().unwrap().detached.unwrap();
-        assert_eq!((h.max_budget_at, h.no_progress_budget_ms), (Some(i64::MAX), Some(i64::MAX)), "never, not negative");
+        assert_eq!((h.max_budget_at, h.no_progress_budget_ms), (None, None), "never, not negative nor rounded");
     }
 
     #[test]

@@ -214,9 +214,9 @@ const HARD_TERMINALS: &str = "('completed','error','aborted')";
 const FRAMES_PER_INSERT: usize = 49;
 
 /// Whether a batch's milestone replaces the progress kept (`?9`: it comes after the batch's own
-/// progress; `?10`: its time, not before the kept progress's).
-const SUPERSEDES: &str =
-    "(?9 AND (progress_json IS NULL OR ?10 >= COALESCE(json_extract(progress_json, '$.data.at'), 0)))";
+/// progress; `?10`: its time, when it has one, not before the kept progress's).
+const SUPERSEDES: &str = "(?9 AND (progress_json IS NULL OR ?10 IS NULL \
+     OR ?10 >= COALESCE(json_extract(progress_json, '$.data.at'), 0)))";
 
 impl<'a, S: Sql + ?Sized> Registry<'a, S> {
     /// A registry over `sql`; call [`Registry::migrate`] once per activation.
@@ -453,7 +453,7 @@ impl<'a, S: Sql + ?Sized> Registry<'a, S> {
                 V::Int(progress.map_or(0, |(offset, _)| offset)),
                 V::Int(reruns),
                 V::from(superseded),
-                V::Int(milestone_at.unwrap_or(i64::MAX)),
+                V::from(milestone_at),
             ],
         )?;
         let Some(first) = row.and_then(|r| r.int(0)) else { return Ok(None) };

@@ -75,6 +75,7 @@ fn store_error(sql: &str, e: impl std::fmt::Display) -> StoreError {
 
 impl Sql for DoSql {
     fn exec(&self, sql: &str, params: &[Value]) -> Result<Vec<Row>, StoreError> {
+        crate::store::check_bindings(sql, params)?;
         let bindings: Vec<SqlStorageValue> = params.iter().map(to_sql_value).collect();
         let cursor = self.sql.exec(sql, Some(bindings)).map_err(|e| store_error(sql, e))?;
         let mut rows = Vec::new();

@@ -18,6 +18,21 @@ use crate::llm::{EventDecoder, Model, ModelError, ModelEvent, ModelRequest};
 
 /// The built-in providers; one setting picks one ([`ModelProvider::from_env`]). Each is a
 /// [`Model`]; an agent may return any other `Model` of its own instead.
+///
+/// ```
+/// use agent_tools::model::{ModelProvider, OpenAiConfig};
+/// use agent_tools::Env;
+///
+/// let env = Env::from_vars([("MODEL_PROVIDER", "openai"), ("OPENAI_MODEL", "gpt-4o-mini")]);
+/// match ModelProvider::from_env(&env) {
+///     Ok(ModelProvider::OpenAi(OpenAiConfig { model, api_key, .. })) => {
+///         assert_eq!((model.as_str(), api_key), ("gpt-4o-mini", None));
+///     }
+///     other => panic!("{other:?}"),
+/// }
+/// // With nothing set, the offline model.
+/// assert!(matches!(ModelProvider::from_env(&Env::default()), Ok(ModelProvider::Offline(_))));
+/// ```
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum ModelProvider {
@@ -30,6 +45,21 @@ pub enum ModelProvider {
 }
 
 /// The Workers AI binding and the model to run on it.
+///
+/// It needs a Worker's environment (the `AI` binding), so an agent builds it in
+/// [`crate::Agent::model`]:
+///
+/// ```
+/// # use agent_tools::prelude::*;
+/// use agent_tools::model::{ModelProvider, WorkersAiConfig};
+///
+/// fn workers_ai(env: &Env) -> Result<ModelProvider, ModelError> {
+///     let worker_env = env.worker().ok_or_else(|| ModelError::Config("no Worker environment".into()))?;
+///     Ok(ModelProvider::WorkersAi(WorkersAiConfig::new(worker_env, "AI", "@cf/meta/llama-3.1-8b-instruct")))
+/// }
+/// // Outside a Worker (a test) there is no binding to use.
+/// assert!(workers_ai(&Env::default()).is_err());
+/// ```
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct WorkersAiConfig {

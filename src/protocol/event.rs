@@ -9,6 +9,14 @@
 use serde::{Deserialize, Serialize};
 
 /// Why a run was sealed `interrupted` (wire spelling in kebab-case).
+///
+/// ```
+/// use agent_tools::InterruptedReason;
+///
+/// assert_eq!(InterruptedReason::NoProgress.as_str(), "no-progress");
+/// assert_eq!(InterruptedReason::parse("budget-exceeded"), Some(InterruptedReason::BudgetExceeded));
+/// assert_eq!(InterruptedReason::parse("tired"), None);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 #[non_exhaustive]

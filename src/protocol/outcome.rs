@@ -81,6 +81,13 @@ impl std::fmt::Display for RunStatus {
 }
 
 /// A status spelling that names no [`RunStatus`].
+///
+/// ```
+/// use agent_tools::{RunStatus, UnknownStatus};
+///
+/// assert_eq!("completed".parse::<RunStatus>(), Ok(RunStatus::Completed));
+/// assert_eq!("done".parse::<RunStatus>(), Err(UnknownStatus("done".into())));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnknownStatus(pub String);
 

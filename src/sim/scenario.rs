@@ -590,7 +590,7 @@ fn drive(world: &World, sim: &Rc<Sim>, timeline: &[(i64, Ev)], clients: usize, t
     });
     let path = "/agents/lead/p";
     let clients: Vec<Client> = (0..clients).map(|_| world.connect(path)).collect();
-    let start = crate::testing::START_MS;
+    let start = crate::testing::world::START_MS;
     if tracing {
         eprintln!("options: {:?}", sim.options);
         for plan in &sim.plans {

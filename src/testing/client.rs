@@ -16,9 +16,10 @@ use super::world::WorldInner;
 use crate::chat::message::{text_of, user_text, MessageBuilder};
 use crate::error::Unavailable;
 
-/// How long a dropped client waits before it reconnects (virtual ms; PartySocket's first
-/// delay is about a second).
-pub const RECONNECT_MS: u64 = 1_000;
+/// How long a dropped client waits before it reconnects (on the virtual clock; PartySocket's
+/// first delay is about a second).
+pub const RECONNECT: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const RECONNECT_MS: u64 = RECONNECT.as_millis() as u64;
 
 /// One run as the stock client's state holds it (`useAgentToolEvents`' `AgentToolRunState`),
 /// typed: what [`Client::run_states`] lists. [`Client::runs`] is the same state as JSON, byte for
@@ -401,7 +402,7 @@ impl Inbox {
     }
 
     /// The connection closed (the server closed it, or the network dropped it): the client
-    /// reconnects after [`RECONNECT_MS`] unless the code is final (4000–4999) or it closed
+    /// reconnects after [`RECONNECT`] unless the code is final (4000–4999) or it closed
     /// the socket itself.
     pub(crate) fn closed(self: &Rc<Self>, code: u16, reason: &str) {
         *self.closed.borrow_mut() = Some((code, reason.to_owned()));
@@ -465,6 +466,12 @@ pub struct Client {
     /// This client's number in its world: ids it makes are unique across clients, as a
     /// browser's random ids are.
     tab: usize,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("path", &self.inbox.path).field("tab", &self.tab).finish_non_exhaustive()
+    }
 }
 
 impl Client {
@@ -643,7 +650,7 @@ impl Client {
     }
 
     /// Drops the connection as a network failure would (both ends see 1006); the client
-    /// reconnects after [`RECONNECT_MS`].
+    /// reconnects after [`RECONNECT`].
     pub fn drop_connection(&self) {
         self.inbox.drop_connection();
     }

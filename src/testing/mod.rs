@@ -58,7 +58,7 @@ pub(crate) mod reducer;
 pub(crate) mod sim;
 pub(crate) mod world;
 
-pub use client::{ChatReply, Client, RunState, DROPPED, RECONNECT_MS};
+pub use client::{ChatReply, Client, RunState, DROPPED, RECONNECT};
 pub use model::{ScriptedModel, Step};
 pub use sim::{Simulation, SEED_VAR};
-pub use world::{Faults, LogLine, ObjectRef, World, QUIET_MS, START_MS, WAIT_LIMIT_MS};
+pub use world::{Faults, LogLine, ObjectRef, World, QUIET, WAIT_LIMIT};

@@ -96,6 +96,16 @@ struct Script {
 #[derive(Clone)]
 pub struct ScriptedModel(Rc<Script>);
 
+impl std::fmt::Debug for ScriptedModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScriptedModel")
+            .field("steps_left", &self.0.steps.borrow().len())
+            .field("otherwise", &self.0.otherwise.borrow().is_some())
+            .field("requests_seen", &self.0.seen.borrow().len())
+            .finish()
+    }
+}
+
 impl Default for ScriptedModel {
     fn default() -> Self {
         Self::new()

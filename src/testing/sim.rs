@@ -40,6 +40,17 @@ pub struct Simulation<S: Fn(World) -> World> {
     checks: Vec<Box<Check>>,
 }
 
+impl<S: Fn(World) -> World> std::fmt::Debug for Simulation<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Simulation")
+            .field("faults", &self.faults)
+            .field("schedules", &self.schedules)
+            .field("base", &self.base)
+            .field("checks", &self.checks.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl<S: Fn(World) -> World> Simulation<S> {
     /// A simulation of the world `setup` builds (its agent classes, vars and models) from a
     /// seeded one. 100 schedules, no faults, until told otherwise.

@@ -25,16 +25,19 @@ use crate::routing::route_target;
 use crate::store::Sql;
 use crate::AgentHost;
 
-/// Where the virtual clock starts: 2026-01-01T00:00:00Z.
-pub const START_MS: i64 = 1_767_225_600_000;
+/// Where the virtual clock starts ([`World::start`]), in epoch milliseconds:
+/// 2026-01-01T00:00:00Z.
+pub(crate) const START_MS: i64 = 1_767_225_600_000;
 
 /// How long [`World::settle`] lets pass with nothing happening before it stops (5 minutes of
 /// virtual time).
-pub const QUIET_MS: i64 = 5 * 60_000;
+pub const QUIET: Duration = Duration::from_secs(5 * 60);
+pub(crate) const QUIET_MS: i64 = QUIET.as_millis() as i64;
 
 /// How long [`World::run_until`] and the calls that wait for an answer let the virtual clock
 /// run at most (1 hour).
-pub const WAIT_LIMIT_MS: i64 = 60 * 60_000;
+pub const WAIT_LIMIT: Duration = Duration::from_secs(60 * 60);
+pub(crate) const WAIT_LIMIT_MS: i64 = WAIT_LIMIT.as_millis() as i64;
 
 /// How many times timers and alarms may fire at one instant before the world calls it a loop.
 const STALL_LIMIT: u32 = 10_000;
@@ -289,6 +292,16 @@ pub(crate) struct WorldInner {
 /// Worker runs, over real SQLite, on a virtual clock. See the module docs.
 pub struct World(pub(crate) Rc<WorldInner>);
 
+impl fmt::Debug for World {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("World")
+            .field("seed", &self.0.seed)
+            .field("now", &self.now())
+            .field("objects", &self.0.objects.borrow().keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
 impl Default for World {
     fn default() -> Self {
         Self::new()
@@ -501,6 +514,11 @@ impl World {
 
     // ----- time -------------------------------------------------------------------------
 
+    /// When the virtual clock started: 2026-01-01T00:00:00Z (every world starts there).
+    pub fn start(&self) -> SystemTime {
+        crate::types::time_of(START_MS)
+    }
+
     /// Now on the virtual clock.
     pub fn now(&self) -> SystemTime {
         crate::types::time_of(self.0.exec.now())
@@ -512,8 +530,8 @@ impl World {
     }
 
     /// Runs everything that can run, letting virtual time pass while something is scheduled
-    /// within [`QUIET_MS`] of the last event; stops when nothing is, or after
-    /// [`WAIT_LIMIT_MS`] of virtual time (a timer that fires forever).
+    /// within [`QUIET`] of the last event; stops when nothing is, or after
+    /// [`WAIT_LIMIT`] of virtual time (a timer that fires forever).
     pub fn settle(&self) {
         let limit = self.now_ms() + WAIT_LIMIT_MS;
         loop {
@@ -539,14 +557,14 @@ impl World {
         self.0.run_ready();
     }
 
-    /// Runs until `done` holds (checked after every step), for at most [`WAIT_LIMIT_MS`] of
+    /// Runs until `done` holds (checked after every step), for at most [`WAIT_LIMIT`] of
     /// virtual time. Whether it held.
     pub fn run_until(&self, mut done: impl FnMut() -> bool) -> bool {
         self.0.run_until(&mut done)
     }
 
     /// Runs `future` as the test's own task, driving the world until it resolves. Panics if it
-    /// does not within [`WAIT_LIMIT_MS`] of virtual time.
+    /// does not within [`WAIT_LIMIT`] of virtual time.
     pub fn block_on<T: 'static>(&self, future: impl Future<Output = T> + 'static) -> T {
         let out = Rc::new(RefCell::new(None));
         let slot = out.clone();
@@ -883,7 +901,7 @@ impl WorldInner {
         served.await.unwrap_or_else(|e| Reply::Http(crate::json_error(502, e)))
     }
 
-    /// Runs until `done` holds, for at most [`WAIT_LIMIT_MS`] of virtual time.
+    /// Runs until `done` holds, for at most [`WAIT_LIMIT`] of virtual time.
     pub(crate) fn run_until(self: &Rc<Self>, done: &mut dyn FnMut() -> bool) -> bool {
         let limit = self.exec.now() + WAIT_LIMIT_MS;
         loop {
@@ -898,7 +916,7 @@ impl WorldInner {
     }
 
     /// Opens a client's connection, blocking: an upgrade request to its path, tried again
-    /// after [`super::RECONNECT_MS`] while the refusal is not final (an object that restarted
+    /// after [`super::RECONNECT`] while the refusal is not final (an object that restarted
     /// while it answered), as the stock client does, up to ten times.
     pub(crate) fn upgrade(self: &Rc<Self>, inbox: &Rc<Inbox>) -> Result<(), String> {
         let mut tries = 0;

@@ -9,6 +9,15 @@ use serde_json::Value;
 use super::RunStatus;
 
 /// How a milestone surfaces in the parent's chat.
+///
+/// ```
+/// use agent_tools::MilestoneMode;
+///
+/// // How it is spelled where options travel as JSON (an RPC dispatch's `onMilestones`).
+/// assert_eq!(serde_json::to_value(MilestoneMode::React)?, "react");
+/// assert_eq!(MilestoneMode::default(), MilestoneMode::Narrate);
+/// # Ok::<(), serde_json::Error>(())
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 #[non_exhaustive]
@@ -181,6 +190,21 @@ impl HandlerTag {
 }
 
 /// What a detached dispatch returns at once.
+///
+/// ```
+/// # use agent_tools::prelude::*;
+/// # #[derive(Default)] pub struct Researcher;
+/// # impl Agent for Researcher {}
+/// # agent_tools::durable_object!(Researcher, unchecked);
+/// # fn main() {}
+/// async fn start(host: &AgentHost<impl Agent>) -> Result<String, Error> {
+///     let handle = host
+///         .run_agent_tool_detached::<Researcher>(RunOptions::new(serde_json::json!({ "query": "QUIC" })), DetachedOptions::default())
+///         .await?;
+///     // `Running` for a new run; a known run id answers how that run stands.
+///     Ok(format!("{} is {}", handle.run_id, handle.status))
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]

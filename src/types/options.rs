@@ -64,6 +64,27 @@ pub const DEFAULT_MAX_RECOVERY_WORK: u64 = 1000;
 /// A child run whose turn a restart cut short, as [`crate::Agent::should_keep_recovering`] sees
 /// it before the run gets another attempt (the TypeScript SDK's `chatRecovery`
 /// `shouldKeepRecovering` context).
+///
+/// A hook's unit test:
+///
+/// ```
+/// # use agent_tools::prelude::*;
+/// # #[derive(Default)] pub struct Importer;
+/// # agent_tools::durable_object!(Importer, unchecked);
+/// impl Agent for Importer {
+///     fn should_keep_recovering(&self, run: &RecoveryAttempt) -> bool {
+///         run.attempt < 3 && run.chunks < 5_000
+///     }
+/// }
+///
+/// # fn main() {
+/// let mut cut = RecoveryAttempt::new("run-1", 1);
+/// cut.chunks = 120;
+/// assert!(Importer.should_keep_recovering(&cut));
+/// cut.chunks = 6_000;
+/// assert!(!Importer.should_keep_recovering(&cut), "too much work to repeat");
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RecoveryAttempt {
@@ -82,6 +103,31 @@ pub struct RecoveryAttempt {
 
 /// A chat turn that a restart (a deploy, a crash, an eviction, a panic) cut short, as
 /// [`crate::Agent::on_chat_recovery`] sees it before it is continued.
+///
+/// A hook's unit test:
+///
+/// ```
+/// # use agent_tools::prelude::*;
+/// # #[derive(Default)] pub struct Assistant;
+/// # agent_tools::durable_object!(Assistant, unchecked);
+/// impl Agent for Assistant {
+///     fn on_chat_recovery(&self, turn: &InterruptedTurn) -> ChatRecovery {
+///         // A payment is never sent twice: a turn cut while it was pending is not continued.
+///         if turn.pending_tools.iter().any(|tool| tool == "pay") {
+///             ChatRecovery::Decline("The payment may have gone through: check before retrying.".into())
+///         } else {
+///             ChatRecovery::Continue
+///         }
+///     }
+/// }
+///
+/// # fn main() {
+/// let mut turn = InterruptedTurn::new("req-1", 1);
+/// assert_eq!(Assistant.on_chat_recovery(&turn), ChatRecovery::Continue);
+/// turn.pending_tools.push("pay".into());
+/// assert!(matches!(Assistant.on_chat_recovery(&turn), ChatRecovery::Decline(_)));
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct InterruptedTurn {
@@ -96,6 +142,15 @@ pub struct InterruptedTurn {
     pub pending_tools: Vec<String>,
 }
 
+impl RecoveryAttempt {
+    /// The run `run_id` cut short in its `attempt`-th attempt (from 1), no chunks streamed yet
+    /// (set [`RecoveryAttempt::chunks`] and [`RecoveryAttempt::work`] after): for an agent's own
+    /// tests of [`crate::Agent::should_keep_recovering`].
+    pub fn new(run_id: impl Into<String>, attempt: u32) -> Self {
+        Self { run_id: run_id.into(), attempt, chunks: 0, work: 0 }
+    }
+}
+
 impl InterruptedTurn {
     /// A cut turn (for an agent's own tests of its hook).
     pub fn new(request_id: impl Into<String>, attempt: u32) -> Self {
@@ -104,6 +159,13 @@ impl InterruptedTurn {
 }
 
 /// What [`crate::Agent::on_chat_recovery`] decides for a cut chat turn.
+///
+/// ```
+/// use agent_tools::ChatRecovery;
+///
+/// let decision = ChatRecovery::Decline("This answer was cut short; ask again.".into());
+/// assert_ne!(decision, ChatRecovery::Continue);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ChatRecovery {

@@ -473,6 +473,23 @@ pub struct Milestone {
 
 /// A run's state with its result, progress and milestones
 /// ([`crate::AgentHost::inspect_agent_tool_run`]).
+///
+/// What [`crate::AgentHost::inspect_agent_tool_run`] answers:
+///
+/// ```
+/// # use agent_tools::prelude::*;
+/// async fn report(host: &AgentHost<impl Agent>, run_id: &str) -> Result<String, Error> {
+///     let Some(inspection) = host.inspect_agent_tool_run(run_id)? else {
+///         return Ok(format!("no run {run_id}"));
+///     };
+///     let milestones: Vec<&str> = inspection.milestones.iter().map(|m| m.name.as_str()).collect();
+///     Ok(match (&inspection.result, &inspection.progress) {
+///         (Some(result), _) => format!("{}: {}", inspection.info.status, result.summary.clone().unwrap_or_default()),
+///         (None, Some(progress)) => format!("running, {:?} done, past {milestones:?}", progress.fraction),
+///         (None, None) => format!("{}", inspection.info.status),
+///     })
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
@@ -492,6 +509,23 @@ pub struct RunInspection {
 
 /// One stored chunk of a run (the TypeScript SDK's `AgentToolStoredChunk`): its frame sequence
 /// and the `UIMessageChunk` JSON.
+///
+/// What [`crate::AgentHost::agent_tool_chunks`] reads back: the chunks a run streamed, each with
+/// the sequence it was sent with (pass the last one seen as `after` to read on from there):
+///
+/// ```
+/// # use agent_tools::prelude::*;
+/// async fn text_of(host: &AgentHost<impl Agent>, run_id: &str) -> Result<String, Error> {
+///     let mut text = String::new();
+///     for chunk in host.agent_tool_chunks(run_id, None).await? {
+///         let body: serde_json::Value = serde_json::from_str(&chunk.body).map_err(|e| Error::json("a chunk", e))?;
+///         if body["type"] == "text-delta" {
+///             text.push_str(body["delta"].as_str().unwrap_or_default());
+///         }
+///     }
+///     Ok(text)
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct AgentToolChunk {
@@ -543,6 +577,23 @@ impl ClearFilter {
 
 /// A task scheduled with [`crate::AgentHost::schedule`], handed to
 /// [`crate::Agent::on_schedule`] when it is due.
+///
+/// ```
+/// use std::time::{Duration, UNIX_EPOCH};
+/// use agent_tools::ScheduledTask;
+/// use serde::Deserialize;
+/// use serde_json::json;
+///
+/// #[derive(Deserialize, Debug, PartialEq)]
+/// struct Reminder {
+///     text: String,
+/// }
+///
+/// // What `on_schedule` receives for `host.schedule_in(delay, &json!({ "text": "stand-up" }))`.
+/// let task = ScheduledTask::new("task-1", UNIX_EPOCH + Duration::from_secs(1_700_000_000), json!({ "text": "stand-up" }));
+/// assert_eq!(task.payload::<Reminder>()?, Reminder { text: "stand-up".into() });
+/// # Ok::<(), agent_tools::Error>(())
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct ScheduledTask {
@@ -555,6 +606,12 @@ pub struct ScheduledTask {
 }
 
 impl ScheduledTask {
+    /// The task `id`, due `at`, with `payload` (what [`crate::AgentHost::schedule`] stored): for
+    /// an agent's own tests of [`crate::Agent::on_schedule`].
+    pub fn new(id: impl Into<String>, at: SystemTime, payload: Value) -> Self {
+        Self { id: id.into(), at, payload }
+    }
+
     /// The payload as the type it was scheduled with.
     pub fn payload<T: serde::de::DeserializeOwned>(&self) -> Result<T, crate::Error> {
         serde_json::from_value(self.payload.clone())

@@ -439,11 +439,19 @@ impl Worker {
     }
 }
 
+/// What workerd logs when a bound integer is outside JavaScript's safe range: the value stored
+/// is another number. No test may leave one in a Worker's log.
+const ROUNDED_INTEGER: &str = "outside the JavaScript safe-integer range";
+
 impl Drop for Worker {
     fn drop(&mut self) {
         self.stop();
         if std::thread::panicking() {
             self.report_failure();
+        } else if let Some(line) = self.log_text().lines().find(|l| l.contains(ROUNDED_INTEGER)) {
+            let line = line.to_owned();
+            self.report_failure();
+            panic!("the Worker rounded an integer it was given: {line}");
         }
     }
 }

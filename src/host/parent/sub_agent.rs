@@ -29,6 +29,12 @@ pub struct SubAgentStub<C> {
     class: PhantomData<fn() -> C>,
 }
 
+impl<C> std::fmt::Debug for SubAgentStub<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubAgentStub").field("name", &self.name).field("object", &self.to.name).finish_non_exhaustive()
+    }
+}
+
 /// One chunk of a sub-agent's chat turn: a `UIMessageChunk` and its index in the child's stream
 /// log (resume after it with [`SubAgentStub::resume`]).
 #[derive(Debug, Clone, PartialEq)]
