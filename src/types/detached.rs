@@ -230,6 +230,26 @@ mod tests {
         ImportDone { batch: u32 },
     }
 
+    /// Each setter sets its own field and keeps the others.
+    #[test]
+    fn each_setter_sets_its_field_and_keeps_the_rest() {
+        let chained = DetachedOptions::default()
+            .on_finish(&Handler::ImportDone { batch: 1 })
+            .notify()
+            .notify_source("importer")
+            .max_budget(Duration::from_secs(60))
+            .no_progress_budget(Duration::from_secs(5))
+            .on_milestones(OnMilestones::narrate(["parsed"]));
+        let mut expected = DetachedOptions::default();
+        expected.on_finish = Some(serde_json::json!({ "ImportDone": { "batch": 1 } }));
+        expected.notify = true;
+        expected.notify_source = Some("importer".into());
+        expected.max_budget = Some(Duration::from_secs(60));
+        expected.no_progress_budget = Some(Duration::from_secs(5));
+        expected.on_milestones = Some(OnMilestones::narrate(["parsed"]));
+        assert_eq!(chained, expected);
+    }
+
     #[test]
     fn a_handler_tag_comes_back_as_its_type() {
         let options = DetachedOptions::default().on_finish(&Handler::ImportDone { batch: 7 });

@@ -419,3 +419,67 @@ impl Default for AgentToolOptions {
         }
     }
 }
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::*;
+
+    /// Each setter sets its own field and keeps the others: the chain equals the struct written
+    /// field by field, every field away from its default.
+    #[test]
+    fn each_setter_sets_its_field_and_keeps_the_rest() {
+        let secs = Duration::from_secs;
+        let chained = AgentToolOptions::default()
+            .max_concurrent(4)
+            .admission(Admission::Queue)
+            .reattach_no_progress_timeout(secs(11))
+            .reattach_max_window(secs(12))
+            .recovery_alarm(secs(13))
+            .backbone_cadence(&[secs(1), secs(2)])
+            .detached_max_budget(secs(14))
+            .detached_no_progress_budget(secs(15))
+            .recovery(RecoveryPolicy::Seal)
+            .max_recovery_attempts(9)
+            .max_recovery_work(Some(77))
+            .retention(Retention::forever())
+            .approval_timeout(secs(16));
+        let mut expected = AgentToolOptions::default();
+        expected.max_concurrent = Some(4);
+        expected.admission = Admission::Queue;
+        expected.reattach_no_progress_timeout = secs(11);
+        expected.reattach_max_window = Some(secs(12));
+        expected.recovery_alarm = secs(13);
+        expected.backbone_cadence = vec![secs(1), secs(2)];
+        expected.detached_max_budget = secs(14);
+        expected.detached_no_progress_budget = secs(15);
+        expected.recovery = RecoveryPolicy::Seal;
+        expected.max_recovery_attempts = 9;
+        expected.max_recovery_work = Some(77);
+        expected.retention = Retention::forever();
+        expected.approval_timeout = Some(secs(16));
+        assert_eq!(chained, expected);
+        let default = AgentToolOptions::default();
+        assert_ne!(
+            (default.reattach_no_progress_timeout, default.recovery_alarm, default.detached_max_budget),
+            (secs(11), secs(13), secs(14)),
+            "the values above differ from the defaults"
+        );
+        assert_ne!((default.max_recovery_attempts, default.max_recovery_work), (9, Some(77)));
+        assert_ne!(
+            (&default.backbone_cadence, default.detached_no_progress_budget),
+            (&vec![secs(1), secs(2)], secs(15))
+        );
+        assert_ne!((default.recovery, default.retention), (RecoveryPolicy::Seal, Retention::forever()));
+    }
+
+    /// Times are whole milliseconds since the epoch both ways; before the epoch is the epoch.
+    #[test]
+    fn epoch_milliseconds_read_back_as_the_same_time() {
+        let at = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+        assert_eq!(epoch_ms(at), 1_700_000_000_123);
+        assert_eq!(time_of(epoch_ms(at)), at);
+        assert_eq!(epoch_ms(UNIX_EPOCH - Duration::from_secs(1)), 0);
+        assert_eq!(time_of(-5), UNIX_EPOCH);
+        assert_eq!(ms(Duration::MAX), i64::MAX, "never, not negative");
+    }
+}

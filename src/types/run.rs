@@ -644,6 +644,31 @@ mod tests {
 
     /// Row 22: the failure envelope has `reason` and `childStillRunning` only when the status is
     /// `interrupted`, even when a result of another status carries them.
+    /// Each setter sets its own field and keeps the others.
+    #[test]
+    fn each_run_option_setter_sets_its_field_and_keeps_the_rest() {
+        let signal = crate::CancelToken::new();
+        let o = RunOptions::new(serde_json::json!({ "query": "QUIC" }))
+            .run_id("r1")
+            .parent_tool_call_id("call_1")
+            .display_order(3)
+            .input_preview("QUIC")
+            .display(serde_json::json!({ "title": "Research" }))
+            .event_delivery(EventDelivery::Terminal)
+            .signal(signal.clone());
+        assert_eq!(o.input, serde_json::json!({ "query": "QUIC" }));
+        assert_eq!(
+            (o.run_id.as_deref(), o.parent_tool_call_id.as_deref(), o.display_order, o.input_preview.as_deref()),
+            (Some("r1"), Some("call_1"), Some(3), Some("QUIC"))
+        );
+        assert_eq!(
+            (o.display, o.event_delivery),
+            (Some(serde_json::json!({ "title": "Research" })), EventDelivery::Terminal)
+        );
+        assert!(o.signal.is_some());
+        assert_ne!(EventDelivery::default(), EventDelivery::Terminal);
+    }
+
     #[test]
     fn a_failures_reason_and_child_still_running_are_only_for_interrupted() {
         // parity: 22
