@@ -381,6 +381,31 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// A drill-in target: the child class and the run id (its instance name) a
 /// `/sub/<child>/<name>` path names.
+///
+/// What [`crate::Agent::on_before_sub_agent`] is asked about, for a drill-in path
+/// `/agents/<parent>/<name>/sub/<child>/<run-id>`:
+///
+/// ```
+/// # use agent_tools::prelude::*;
+/// # #[derive(Default)] pub struct Desk;
+/// # agent_tools::durable_object!(Desk, unchecked);
+/// # fn main() {}
+/// impl Agent for Desk {
+///     async fn on_before_sub_agent(
+///         &self,
+///         host: &AgentHost<Self>,
+///         _request: &HttpRequest,
+///         child: &SubAgent,
+///     ) -> Option<HttpResponse> {
+///         // Only runs this parent dispatched, and only its researchers.
+///         match host.has_agent_tool_run(&child.class, &child.name) {
+///             Ok(true) if child.class == "Researcher" => None,
+///             Ok(_) => Some(agent_tools::json_error(404, "no such run")),
+///             Err(_) => Some(agent_tools::json_error(500, "the runs cannot be read")),
+///         }
+///     }
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SubAgent {

@@ -670,11 +670,11 @@ pub mod prelude {
     pub use crate::model::{Model, ModelError};
     pub use crate::observability::ObservabilityEvent;
     pub use crate::{
-        Admission, Agent, AgentClass, AgentHost, AgentTool, AgentToolOptions, CancelToken, ChatRecovery, ClearFilter,
-        ClientTool, DetachedHandle, DetachedOptions, Env, Error, HandlerTag, HttpRequest, HttpResponse,
-        InterruptedTurn, Milestone, OnMilestones, Outcome, Progress, ProgressSnapshot, RecoveryAttempt, Refusal,
-        Retention, RunInfo, RunOptions, RunResult, RunStatus, ScheduledTask, StateSource, SubAgent, Tool, ToolContext,
-        Tools, Turn, TurnOutput,
+        Admission, Agent, AgentClass, AgentHost, AgentTool, AgentToolOptions, CancelToken, ChatChunk, ChatRecovery,
+        ChatStream, ClearFilter, ClientTool, DetachedHandle, DetachedOptions, Env, Error, HandlerTag, HttpRequest,
+        HttpResponse, InterruptedTurn, Milestone, OnMilestones, Outcome, Progress, ProgressSnapshot, RecoveryAttempt,
+        Refusal, Retention, RunInfo, RunOptions, RunResult, RunStatus, ScheduledTask, StateSource, SubAgent,
+        SubAgentStub, Tool, ToolContext, Tools, Turn, TurnOutput,
     };
 }
 

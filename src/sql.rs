@@ -16,6 +16,15 @@
 pub use crate::store::{Row, StoreError, Value};
 
 /// The agent's SQLite storage.
+///
+/// ```
+/// # async fn visits(host: &agent_tools::AgentHost<impl agent_tools::Agent>) -> Result<i64, agent_tools::Error> {
+/// let sql = host.sql();
+/// sql.batch("CREATE TABLE IF NOT EXISTS visits (n INTEGER NOT NULL); INSERT INTO visits (n) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM visits);")?;
+/// let row = sql.one("UPDATE visits SET n = n + 1 RETURNING n", &[])?;
+/// Ok(row.and_then(|r| r.int(0)).unwrap_or(0))
+/// # }
+/// ```
 pub struct Storage<'a> {
     sql: &'a dyn crate::store::Sql,
 }

@@ -10,6 +10,14 @@
 use std::fmt;
 
 /// One SQL value, as SQLite stores it.
+///
+/// ```
+/// use agent_tools::sql::Value;
+///
+/// let params = [Value::from("n1"), Value::from(3_i64), Value::from(0.5), Value::from(true), Value::from(None::<String>)];
+/// assert_eq!(params[3], Value::Int(1));
+/// assert_eq!(params[4], Value::Null);
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
     /// SQL `NULL`.
@@ -88,6 +96,16 @@ macro_rules! columns {
 pub(crate) use columns;
 
 /// One result row, its values in the order of the query's columns.
+///
+/// ```
+/// # async fn notes(host: &agent_tools::AgentHost<impl agent_tools::Agent>) -> Result<(), agent_tools::Error> {
+/// use agent_tools::sql::Value;
+/// for row in host.sql().exec("SELECT id, words FROM notes WHERE words > ?", &[Value::from(100_i64)])? {
+///     let (id, words) = (row.text(0).unwrap_or_default(), row.int(1).unwrap_or(0));
+///     host.log(&format!("{id}: {words} words"));
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Row(pub Vec<Value>);
 
@@ -131,6 +149,15 @@ pub(crate) fn check_bindings(sql: &str, params: &[Value]) -> Result<(), StoreErr
 }
 
 /// A storage failure, with the statement that caused it.
+///
+/// It converts into [`crate::Error`] with `?` (as `Error::Storage`):
+///
+/// ```
+/// # async fn count(host: &agent_tools::AgentHost<impl agent_tools::Agent>) -> Result<i64, agent_tools::Error> {
+/// let row = host.sql().one("SELECT COUNT(*) FROM notes", &[])?;
+/// Ok(row.and_then(|r| r.int(0)).unwrap_or(0))
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreError {
     /// What the database said.

@@ -94,6 +94,37 @@ pub trait Tool<A: Agent>: 'static {
 }
 
 /// What a [`Tool`] sees of the turn that called it.
+///
+/// ```
+/// # use agent_tools::prelude::*;
+/// # #[derive(Default)] pub struct Desk;
+/// # impl Agent for Desk {}
+/// # agent_tools::durable_object!(Desk, unchecked);
+/// # fn main() {}
+/// #[derive(serde::Deserialize, schemars::JsonSchema)]
+/// struct Text {
+///     text: String,
+/// }
+///
+/// /// Counts words, telling the caller how far it got.
+/// struct WordCount;
+///
+/// impl Tool<Desk> for WordCount {
+///     type Input = Text;
+///     type Output = usize;
+///     fn name(&self) -> &str {
+///         "word_count"
+///     }
+///     fn description(&self) -> &str {
+///         "Count the words of a text."
+///     }
+///     async fn execute(&self, context: &ToolContext<'_, Desk>, input: Text) -> Result<usize, Error> {
+///         context.report_progress(Progress::status("counting"));
+///         context.host().log(&format!("call {}", context.call_id()));
+///         Ok(input.text.split_whitespace().count())
+///     }
+/// }
+/// ```
 pub struct ToolContext<'a, A: Agent> {
     pub(crate) host: &'a AgentHost<A>,
     pub(crate) call: &'a ToolCall,

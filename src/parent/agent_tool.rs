@@ -34,6 +34,27 @@ impl ChildRef {
 /// child starts. The run id is `agent-tool:<toolCallId>`, so a re-issued tool call re-attaches
 /// instead of starting a second child. The model receives the child's summary, the validated
 /// output (with `.output::<T>()`), or the [`crate::AgentToolFailure`] envelope.
+///
+/// ```
+/// # use agent_tools::prelude::*;
+/// # #[derive(Default)] pub struct Researcher;
+/// # impl Agent for Researcher {}
+/// # agent_tools::durable_object!(Researcher, unchecked);
+/// #[derive(schemars::JsonSchema, serde::Deserialize)]
+/// struct Topic {
+///     /// What to research.
+///     query: String,
+/// }
+///
+/// # fn main() {
+/// let research = AgentTool::of::<Researcher>("research", "Research a topic in depth.")
+///     .input::<Topic>()
+///     .needs_approval_when(|input| input["query"].as_str().is_some_and(|q| q.contains("payroll")));
+/// assert_eq!(research.name, "research");
+/// assert!(research.needs_approval_for(&serde_json::json!({ "query": "payroll 2026" })));
+/// assert!(!research.needs_approval_for(&serde_json::json!({ "query": "QUIC" })));
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentTool {
     /// The tool name the model calls (`research`).

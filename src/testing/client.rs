@@ -24,6 +24,32 @@ pub(crate) const RECONNECT_MS: u64 = RECONNECT.as_millis() as u64;
 /// One run as the stock client's state holds it (`useAgentToolEvents`' `AgentToolRunState`),
 /// typed: what [`Client::run_states`] lists. [`Client::runs`] is the same state as JSON, byte for
 /// byte the stock hook's, for comparing with a browser's.
+///
+/// ```
+/// # use agent_tools::prelude::*;
+/// use agent_tools::testing::{ScriptedModel, Step, World};
+/// use serde_json::json;
+/// # #[derive(Default)] pub struct Researcher;
+/// # impl Agent for Researcher {}
+/// # #[derive(Default)] pub struct Planner;
+/// # impl Agent for Planner {
+/// #     fn tools(&self) -> Tools<Self> { Tools::new().agent(AgentTool::of::<Researcher>("research", "Research.")) }
+/// # }
+/// # agent_tools::durable_object!(Planner, unchecked);
+/// # agent_tools::durable_object!(Researcher, unchecked);
+/// # fn main() {
+/// let world = World::new()
+///     .route::<Planner>()
+///     .agent::<Researcher>()
+///     .model::<Planner>(ScriptedModel::new().step(Step::new().tool_call("research", json!({ "query": "QUIC" }))))
+///     .model::<Researcher>(ScriptedModel::new().otherwise(|_| Step::new().text("QUIC runs over UDP.")));
+/// let client = world.connect("/agents/planner/alice");
+/// client.wait_reply(&client.send_chat("Research QUIC"));
+/// let runs = client.run_states();
+/// assert_eq!((runs[0].agent_type.as_str(), runs[0].status), ("Researcher", RunStatus::Completed));
+/// assert_eq!(runs[0].summary.as_deref(), Some("QUIC runs over UDP."));
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 #[non_exhaustive]
@@ -70,6 +96,22 @@ pub struct RunState {
 }
 
 /// A chat response as the client assembled it from its stream.
+///
+/// ```
+/// # use agent_tools::prelude::*;
+/// use agent_tools::testing::{ScriptedModel, Step, World};
+/// # #[derive(Default)] pub struct Planner;
+/// # impl Agent for Planner {}
+/// # agent_tools::durable_object!(Planner, unchecked);
+/// # fn main() {
+/// let failing = ScriptedModel::new().step(Step::new().text("Let me").fail("provider down"));
+/// let world = World::new().route::<Planner>().model::<Planner>(failing);
+/// let client = world.connect("/agents/planner/alice");
+/// let reply = client.wait_reply(&client.send_chat("Hi"));
+/// assert_eq!(reply.text, "Let me", "what streamed before the failure stays");
+/// assert!(reply.error.is_some_and(|e| e.contains("provider down")));
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct ChatReply {

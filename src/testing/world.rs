@@ -44,6 +44,18 @@ const STALL_LIMIT: u32 = 10_000;
 
 /// One object of the world: an agent class's binding and an instance name, as a Durable Object
 /// namespace addresses it (`idFromName`).
+///
+/// ```
+/// # use agent_tools::prelude::*;
+/// use agent_tools::testing::ObjectRef;
+/// # #[derive(Default)] pub struct Planner;
+/// # impl Agent for Planner {}
+/// # agent_tools::durable_object!(Planner, unchecked);
+/// # fn main() {
+/// let alice = ObjectRef::of::<Planner>("alice");
+/// assert_eq!(alice.to_string(), "Planner:alice");
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectRef {
     /// The Durable Object binding (`AgentClass::BINDING`).
@@ -68,6 +80,19 @@ impl fmt::Display for ObjectRef {
 
 /// Faults a seeded world injects by itself, each a chance per step (a task polled) until the
 /// virtual clock is `until` past the world's start. All zero by default.
+///
+/// ```
+/// use std::time::Duration;
+/// use agent_tools::testing::Faults;
+///
+/// // Crashes and dropped clients for the first 30 virtual seconds, slow hops throughout.
+/// let faults = Faults::none()
+///     .crash(0.01)
+///     .drop_client(0.01)
+///     .max_hop(Duration::from_millis(200))
+///     .until(Duration::from_secs(30));
+/// assert_eq!((faults.crash, faults.hibernate), (0.01, 0.0));
+/// ```
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct Faults {
@@ -174,6 +199,21 @@ impl Faults {
 }
 
 /// A log line an object wrote.
+///
+/// ```
+/// # use agent_tools::prelude::*;
+/// use agent_tools::testing::World;
+/// # #[derive(Default)] pub struct Planner;
+/// # impl Agent for Planner {}
+/// # agent_tools::durable_object!(Planner, unchecked);
+/// # fn main() {
+/// let world = World::new().route::<Planner>();
+/// world.host::<Planner>("alice").log("hello");
+/// let line = world.logs().into_iter().find(|l| l.text == "hello").expect("logged");
+/// assert!(!line.error);
+/// assert_eq!(line.at, world.start(), "nothing took any virtual time");
+/// # }
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct LogLine {
@@ -290,6 +330,20 @@ pub(crate) struct WorldInner {
 
 /// A simulated Worker in this process: the same agent code, host, engines and chat protocol a
 /// Worker runs, over real SQLite, on a virtual clock. See the module docs.
+///
+/// ```
+/// # use agent_tools::prelude::*;
+/// use agent_tools::testing::{ScriptedModel, Step, World};
+/// # #[derive(Default)] pub struct Planner;
+/// # impl Agent for Planner {}
+/// # agent_tools::durable_object!(Planner, unchecked);
+/// # fn main() {
+/// let world = World::new().route::<Planner>().model::<Planner>(ScriptedModel::new().step(Step::new().text("Hello.")));
+/// let client = world.connect("/agents/planner/alice");
+/// let reply = client.wait_reply(&client.send_chat("Hi"));
+/// assert_eq!((reply.text.as_str(), reply.error, reply.done), ("Hello.", None, true));
+/// # }
+/// ```
 pub struct World(pub(crate) Rc<WorldInner>);
 
 impl fmt::Debug for World {

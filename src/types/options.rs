@@ -13,6 +13,18 @@ pub const CADENCE_MS: [u64; 4] = [5_000, 15_000, 30_000, 120_000];
 
 /// The Durable Object class an agent is bound to. Implemented by [`crate::durable_object!`],
 /// never by hand: the class name is the name of the exported class, so the two cannot drift.
+///
+/// ```
+/// # use agent_tools::prelude::*;
+/// #[derive(Default)]
+/// pub struct Researcher;
+/// impl Agent for Researcher {}
+/// agent_tools::durable_object!(Researcher, unchecked);
+///
+/// # fn main() {
+/// assert_eq!((Researcher::CLASS, Researcher::BINDING), ("Researcher", "Researcher"));
+/// # }
+/// ```
 pub trait AgentClass {
     /// The class name (`Researcher`): the exported Durable Object class, the `agentType` of its
     /// runs, and, in kebab-case, its URL segment (`/agents/researcher/…`).

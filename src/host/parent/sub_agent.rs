@@ -22,6 +22,25 @@ use crate::types::AgentClass;
 /// A named sub-agent of class `C` that this agent talks to directly ([`AgentHost::sub_agent`]).
 /// Each name is one child object with its own transcript: successive chats with the same name
 /// are one conversation.
+///
+/// A turn read in part (its connection dropped, say) is read on from the last chunk's index:
+///
+/// ```
+/// # use agent_tools::prelude::*;
+/// # #[derive(Default)] pub struct Researcher;
+/// # impl Agent for Researcher {}
+/// # agent_tools::durable_object!(Researcher, unchecked);
+/// # fn main() {}
+/// async fn read_on(notes: &SubAgentStub<Researcher>, turn: &str, last_seen: i64) -> Result<usize, Error> {
+///     let mut rest = notes.resume(turn, last_seen).await?;
+///     let mut count = 0;
+///     while let Some(chunk) = rest.next().await {
+///         chunk?;
+///         count += 1;
+///     }
+///     Ok(count)
+/// }
+/// ```
 pub struct SubAgentStub<C> {
     host: Host,
     to: ChildAddress,
@@ -37,6 +56,14 @@ impl<C> std::fmt::Debug for SubAgentStub<C> {
 
 /// One chunk of a sub-agent's chat turn: a `UIMessageChunk` and its index in the child's stream
 /// log (resume after it with [`SubAgentStub::resume`]).
+///
+/// ```
+/// use agent_tools::ChatChunk;
+///
+/// fn text_of(chunks: &[ChatChunk]) -> String {
+///     chunks.iter().filter(|c| c.chunk["type"] == "text-delta").filter_map(|c| c.chunk["delta"].as_str()).collect()
+/// }
+/// ```
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct ChatChunk {
@@ -50,6 +77,23 @@ pub struct ChatChunk {
 /// A sub-agent's chat turn as it streams ([`SubAgentStub::chat`]). Read it with
 /// [`ChatStream::next`] until `None`, then [`ChatStream::outcome`] says how it ended. Dropping
 /// it before the end cancels the turn (as [`ChatStream::cancel`] does).
+///
+/// It is also a `futures::Stream` of its chunks:
+///
+/// ```
+/// # use agent_tools::prelude::*;
+/// # #[derive(Default)] pub struct Researcher;
+/// # impl Agent for Researcher {}
+/// # agent_tools::durable_object!(Researcher, unchecked);
+/// # fn main() {}
+/// use futures::StreamExt;
+///
+/// async fn answer(host: &AgentHost<impl Agent>, question: &str) -> Result<String, Error> {
+///     let turn = host.sub_agent::<Researcher>("notes").chat(question).await?;
+///     let chunks: Vec<ChatChunk> = turn.filter_map(|chunk| async move { chunk.ok() }).collect().await;
+///     Ok(chunks.iter().filter_map(|c| c.chunk["delta"].as_str()).collect())
+/// }
+/// ```
 pub struct ChatStream {
     host: Host,
     to: ChildAddress,
