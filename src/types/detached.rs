@@ -240,13 +240,15 @@ mod tests {
             .max_budget(Duration::from_secs(60))
             .no_progress_budget(Duration::from_secs(5))
             .on_milestones(OnMilestones::narrate(["parsed"]));
-        let mut expected = DetachedOptions::default();
-        expected.on_finish = Some(serde_json::json!({ "ImportDone": { "batch": 1 } }));
-        expected.notify = true;
-        expected.notify_source = Some("importer".into());
-        expected.max_budget = Some(Duration::from_secs(60));
-        expected.no_progress_budget = Some(Duration::from_secs(5));
-        expected.on_milestones = Some(OnMilestones::narrate(["parsed"]));
+        let expected = DetachedOptions {
+            on_finish: Some(serde_json::json!({ "ImportDone": { "batch": 1 } })),
+            notify: true,
+            notify_source: Some("importer".into()),
+            max_budget: Some(Duration::from_secs(60)),
+            no_progress_budget: Some(Duration::from_secs(5)),
+            on_milestones: Some(OnMilestones::narrate(["parsed"])),
+            ..DetachedOptions::default()
+        };
         assert_eq!(chained, expected);
     }
 

@@ -455,20 +455,22 @@ mod tests {
             .max_recovery_work(Some(77))
             .retention(Retention::forever())
             .approval_timeout(secs(16));
-        let mut expected = AgentToolOptions::default();
-        expected.max_concurrent = Some(4);
-        expected.admission = Admission::Queue;
-        expected.reattach_no_progress_timeout = secs(11);
-        expected.reattach_max_window = Some(secs(12));
-        expected.recovery_alarm = secs(13);
-        expected.backbone_cadence = vec![secs(1), secs(2)];
-        expected.detached_max_budget = secs(14);
-        expected.detached_no_progress_budget = secs(15);
-        expected.recovery = RecoveryPolicy::Seal;
-        expected.max_recovery_attempts = 9;
-        expected.max_recovery_work = Some(77);
-        expected.retention = Retention::forever();
-        expected.approval_timeout = Some(secs(16));
+        let expected = AgentToolOptions {
+            max_concurrent: Some(4),
+            admission: Admission::Queue,
+            reattach_no_progress_timeout: secs(11),
+            reattach_max_window: Some(secs(12)),
+            recovery_alarm: secs(13),
+            backbone_cadence: vec![secs(1), secs(2)],
+            detached_max_budget: secs(14),
+            detached_no_progress_budget: secs(15),
+            recovery: RecoveryPolicy::Seal,
+            max_recovery_attempts: 9,
+            max_recovery_work: Some(77),
+            retention: Retention::forever(),
+            approval_timeout: Some(secs(16)),
+            ..AgentToolOptions::default()
+        };
         assert_eq!(chained, expected);
         let default = AgentToolOptions::default();
         assert_ne!(
