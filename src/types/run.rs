@@ -735,7 +735,33 @@ mod tests {
         assert!(validate_run_id("agent-tool:call_1").is_ok());
         assert!(validate_run_id("").is_err());
         assert!(validate_run_id(&"x".repeat(257)).is_err());
+        assert!(validate_run_id(&"x".repeat(256)).is_ok(), "256 characters is the bound itself");
+        assert!(validate_run_id(&"é".repeat(256)).is_ok(), "characters, not bytes");
         assert!(validate_run_id("a\nb").is_err());
+    }
+
+    /// The failure envelope reads back only with `"ok": false`: a result (`"ok": true`) is not
+    /// taken for a failure.
+    #[test]
+    fn a_failure_envelope_reads_back_only_with_ok_false() {
+        let failure = json!({ "ok": false, "status": "error", "error": "boom", "retryable": false });
+        let read: AgentToolFailure = serde_json::from_value(failure.clone()).expect("a failure");
+        assert_eq!((read.status, read.error.as_str()), (RunStatus::Error, "boom"));
+        assert_eq!(serde_json::to_value(&read).unwrap(), failure);
+        let mut success = failure;
+        success["ok"] = json!(true);
+        assert!(serde_json::from_value::<AgentToolFailure>(success).is_err());
+    }
+
+    /// Each `ClearFilter` setter sets its own field and keeps the other.
+    #[test]
+    fn a_clear_filter_chain_sets_both_fields() {
+        let at = crate::types::time_of(1_700_000_000_000);
+        let filter = ClearFilter::all().status([RunStatus::Error]).older_than(at);
+        assert_eq!((filter.status, filter.older_than), (Some(vec![RunStatus::Error]), Some(at)));
+        let filter = ClearFilter::all().older_than(at).status([RunStatus::Aborted]);
+        assert_eq!((filter.status, filter.older_than), (Some(vec![RunStatus::Aborted]), Some(at)));
+        assert_eq!(ClearFilter::all(), ClearFilter { status: None, older_than: None });
     }
 
     #[test]

@@ -312,6 +312,42 @@ fn progress_is_coalesced_and_its_held_report_goes_out_at_the_engines_deadline() 
     assert_eq!(inspection.progress.unwrap()["fraction"], 0.3, "the latest snapshot is kept");
 }
 
+/// A progress line carries a replay body (`r`) only when replay keeps something else than
+/// what goes out live: a report with data it does not persist. Reports without data, and
+/// reports that persist their data, replay as sent.
+#[test]
+fn a_progress_line_carries_a_replay_body_only_when_its_data_is_live_only() {
+    let db = db();
+    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    engine.start(&db, &start("r"), 1).unwrap();
+    let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, false, 1).unwrap();
+    assert!(tail.subscriber.is_some());
+    let data = || Some(json!({ "draft": "…" }));
+    let reports = [
+        (Progress { fraction: Some(0.1), ..Progress::default() }, false),
+        (Progress { fraction: Some(0.2), data: data(), ..Progress::default() }, true),
+        (Progress { fraction: Some(0.3), data: data(), ..Progress::default() }, false),
+    ];
+    let mut replays = Vec::new();
+    for (n, (progress, persist)) in reports.into_iter().enumerate() {
+        // A window apart, so none is coalesced into the next.
+        let now = 1_000 + 1_000 * n as i64;
+        engine.report_progress(&db, "r", Report { progress, persist }, false, &id, now).unwrap();
+        for action in engine.flush(&db, "r", false).unwrap() {
+            let ChildAction::Send { line, .. } = action else { continue };
+            for line in String::from_utf8_lossy(&line).lines() {
+                if let TailLine::Chunk { r, .. } = serde_json::from_str(line).unwrap() {
+                    replays.push(r.map(|r| serde_json::from_str::<serde_json::Value>(&r).unwrap()));
+                }
+            }
+        }
+    }
+    assert_eq!(replays.len(), 3, "{replays:?}");
+    assert_eq!((&replays[0], &replays[1]), (&None, &None), "replayed as sent");
+    let live_only = replays[2].as_ref().expect("a replay body without the live-only data");
+    assert_eq!((live_only["data"]["fraction"].as_f64(), live_only["data"].get("data")), (Some(0.3), None));
+}
+
 #[test]
 fn a_failed_log_write_keeps_the_chunks_for_the_next_flush() {
     let db = FailOn::new(db(), "INTO chat_stream_chunks");
