@@ -251,6 +251,15 @@ fn a_turn_cut_short_before_it_said_anything_begins_again_as_the_same_attempt() {
     assert!(tail.lines.is_empty(), "no marker: there is no earlier attempt to set apart");
 }
 
+/// A `Rerun` engine with run `r` started at 1 and a tail subscribed to it.
+fn tailed(db: &rusqlite::Connection) -> ChildEngine {
+    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
+    engine.start(db, &start("r"), 1).unwrap();
+    let (tail, _) = engine.tail(db, "r", -1, usize::MAX, false, 1).unwrap();
+    assert!(tail.subscriber.is_some());
+    engine
+}
+
 fn progress(fraction: f64) -> Report {
     Report { progress: Progress { fraction: Some(fraction), ..Progress::default() }, persist: false }
 }
@@ -285,10 +294,7 @@ fn sent(actions: &[ChildAction]) -> Vec<String> {
 fn progress_is_coalesced_and_its_held_report_goes_out_at_the_engines_deadline() {
     // parity: 85, 86
     let db = db();
-    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
-    engine.start(&db, &start("r"), 1).unwrap();
-    let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, false, 1).unwrap();
-    assert!(tail.subscriber.is_some());
+    let mut engine = tailed(&db);
     let mut out = Vec::new();
     let mut report = |engine: &mut ChildEngine, r: Report, now: i64| {
         engine.report_progress(&db, "r", r, false, &id, now).unwrap();
@@ -318,10 +324,7 @@ fn progress_is_coalesced_and_its_held_report_goes_out_at_the_engines_deadline() 
 #[test]
 fn a_progress_line_carries_a_replay_body_only_when_its_data_is_live_only() {
     let db = db();
-    let mut engine = ChildEngine::new(RecoveryPolicy::Rerun);
-    engine.start(&db, &start("r"), 1).unwrap();
-    let (tail, _) = engine.tail(&db, "r", -1, usize::MAX, false, 1).unwrap();
-    assert!(tail.subscriber.is_some());
+    let mut engine = tailed(&db);
     let data = || Some(json!({ "draft": "…" }));
     let reports = [
         (Progress { fraction: Some(0.1), ..Progress::default() }, false),
