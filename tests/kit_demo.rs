@@ -229,6 +229,25 @@ fn rpc_arguments_are_checked_before_anything_starts() {
     assert_eq!(done[0]["status"], "completed", "{done:#}");
 }
 
+/// A sub-agent is addressed by its parent's name, read when the chat starts: a parent whose
+/// name cannot be read gets an error, and no nameless sub-agent object (which every parent
+/// with an unreadable name would share) is ever reached.
+#[test]
+fn a_parent_whose_name_cannot_be_read_reaches_no_sub_agent() {
+    let world = demo(6, 20);
+    let host = world.host::<Assistant>("gus");
+    host.sql().batch("DROP TABLE agent_tool_meta").expect("the name's table dropped");
+    let tried = host.clone();
+    let error = world
+        .block_on(async move { tried.sub_agent::<Researcher>("notes").chat("Research QUIC").await.map(|_| ()) })
+        .expect_err("no name, no chat");
+    assert!(error.to_string().contains("name could not be read"), "{error}");
+    let resumed =
+        world.block_on(async move { host.sub_agent::<Researcher>("notes").resume("chat:x", -1).await.map(|_| ()) });
+    assert!(resumed.is_err());
+    assert!(world.objects_of::<Researcher>().is_empty(), "{:?}", world.objects());
+}
+
 /// The lower-level call beside agent tools: `host.sub_agent::<C>(name).chat(..)` streams one
 /// chat turn of a named sub-agent to the caller, with no registry row and no frames to the
 /// parent's clients; each name is one conversation; the caller can resume a turn from a log

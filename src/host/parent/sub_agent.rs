@@ -43,14 +43,13 @@ use crate::types::AgentClass;
 /// ```
 pub struct SubAgentStub<C> {
     host: Host,
-    to: ChildAddress,
     name: String,
     class: PhantomData<fn() -> C>,
 }
 
 impl<C> std::fmt::Debug for SubAgentStub<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SubAgentStub").field("name", &self.name).field("object", &self.to.name).finish_non_exhaustive()
+        f.debug_struct("SubAgentStub").field("name", &self.name).finish_non_exhaustive()
     }
 }
 
@@ -130,14 +129,7 @@ impl<A: Agent> AgentHost<A> {
     /// # fn main() {}
     /// ```
     pub fn sub_agent<C: AgentClass>(&self, name: &str) -> SubAgentStub<C> {
-        let parent = self.host.name().unwrap_or_default();
-        let object = format!("sub-agent:{}/{parent}/{name}", self.host.0.class);
-        SubAgentStub {
-            host: self.host.clone(),
-            to: ChildAddress { binding: C::BINDING.to_owned(), name: object },
-            name: name.to_owned(),
-            class: PhantomData,
-        }
+        SubAgentStub { host: self.host.clone(), name: name.to_owned(), class: PhantomData }
     }
 }
 
@@ -151,30 +143,41 @@ impl<C: AgentClass> SubAgentStub<C> {
     /// through the child's `format_agent_tool_input`) and streams it. An error means the turn
     /// did not start (the child could not be reached, or refused).
     pub async fn chat(&self, input: impl Into<Value>) -> Result<ChatStream, Error> {
+        let (parent, to) = self.address()?;
         let turn = format!("chat:{}", self.host.0.io.random_id());
         let start = StartRequest {
             run_id: turn.clone(),
             input: RunInput::of(&input.into()),
             parent_class: self.host.0.class.to_owned(),
-            parent_name: self.host.name().unwrap_or_default(),
-            child_name: self.to.name.clone(),
+            parent_name: parent,
+            child_name: to.name.clone(),
             terminal_only: false,
             tail_after: Some(-1),
         };
-        self.stream(turn, ChildCall::Start(start)).await
+        self.stream(to, turn, ChildCall::Start(start)).await
     }
 
     /// The chunks of chat turn `turn` (its [`ChatStream::turn_id`]) after log index `after`,
     /// then the rest as it streams: the caller's replay after a reconnect or a restart.
     pub async fn resume(&self, turn: &str, after: i64) -> Result<ChatStream, Error> {
-        self.stream(turn.to_owned(), ChildCall::Tail { run_id: turn.to_owned(), after }).await
+        let (_, to) = self.address()?;
+        self.stream(to, turn.to_owned(), ChildCall::Tail { run_id: turn.to_owned(), after }).await
     }
 
-    async fn stream(&self, turn: String, call: ChildCall) -> Result<ChatStream, Error> {
-        match self.host.0.io.call_child(&self.to, call).await.map_err(Unavailable::unreachable)? {
+    /// This parent's name and the child's object, `sub-agent:<Parent>/<parent-name>/<name>`:
+    /// read when it is called, and an error when the name cannot be read (never an empty name,
+    /// which would reach another nameless parent's sub-agent).
+    fn address(&self) -> Result<(String, ChildAddress), Error> {
+        let parent = self.host.own_name().map_err(Unavailable::unreachable)?;
+        let object = format!("sub-agent:{}/{parent}/{}", self.host.0.class, self.name);
+        Ok((parent, ChildAddress { binding: C::BINDING.to_owned(), name: object }))
+    }
+
+    async fn stream(&self, to: ChildAddress, turn: String, call: ChildCall) -> Result<ChatStream, Error> {
+        match self.host.0.io.call_child(&to, call).await.map_err(Unavailable::unreachable)? {
             ChildReply::Tail(body) => Ok(ChatStream {
                 host: self.host.clone(),
-                to: self.to.clone(),
+                to,
                 turn,
                 body: Some(body),
                 lines: LineSplitter::default(),
