@@ -172,7 +172,7 @@ impl Model for OfflineModel {
         for (n, event) in events.enumerate() {
             let paced = matches!(event, ModelEvent::TextDelta(_) | ModelEvent::ToolCallStart { .. });
             if paced && !self.delay.is_zero() {
-                crate::host::pause(u64::try_from(self.delay.as_millis()).unwrap_or(u64::MAX)).await;
+                crate::host::sleep(self.delay).await;
             } else if n % OFFLINE_YIELD_EVERY == OFFLINE_YIELD_EVERY - 1 {
                 // With no pace, yield now and then, as a provider's stream does between reads:
                 // what was sent so far goes out before the rest is produced.

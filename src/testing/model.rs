@@ -179,7 +179,7 @@ impl Model for ScriptedModel {
                     tool_calls += 1;
                     on_event(ModelEvent::ToolCallReady(Ok(ToolCall { id, name, input })));
                 }
-                Say::Delay(gap) => crate::host::pause(u64::try_from(gap.as_millis()).unwrap_or(u64::MAX)).await,
+                Say::Delay(gap) => crate::host::sleep(gap).await,
                 Say::Fail(message) => return Err(ModelError::Network(message)),
             }
         }

@@ -23,6 +23,7 @@ use crate::host::{HttpRequest, HttpResponse, Io, LocalFuture, Reply, Socket};
 use crate::llm::Model;
 use crate::routing::route_target;
 use crate::store::Sql;
+use crate::types::ms;
 use crate::AgentHost;
 
 /// Where the virtual clock starts ([`World::start`]), in epoch milliseconds:
@@ -547,12 +548,12 @@ impl World {
     /// input gate); what it is running goes on.
     pub fn stall(&self, object: &ObjectRef, how_long: Duration) {
         let object = self.0.object(object);
-        object.stalled_until.set(self.0.exec.now() + millis(how_long));
+        object.stalled_until.set(self.0.exec.now().saturating_add(ms(how_long)));
     }
 
     /// Delays every call to objects of `binding` by `delay` from now on (zero ends it).
     pub fn delay_hops_to(&self, binding: &str, delay: Duration) {
-        self.0.hops.borrow_mut().delay_ms.insert(binding.to_owned(), millis(delay) as u64);
+        self.0.hops.borrow_mut().delay_ms.insert(binding.to_owned(), ms(delay) as u64);
     }
 
     /// Fails the next `n` calls to objects of `binding`, as a broken connection would.
@@ -599,7 +600,7 @@ impl World {
 
     /// Lets `how_long` of virtual time pass, running what falls due on the way.
     pub fn advance(&self, how_long: Duration) {
-        let until = self.now_ms() + millis(how_long);
+        let until = self.now_ms().saturating_add(ms(how_long));
         loop {
             self.0.run_ready();
             match self.0.next_event() {
@@ -877,7 +878,7 @@ impl WorldInner {
         };
         let (random, lost) = match self.chaos.borrow_mut().as_mut() {
             Some((rng, faults)) if self.faults_on(faults) => {
-                let max_hop = millis(faults.max_hop) as u64;
+                let max_hop = ms(faults.max_hop) as u64;
                 let delay = if max_hop > 0 { rng.next() % (max_hop + 1) } else { 0 };
                 (delay, rng.chance(faults.drop_hop))
             }
@@ -898,7 +899,7 @@ impl WorldInner {
     }
 
     fn faults_on(&self, faults: &Faults) -> bool {
-        self.exec.now() < super::world::START_MS + millis(faults.until)
+        self.exec.now() < super::world::START_MS.saturating_add(ms(faults.until))
     }
 
     /// Whether the statement being run fails ([`Faults::storage`]).
@@ -1187,7 +1188,7 @@ impl WorldInner {
         let fault = {
             let mut chaos = self.chaos.borrow_mut();
             let Some((rng, faults)) = chaos.as_mut() else { return };
-            if self.exec.now() >= START_MS + millis(faults.until) {
+            if self.exec.now() >= START_MS.saturating_add(ms(faults.until)) {
                 return;
             }
             let kind = if rng.chance(faults.crash) {
@@ -1203,7 +1204,7 @@ impl WorldInner {
             } else {
                 return;
             };
-            (kind, rng.next(), rng.next() % (millis(faults.max_stall) as u64 + 1))
+            (kind, rng.next(), rng.next() % (ms(faults.max_stall) as u64).saturating_add(1))
         };
         let (kind, pick, stall_ms) = fault;
         let live: Vec<ObjectRef> = (self.objects.borrow().iter())
@@ -1261,10 +1262,4 @@ impl WorldInner {
         self.exec.kill(TEST);
         self.objects.borrow_mut().clear();
     }
-}
-
-/// `d` in whole milliseconds, as the virtual clock counts (saturating: a century is as good as
-/// forever here).
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 2)
 }
