@@ -87,11 +87,29 @@ fn deliveries_done_failed_and_stale() {
                 d.gen += 1000;
             }
             let result = answer.map_err(str::to_owned);
-            let done = engine.handle(&db, d.done("r".into(), result), 20 + n as i64);
-            failures += done
+            take_alarm(&mut engine);
+            let now = 20 + n as i64;
+            let done = engine.handle(&db, d.done("r".into(), result), now);
+            let failed: Vec<&Value> = done
                 .iter()
-                .filter(|a| matches!(a, ParentAction::Observe(EventType::DetachedDeliveryFailed, _)))
-                .count();
+                .filter_map(|a| match a {
+                    ParentAction::Observe(EventType::DetachedDeliveryFailed, payload) => Some(payload),
+                    _ => None,
+                })
+                .collect();
+            if let [payload] = failed[..] {
+                // The failure says which slot and attempt, and whether it was the last; the
+                // backbone comes back for it one cadence later.
+                let last = d.attempt >= MAX_ATTEMPTS;
+                assert_eq!(
+                    (&payload["slot"], &payload["attempt"], &payload["deadLetter"]),
+                    (&json!("finish"), &json!(d.attempt), &json!(last)),
+                    "{}",
+                    case.name
+                );
+                assert_eq!(take_alarm(&mut engine), Some(now + engine.cadence() as i64), "{}", case.name);
+            }
+            failures += failed.len();
             // The backbone's next tick claims what is due again.
             actions = engine.alarm(&db, 100_000 * (n as i64 + 1));
         }

@@ -402,6 +402,34 @@ fn the_next_alarm_is_the_soonest_of_its_reasons() {
 }
 
 /// The backbone's cadence slows while its passes change nothing and starts over when one does.
+/// A milestone kept in the registry whose notice was never posted (forwarded while no
+/// instance could post it) is offered by the backbone, with its name and its data.
+#[test]
+fn the_backbone_offers_a_stored_milestone_whose_notice_was_never_posted() {
+    use crate::parent::registry::Forward;
+    use crate::types::Milestone;
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let options = DetachedOptions::default().on_milestones(crate::types::OnMilestones::narrate(["parsed"]));
+    started(&db, &mut engine, "r", Some(options));
+    let body = json!({
+        "type": "data-agent-milestone", "id": "m-1",
+        "data": { "name": "parsed", "sequence": 0, "at": 500, "data": { "pages": 3 } },
+    })
+    .to_string();
+    let milestone = Forward { kind: ChunkKind::Milestone, body: &body, replay: None };
+    Registry::new(&db).append("r", &[milestone], None, 600).unwrap();
+    let offered: Vec<Milestone> = engine
+        .alarm(&db, 1_000)
+        .into_iter()
+        .filter_map(|a| match a {
+            ParentAction::Notice(Notice { of: NoticeOf::Milestone(m), .. }) => Some(m),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(offered.len(), 1, "{offered:?}");
+    assert_eq!((offered[0].name.as_str(), &offered[0].data), ("parsed", &Some(json!({ "pages": 3 }))));
+}
+
 #[test]
 fn the_backbone_slows_while_nothing_changes_and_starts_over_when_something_does() {
     let (db, mut engine) = engine(AgentToolOptions::default());
