@@ -283,7 +283,7 @@ mod tests {
             notify: true,
             notify_source: Some("research-background".into()),
             max_budget: Some(std::time::Duration::from_millis(1000)),
-            no_progress_budget: Some(std::time::Duration::from_millis(0)),
+            no_progress_budget: Some(std::time::Duration::ZERO),
             on_milestones: Some(OnMilestones { names: vec!["m".into()], mode: MilestoneMode::React }),
             invalid_tag: None,
         };
@@ -364,7 +364,7 @@ mod tests {
         detached(
             &db,
             "off",
-            &DetachedOptions { no_progress_budget: Some(std::time::Duration::from_millis(0)), ..Default::default() },
+            &DetachedOptions { no_progress_budget: Some(std::time::Duration::ZERO), ..Default::default() },
             0,
         );
         reg.append("off", &[progress], None, 1).unwrap();

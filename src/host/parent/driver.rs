@@ -366,7 +366,7 @@ mod tests {
         report_now("a"); // held until 0 + 200: earlier
         host.rearm_timer();
         assert_eq!(host.0.timer_at.get(), Some(world.now_ms() + 40));
-        world.advance(Duration::from_millis(0));
+        world.advance(Duration::ZERO);
         assert_eq!(world.0.exec.tasks_of(owner), 1, "the later timer's task ended when it was replaced");
     }
 }
