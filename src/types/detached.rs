@@ -213,8 +213,9 @@ pub struct DetachedHandle {
     pub run_id: String,
     /// Child class.
     pub agent_type: String,
-    /// `running` (started, queued, or a known run still going), or the status a known run id
-    /// already ended with. Never a rejection: that is an `Err` of the dispatch.
+    /// `running` (started, queued, a known run still going, or an `interrupted` run started
+    /// again), or the status a known run id already ended with for good. Never a rejection:
+    /// that is an `Err` of the dispatch.
     pub status: RunStatus,
     /// Why nothing was started ([`crate::AgentHost::run_agent_tool_detached`] returns it).
     #[serde(skip)]

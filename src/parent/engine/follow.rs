@@ -131,7 +131,13 @@ impl ParentEngine {
         now: i64,
     ) -> Result<Vec<ParentAction>, StoreError> {
         let _ = now;
-        let Some(record) = Registry::new(sql).get(run_id)? else { return self.forget(sql, run_id) };
+        let registry = Registry::new(sql);
+        let Some(record) = registry.get(run_id)? else { return self.forget(sql, run_id) };
+        if record.status == RunStatus::Interrupted && self.drivers.contains_key(run_id) {
+            // Driven again, but the write that made it live was rolled back (its start's
+            // answer met a storage failure): it is live again now.
+            registry.reattach(run_id)?;
+        }
         self.open_tail_at(sql, &record)
     }
 
@@ -364,7 +370,7 @@ impl ParentEngine {
             actions.extend(self.recovery_row_inspected(run_id, &result));
         }
         let record = match Registry::new(sql).get(run_id)? {
-            Some(record) if record.status.is_live() || record.status == RunStatus::Interrupted => record,
+            Some(record) if record.status.is_live() => record,
             // Concluded meanwhile (a cancel) or cleared: nothing to decide.
             _ => {
                 actions.extend(self.forget(sql, run_id)?);

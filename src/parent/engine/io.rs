@@ -379,13 +379,14 @@ impl Admitted {
         }
     }
 
-    /// What a detached dispatch returns at once: `running` (or the status it already ended
-    /// with), or `error` with why it was refused.
+    /// What a detached dispatch returns at once: `running` for a run driven or queued here (an
+    /// `interrupted` run dispatched again among them: it is followed again, though its row
+    /// says `interrupted` until its child answers), the status a run already ended with, or
+    /// `error` with why it was refused.
     pub fn handle(self, run_id: &str, agent_type: &str) -> DetachedHandle {
         let (status, error) = match self {
             Self::Refused(problem) => (RunStatus::Error, Some(problem)),
             Self::Finished(result) => (result.status, None),
-            Self::Driving(record) | Self::Joined(record) if !record.status.is_live() => (record.status, None),
             Self::Driving(_) | Self::Joined(_) | Self::Queued => (RunStatus::Running, None),
         };
         DetachedHandle { run_id: run_id.to_owned(), agent_type: agent_type.to_owned(), status, error }

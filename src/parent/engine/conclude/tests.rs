@@ -192,6 +192,9 @@ fn a_notice_is_posted_once_and_settles_its_delivery() {
     let messages = crate::chat::store::Messages::new(&db).list().unwrap();
     assert_eq!(messages.len(), 1, "{messages:?}");
     assert_eq!(messages[0]["role"], "user");
+    let metadata =
+        json!({ "source": "detached-agent-tool", "runId": "r", "agentType": "Child", "status": "completed" });
+    assert_eq!(messages[0]["metadata"], metadata, "says whose run it was and how it ended");
     assert!(Registry::new(&db).get("r").unwrap().unwrap().detached.unwrap().finish.delivered_at.is_some());
 }
 

@@ -280,3 +280,23 @@ fn a_detached_runs_budgets_default_to_the_agents_static_options() {
     engine.dispatch(&db, run("own", own), 1_000);
     assert_eq!(budgets(&db, "own"), (Some(61_000), Some(2_000)), "its own ceiling, the static silence budget");
 }
+
+/// A detached dispatch's handle: `running` for a new run, for a run already driven here and
+/// for a soft-interrupted run dispatched again (it is followed again, though its row says
+/// `interrupted` until its child answers); the status a run ended with once it is over.
+#[test]
+fn a_detached_handle_says_running_for_every_run_driven_again() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let detached =
+        || Dispatch { new: new_run("r", &json!(1)), detached: Some(DetachedOptions::default()), abandoned: None };
+    let status = |engine: &mut ParentEngine, now| engine.dispatch(&db, detached(), now).0.handle("r", "Child").status;
+    assert_eq!(status(&mut engine, 10), RunStatus::Running, "new");
+    assert_eq!(status(&mut engine, 11), RunStatus::Running, "joined while its start is out");
+    let soft = Outcome::Interrupted { error: "silent".into(), reason: None, child_still_running: Some(true) };
+    engine.conclude_run(&db, "r", soft, 20).unwrap();
+    assert_eq!(status(&mut engine, 30), RunStatus::Running, "interrupted, dispatched again");
+    assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Interrupted, "until its child answers");
+    assert_eq!(status(&mut engine, 31), RunStatus::Running, "joined again while that start is out");
+    engine.conclude_run(&db, "r", Outcome::completed("done"), 40).unwrap();
+    assert_eq!(status(&mut engine, 50), RunStatus::Completed, "over");
+}

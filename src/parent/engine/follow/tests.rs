@@ -362,6 +362,38 @@ fn a_started_run_is_running_and_an_interrupted_one_is_live_again() {
     assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Running);
 }
 
+/// A soft-interrupted run dispatched again whose start's answer met a storage failure (the
+/// write that makes it live rolled back) is made live when it is followed again after the
+/// pause, and its inspection is decided, not dropped.
+#[test]
+fn an_interrupted_run_driven_again_is_live_again_after_a_failed_reattach() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let db = FailOn::new(db, "SET status = 'running', interrupted_reason = NULL");
+    started(&db, &mut engine, "r", None);
+    let soft = Outcome::Interrupted { error: "silent".into(), reason: None, child_still_running: Some(true) };
+    engine.conclude_run(&db, "r", soft, 30).unwrap();
+    let (_, actions) = engine.dispatch(&db, awaited(new_run("r", &json!(1))), 40);
+    let start = gen_of(&actions, "start", "r").unwrap();
+    db.times.set(1);
+    let actions = engine.handle(&db, ParentEvent::StartReplied { run_id: "r".into(), gen: start, result: Ok(()) }, 41);
+    assert!(actions.iter().any(|a| matches!(a, ParentAction::Observe(EventType::StorageFailed, _))), "{actions:?}");
+    assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Interrupted, "rolled back");
+    let due = engine.poll_timeout().unwrap();
+    let tail = gen_of(&engine.handle_timeout(&db, due), "tail", "r").expect("followed again");
+    assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Running, "live again");
+    // The tail breaks; the child, asked, is still running: the run is followed on.
+    let actions = engine.handle(&db, ParentEvent::TailEnded { run_id: "r".into(), gen: tail }, due + 1);
+    let inspect = gen_of(&actions, "inspect", "r").unwrap();
+    let reply = InspectionReply::live(RunStatus::Running);
+    let actions = engine.handle(
+        &db,
+        ParentEvent::Inspected { run_id: "r".into(), gen: inspect, result: Ok(Some(reply)) },
+        due + 2,
+    );
+    assert!(resolved(&actions).is_empty(), "not dropped: {actions:?}");
+    assert!(engine.drivers.contains_key("r"), "still driven");
+}
+
 /// What a batch forwards: a `terminal` run's ordinary chunks stay with the child while its
 /// progress and milestones go out; `on_progress` sees the milestone as a milestone and the
 /// progress as progress; a detached run's wanted milestone (and only it) gets its notice.

@@ -418,16 +418,27 @@ fn the_backbone_offers_a_stored_milestone_whose_notice_was_never_posted() {
     .to_string();
     let milestone = Forward { kind: ChunkKind::Milestone, body: &body, replay: None };
     Registry::new(&db).append("r", &[milestone], None, 600).unwrap();
-    let offered: Vec<Milestone> = engine
+    let notices: Vec<Notice> = engine
         .alarm(&db, 1_000)
         .into_iter()
         .filter_map(|a| match a {
-            ParentAction::Notice(Notice { of: NoticeOf::Milestone(m), .. }) => Some(m),
+            ParentAction::Notice(notice) => Some(notice),
             _ => None,
+        })
+        .collect();
+    let offered: Vec<&Milestone> = notices
+        .iter()
+        .filter_map(|n| match &n.of {
+            NoticeOf::Milestone(m) => Some(m),
+            NoticeOf::Outcome(_) => None,
         })
         .collect();
     assert_eq!(offered.len(), 1, "{offered:?}");
     assert_eq!((offered[0].name.as_str(), &offered[0].data), ("parsed", &Some(json!({ "pages": 3 }))));
+    // Its message says whose run it was and which milestone.
+    let metadata =
+        json!({ "source": "detached-agent-tool", "runId": "r", "agentType": "Child", "milestone": "parsed" });
+    assert_eq!(notices[0].metadata(), metadata);
 }
 
 #[test]
