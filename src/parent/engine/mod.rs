@@ -224,6 +224,8 @@ pub struct ParentEngine {
     drivers: HashMap<String, Driver>,
     watching: HashMap<String, Watching>,
     recovery_started: bool,
+    /// The finish hooks an earlier instance owes were read and called again.
+    owed_hooks_swept: bool,
     pass: Option<Pass>,
     quiet_ticks: usize,
     next_gen: u64,
@@ -253,6 +255,7 @@ impl ParentEngine {
             drivers: HashMap::new(),
             watching: HashMap::new(),
             recovery_started: false,
+            owed_hooks_swept: false,
             pass: None,
             quiet_ticks: 0,
             next_gen: u64::from(incarnation) << 32,

@@ -18,9 +18,24 @@ impl ParentEngine {
         }
         self.recovery_started = true;
         let mut actions = self.unit(sql, None, "recovery", now, |engine| engine.begin_recovery(sql, now));
-        actions.extend(self.unit(sql, None, "finish hooks", now, |engine| engine.owed_finish_hooks(sql)));
+        actions.extend(self.sweep_owed_finish_hooks(sql, now));
         actions.extend(self.settle(sql, now));
         self.account(actions)
+    }
+
+    /// Once per instance, until it succeeds (a failed read is retried at the next alarm): the
+    /// finish hooks an earlier instance claimed and never saw return.
+    fn sweep_owed_finish_hooks(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Vec<ParentAction> {
+        if self.owed_hooks_swept {
+            return Vec::new();
+        }
+        match atomic(sql, || self.owed_finish_hooks(sql)) {
+            Ok(actions) => {
+                self.owed_hooks_swept = true;
+                actions
+            }
+            Err(error) => self.trouble(None, "finish hooks", &error, now),
+        }
     }
 
     /// The finish hooks an earlier instance claimed and never saw return: called again (the
@@ -40,11 +55,9 @@ impl ParentEngine {
     pub fn alarm(&mut self, sql: &(impl Sql + ?Sized), now: i64) -> Vec<ParentAction> {
         // The alarm fired: what it was armed for is taken up now (a later time asked for stays).
         self.alarm = self.alarm.filter(|at| *at > now);
-        let fresh = !std::mem::replace(&mut self.recovery_started, true);
+        self.recovery_started = true;
         let mut actions = self.unit(sql, None, "recovery", now, |engine| engine.begin_recovery(sql, now));
-        if fresh {
-            actions.extend(self.unit(sql, None, "finish hooks", now, |engine| engine.owed_finish_hooks(sql)));
-        }
+        actions.extend(self.sweep_owed_finish_hooks(sql, now));
         actions.extend(self.settle(sql, now));
         let outstanding = match Ledger::new(sql).outstanding() {
             Ok(outstanding) => outstanding,

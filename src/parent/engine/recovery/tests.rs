@@ -191,6 +191,42 @@ fn a_finish_hook_that_never_returned_is_called_again_after_a_restart() {
     assert!(finish_hooks(&engine.wake(&db, 300)).is_empty(), "every hook returned");
 }
 
+/// A fresh instance whose read of the owed finish hooks fails reports it and reads them at
+/// the next alarm (it read them once, at its first event, and never again).
+#[test]
+fn an_owed_finish_hook_whose_read_failed_is_called_at_the_next_alarm() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let tail = started(&db, &mut engine, "lost", None);
+    assert_eq!(finish_hooks(&engine.handle(&db, end(tail, "lost"), 12)), ["lost"]);
+    // A restart before the hook returned; the new instance's first read of what it owes fails.
+    let db = FailOn::new(db, "finish_hook_done_at IS NULL").failing(1);
+    let mut engine = ParentEngine::new("Parent", AgentToolOptions::default(), 2);
+    let actions = engine.wake(&db, 100);
+    assert_eq!(observed(&actions), [EventType::StorageFailed], "{actions:?}");
+    assert!(finish_hooks(&actions).is_empty());
+    let retry = engine.poll_alarm().expect("an alarm to retry");
+    assert_eq!(finish_hooks(&engine.alarm(&db, retry)), ["lost"], "read again");
+    assert!(finish_hooks(&engine.alarm(&db, retry + 1)).is_empty(), "once");
+}
+
+/// The object's one alarm also fires for others (the scheduler, a chat turn's deadline): an
+/// alarm before the time the engine asked for keeps that time (a failed start's retry here),
+/// and one at it takes it up.
+#[test]
+fn an_alarm_before_the_time_asked_for_keeps_it() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let (_, actions) = dispatch(&mut engine, &db, "r", json!(1));
+    let start = gen_of(&actions, "start", "r").unwrap();
+    let failed = Err(StartError::Failed("Worker failed to start the run (500): storage".into()));
+    engine.handle(&db, ParentEvent::StartReplied { run_id: "r".into(), gen: start, result: failed }, 20);
+    let retry = 20 + START_RETRY_MS;
+    assert_eq!(engine.poll_alarm(), Some(retry), "the retry is sooner than the recovery alarm");
+    engine.alarm(&db, 500);
+    assert_eq!(engine.poll_alarm(), Some(retry), "asked for later: kept");
+    engine.alarm(&db, retry);
+    assert!(engine.poll_alarm().is_some_and(|at| at > retry), "taken up: {:?}", engine.poll_alarm());
+}
+
 /// A parent restarted with these runs live and undriven.
 fn restarted_with_live_runs<const N: usize>(ids: [&str; N]) -> (rusqlite::Connection, ParentEngine) {
     let (db, mut engine) = engine(AgentToolOptions::default());
