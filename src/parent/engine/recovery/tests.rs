@@ -49,6 +49,7 @@ fn a_recovery_pass_inspects_each_undriven_run_and_seals_those_past_its_deadline(
     assert!(engine.wake(&db, 101).is_empty(), "once");
     let mut inspected = Vec::new();
     let mut rows = Vec::new();
+    let mut elapsed = Vec::new();
     // No child answers: each inspection times out on the engine's own deadline, one after
     // another, until the pass's deadline seals the rest without asking. Each row is reported
     // once the pass is done with it, with the status it ends in, its reason and the time since
@@ -62,6 +63,10 @@ fn a_recovery_pass_inspects_each_undriven_run_and_seals_those_past_its_deadline(
             ParentAction::Observe(EventType::RecoveryRow, payload) => {
                 Some((payload["runId"].clone(), payload["status"].clone(), payload["reason"].clone()))
             }
+            _ => None,
+        }));
+        elapsed.extend(actions.iter().filter_map(|a| match a {
+            ParentAction::Observe(EventType::RecoveryRow, payload) => payload["elapsedMs"].as_i64(),
             _ => None,
         }));
         if let Some(ParentAction::Observe(_, summary)) =
@@ -88,6 +93,8 @@ fn a_recovery_pass_inspects_each_undriven_run_and_seals_those_past_its_deadline(
             row("d", "recovery-deadline")
         ]
     );
+    assert_eq!(elapsed[..2], [INSPECT_TIMEOUT_MS, 2 * INSPECT_TIMEOUT_MS], "since the pass began");
+    assert!(elapsed[3] >= RECOVERY_DEADLINE_MS, "{elapsed:?}");
     let reasons: Vec<_> = ["a", "b", "c", "d"]
         .iter()
         .map(|id| {
@@ -542,6 +549,44 @@ fn a_recovery_pass_windows_awaited_runs_and_skips_rows_concluded_meanwhile() {
     }
     assert!(!inspected.contains(&"queued".to_owned()), "a concluded row is not inspected: {inspected:?}");
     assert_eq!(Registry::new(&db).get("queued").unwrap().unwrap().status, RunStatus::Aborted);
+}
+
+/// A recovery pass counts a row whose child already had its outcome as finalized (its log is
+/// then drained), and one whose child is still running as re-attached (and says so).
+#[test]
+fn a_recovery_pass_counts_finished_rows_finalized_and_running_ones_reattached() {
+    use crate::protocol::child_api::InspectionReply;
+    let (db, mut engine) = restarted_with_live_runs(["done", "live"]);
+    let mut actions = engine.wake(&db, 100);
+    let mut events = Vec::new();
+    let mut now = 100;
+    let complete = loop {
+        events.extend(observed(&actions));
+        if let Some(summary) = actions.iter().find_map(|a| match a {
+            ParentAction::Observe(EventType::RecoveryComplete, summary) => Some(summary.clone()),
+            _ => None,
+        }) {
+            break summary;
+        }
+        let (run_id, gen) = actions
+            .iter()
+            .find_map(|a| match a {
+                ParentAction::InspectChild { run_id, gen, .. } => Some((run_id.clone(), *gen)),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("the next row is inspected: {actions:?}"));
+        let reply = match run_id.as_str() {
+            "done" => InspectionReply {
+                outcome: Some(Outcome::completed("done")),
+                ..InspectionReply::live(RunStatus::Completed)
+            },
+            _ => InspectionReply::live(RunStatus::Running),
+        };
+        now += 1;
+        actions = engine.handle(&db, ParentEvent::Inspected { run_id, gen, result: Ok(Some(reply)) }, now);
+    };
+    assert_eq!(complete, json!({ "runs": 2, "finalized": 1, "reattached": 1 }));
+    assert_eq!(events.iter().filter(|e| **e == EventType::RecoveryReattach).count(), 1, "{events:?}");
 }
 
 /// A row concluded while it waited for its turn is not sealed again when its turn comes after
