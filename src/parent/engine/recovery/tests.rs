@@ -129,7 +129,11 @@ fn the_backbone_gives_up_on_an_exhausted_budget_and_records_a_late_completion() 
         (row.status, row.outcome.as_ref().and_then(Outcome::interrupted_reason)),
         (RunStatus::Interrupted, Some(InterruptedReason::BudgetExceeded))
     );
+    assert_eq!(row.outcome.as_ref().and_then(Outcome::error), Some("the detached run used up its budget"));
     assert!(actions.iter().any(|a| matches!(a, ParentAction::CancelChild { .. })), "torn down");
+    // The child is asked for a late result, within the inspection's own timeout.
+    assert!(gen_of(&actions, "inspect", "r").is_some());
+    assert_eq!(engine.poll_timeout(), Some(2_000 + INSPECT_TIMEOUT_MS));
     assert!(actions.iter().any(|a| matches!(a, ParentAction::Deliver { slot: Slot::GiveUp, .. })));
     // The child had completed anyway: its real result is recorded (soft means soft).
     let actions = late_completion(&mut engine, &db, &actions, 2_001);
