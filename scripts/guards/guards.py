@@ -119,4 +119,9 @@ GUARDS = [
  ("a timer replaced by an earlier one ends its task", "src/host/parent/driver.rs",
   "        if let Some(earlier) = self.0.timer.replace(Some(token.clone())) {\n            earlier.cancel(None);\n        }",
   "        let _ = self.0.timer.replace(Some(token.clone()));"),
+ # Found by mutation testing at 84ccfc6 (shards 12 and 13).
+ ("a re-dispatched `interrupted` run whose re-attach write was rolled back is made live when followed again", "src/parent/engine/follow.rs",
+  "        if record.status == RunStatus::Interrupted && self.drivers.contains_key(run_id) {", "        if record.status == RunStatus::Interrupted && self.drivers.contains_key(run_id) && false {"),
+ ("the owed finish hooks whose read failed are read at the next alarm", "src/parent/engine/recovery.rs",
+  "            Err(error) => self.trouble(None, \"finish hooks\", &error, now),", "            Err(error) => {\n                self.owed_hooks_swept = true;\n                self.trouble(None, \"finish hooks\", &error, now)\n            }"),
 ]
