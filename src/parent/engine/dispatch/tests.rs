@@ -286,6 +286,7 @@ fn a_detached_runs_budgets_default_to_the_agents_static_options() {
 /// `interrupted` until its child answers); the status a run ended with once it is over.
 #[test]
 fn a_detached_handle_says_running_for_every_run_driven_again() {
+    // parity: 43
     let (db, mut engine) = engine(AgentToolOptions::default());
     let detached =
         || Dispatch { new: new_run("r", &json!(1)), detached: Some(DetachedOptions::default()), abandoned: None };
