@@ -120,8 +120,8 @@ GUARDS = [
   "        if let Some(earlier) = self.0.timer.replace(Some(token.clone())) {\n            earlier.cancel(None);\n        }",
   "        let _ = self.0.timer.replace(Some(token.clone()));"),
  # Found by mutation testing at 84ccfc6 (shards 12 and 13).
- ("a re-dispatched `interrupted` run whose re-attach write was rolled back is made live when followed again", "src/parent/engine/follow.rs",
-  "        if record.status == RunStatus::Interrupted && self.drivers.contains_key(run_id) {", "        if record.status == RunStatus::Interrupted && self.drivers.contains_key(run_id) && false {"),
+ ("a run whose start's answer met a storage failure is made `running` when followed again (new or re-dispatched `interrupted`)", "src/parent/engine/follow.rs",
+  "        if self.drivers.contains_key(run_id) {\n            // Its start's answer", "        if self.drivers.contains_key(run_id) && false {\n            // Its start's answer"),
  ("the owed finish hooks whose read failed are read at the next alarm", "src/parent/engine/recovery.rs",
   "            Err(error) => self.trouble(None, \"finish hooks\", &error, now),", "            Err(error) => {\n                self.owed_hooks_swept = true;\n                self.trouble(None, \"finish hooks\", &error, now)\n            }"),
 ]

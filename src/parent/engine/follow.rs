@@ -81,13 +81,7 @@ impl ParentEngine {
             actions.extend(self.resolve(run_id, record.result()));
             return Ok(actions);
         }
-        // `starting` becomes `running`; an `interrupted` run dispatched again is live again.
-        // Neither changes where the tail starts.
-        match record.status {
-            RunStatus::Starting => drop(registry.mark_running(run_id)?),
-            RunStatus::Interrupted => drop(registry.reattach(run_id)?),
-            _ => {}
-        }
+        running(&registry, &record)?;
         self.open_tail_at(sql, &record)
     }
 
@@ -133,10 +127,10 @@ impl ParentEngine {
         let _ = now;
         let registry = Registry::new(sql);
         let Some(record) = registry.get(run_id)? else { return self.forget(sql, run_id) };
-        if record.status == RunStatus::Interrupted && self.drivers.contains_key(run_id) {
-            // Driven again, but the write that made it live was rolled back (its start's
-            // answer met a storage failure): it is live again now.
-            registry.reattach(run_id)?;
+        if self.drivers.contains_key(run_id) {
+            // Its start's answer may have met a storage failure, which rolled back the write
+            // that made it `running`.
+            running(&registry, &record)?;
         }
         self.open_tail_at(sql, &record)
     }
@@ -488,5 +482,15 @@ fn keep_waiting(driver: &Driver, options: &AgentToolOptions, now: i64) -> Decide
     Decide::Retail
 }
 
+/// A run whose child accepted its start is `running`: `starting` becomes `running`, and an
+/// `interrupted` run dispatched again is live again. Neither changes where the tail starts.
+fn running(registry: &Registry<'_, impl Sql + ?Sized>, record: &RunRecord) -> Result<(), StoreError> {
+    match record.status {
+        RunStatus::Starting => drop(registry.mark_running(&record.run_id)?),
+        RunStatus::Interrupted => drop(registry.reattach(&record.run_id)?),
+        _ => {}
+    }
+    Ok(())
+}
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod tests;

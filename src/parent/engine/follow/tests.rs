@@ -362,6 +362,23 @@ fn a_started_run_is_running_and_an_interrupted_one_is_live_again() {
     assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Running);
 }
 
+/// A new run whose start's answer met a storage failure (the write that makes it `running`
+/// rolled back) is `running` once it is followed again after the pause.
+#[test]
+fn a_run_whose_start_answer_met_a_storage_failure_is_running_when_followed_again() {
+    let (db, mut engine) = engine(AgentToolOptions::default());
+    let db = FailOn::new(db, "SET status = 'running' WHERE run_id = ? AND status = 'starting'");
+    let (_, actions) = engine.dispatch(&db, awaited(new_run("r", &json!(1))), 10);
+    let start = gen_of(&actions, "start", "r").unwrap();
+    db.times.set(1);
+    let actions = engine.handle(&db, ParentEvent::StartReplied { run_id: "r".into(), gen: start, result: Ok(()) }, 11);
+    assert!(actions.iter().any(|a| matches!(a, ParentAction::Observe(EventType::StorageFailed, _))), "{actions:?}");
+    assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Starting, "rolled back");
+    let due = engine.poll_timeout().unwrap();
+    assert!(gen_of(&engine.handle_timeout(&db, due), "tail", "r").is_some(), "followed again");
+    assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Running);
+}
+
 /// A soft-interrupted run dispatched again whose start's answer met a storage failure (the
 /// write that makes it live rolled back) is made live when it is followed again after the
 /// pause, and its inspection is decided, not dropped.
