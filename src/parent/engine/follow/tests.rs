@@ -368,15 +368,28 @@ fn a_started_run_is_running_and_an_interrupted_one_is_live_again() {
 fn a_run_whose_start_answer_met_a_storage_failure_is_running_when_followed_again() {
     let (db, mut engine) = engine(AgentToolOptions::default());
     let db = FailOn::new(db, "SET status = 'running' WHERE run_id = ? AND status = 'starting'");
-    let (_, actions) = engine.dispatch(&db, awaited(new_run("r", &json!(1))), 10);
+    let (_, due) = start_answered_under_a_storage_failure(&db, &mut engine, 10, RunStatus::Starting);
+    assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Running, "running at {due}");
+}
+
+/// Dispatches run `r` again at `now`, its child accepts the start while the statement `db`
+/// fails on fails once: the step is rolled back (the row stays `before`) and, after the pause,
+/// the run is followed again. Its tail's exchange, and when it was opened.
+fn start_answered_under_a_storage_failure(
+    db: &FailOn,
+    engine: &mut ParentEngine,
+    now: i64,
+    before: RunStatus,
+) -> (u64, i64) {
+    let (_, actions) = engine.dispatch(db, awaited(new_run("r", &json!(1))), now);
     let start = gen_of(&actions, "start", "r").unwrap();
     db.times.set(1);
-    let actions = engine.handle(&db, ParentEvent::StartReplied { run_id: "r".into(), gen: start, result: Ok(()) }, 11);
+    let answer = ParentEvent::StartReplied { run_id: "r".into(), gen: start, result: Ok(()) };
+    let actions = engine.handle(db, answer, now + 1);
     assert!(actions.iter().any(|a| matches!(a, ParentAction::Observe(EventType::StorageFailed, _))), "{actions:?}");
-    assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Starting, "rolled back");
+    assert_eq!(Registry::new(db).get("r").unwrap().unwrap().status, before, "rolled back");
     let due = engine.poll_timeout().unwrap();
-    assert!(gen_of(&engine.handle_timeout(&db, due), "tail", "r").is_some(), "followed again");
-    assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Running);
+    (gen_of(&engine.handle_timeout(db, due), "tail", "r").expect("followed again"), due)
 }
 
 /// A soft-interrupted run dispatched again whose start's answer met a storage failure (the
@@ -389,14 +402,7 @@ fn an_interrupted_run_driven_again_is_live_again_after_a_failed_reattach() {
     started(&db, &mut engine, "r", None);
     let soft = Outcome::Interrupted { error: "silent".into(), reason: None, child_still_running: Some(true) };
     engine.conclude_run(&db, "r", soft, 30).unwrap();
-    let (_, actions) = engine.dispatch(&db, awaited(new_run("r", &json!(1))), 40);
-    let start = gen_of(&actions, "start", "r").unwrap();
-    db.times.set(1);
-    let actions = engine.handle(&db, ParentEvent::StartReplied { run_id: "r".into(), gen: start, result: Ok(()) }, 41);
-    assert!(actions.iter().any(|a| matches!(a, ParentAction::Observe(EventType::StorageFailed, _))), "{actions:?}");
-    assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Interrupted, "rolled back");
-    let due = engine.poll_timeout().unwrap();
-    let tail = gen_of(&engine.handle_timeout(&db, due), "tail", "r").expect("followed again");
+    let (tail, due) = start_answered_under_a_storage_failure(&db, &mut engine, 40, RunStatus::Interrupted);
     assert_eq!(Registry::new(&db).get("r").unwrap().unwrap().status, RunStatus::Running, "live again");
     // The tail breaks; the child, asked, is still running: the run is followed on.
     let actions = engine.handle(&db, ParentEvent::TailEnded { run_id: "r".into(), gen: tail }, due + 1);
