@@ -59,7 +59,7 @@ impl ParentEngine {
                 (Admitted::Refused(Error::Storage(error.clone())), self.trouble(None, "dispatch", &error, now))
             }
         };
-        if matches!(admitted, Admitted::Driving(_)) {
+        if matches!(admitted, Admitted::Driving) {
             actions.extend(self.unit(sql, None, "retention", now, |engine| engine.retain(sql, now)));
         }
         (admitted, actions)
@@ -93,14 +93,14 @@ impl ParentEngine {
                 return Ok((Admitted::Finished(existing.result()), Vec::new()));
             }
             if self.drivers.contains_key(&new.run_id) {
-                return Ok((Admitted::Joined(existing), Vec::new()));
+                return Ok((Admitted::Joined, Vec::new()));
             }
             // Known but driven by nobody (a restart, or a soft `interrupted` dispatched again):
             // follow it again; the child's start is idempotent.
             self.watching.remove(&new.run_id);
             let input = existing.input.clone().unwrap_or(new.input);
             let actions = self.drive(sql, &existing, input, true, now)?;
-            return Ok((Admitted::Driving(existing), actions));
+            return Ok((Admitted::Driving, actions));
         }
         if let Some(reason) = abandoned {
             // The caller gave up before the run was admitted: nothing is written.
@@ -134,7 +134,7 @@ impl ParentEngine {
         }
         let mut record = match registry.insert(&new, now) {
             Ok(Inserted::New(record)) => record,
-            Ok(Inserted::Existing(record)) => return Ok((Admitted::Joined(record), Vec::new())),
+            Ok(Inserted::Existing(_)) => return Ok((Admitted::Joined, Vec::new())),
             Err(RegistryError::Store(error)) => return Err(error),
             Err(RegistryError::AgentTypeMismatch { run_id, existing, requested }) => {
                 let refused = Refused::OtherClass { run_id, existing, requested };
@@ -161,7 +161,7 @@ impl ParentEngine {
         }
         actions.push(ParentAction::Hook(HookCall::Start(record.info())));
         actions.extend(self.drive(sql, &record, input, false, now)?);
-        Ok((Admitted::Driving(record), actions))
+        Ok((Admitted::Driving, actions))
     }
 
     /// Admits the queued dispatches while slots are free, first come first served; each one's
@@ -184,7 +184,7 @@ impl ParentEngine {
             let result = match admitted {
                 Admitted::Refused(error) => RunResult::refused(&run_id, &agent_type, error.to_string()),
                 Admitted::Finished(result) => result,
-                Admitted::Driving(_) | Admitted::Joined(_) | Admitted::Queued => continue,
+                Admitted::Driving | Admitted::Joined | Admitted::Queued => continue,
             };
             actions.extend(self.resolve(&run_id, result));
         }

@@ -360,9 +360,9 @@ pub enum Admitted {
     /// The run already ended (or the caller gave up before it was admitted): its result.
     Finished(RunResult),
     /// This instance drives it now; wait for its [`ParentAction::Resolve`].
-    Driving(RunRecord),
+    Driving,
     /// It is already driven here; wait for its `Resolve`.
-    Joined(RunRecord),
+    Joined,
     /// Every slot is taken and the agent queues ([`crate::Admission::Queue`]): it is admitted
     /// when one frees; wait for its `Resolve`.
     Queued,
@@ -375,7 +375,7 @@ impl Admitted {
         match self {
             Self::Refused(error) => Some(RunResult::refused(run_id, agent_type, error.to_string())),
             Self::Finished(result) => Some(result),
-            Self::Driving(_) | Self::Joined(_) | Self::Queued => None,
+            Self::Driving | Self::Joined | Self::Queued => None,
         }
     }
 
@@ -387,7 +387,7 @@ impl Admitted {
         let (status, error) = match self {
             Self::Refused(problem) => (RunStatus::Error, Some(problem)),
             Self::Finished(result) => (result.status, None),
-            Self::Driving(_) | Self::Joined(_) | Self::Queued => (RunStatus::Running, None),
+            Self::Driving | Self::Joined | Self::Queued => (RunStatus::Running, None),
         };
         DetachedHandle { run_id: run_id.to_owned(), agent_type: agent_type.to_owned(), status, error }
     }

@@ -52,8 +52,8 @@ pub fn admitted_name(admitted: &Admitted) -> &'static str {
     match admitted {
         Admitted::Refused(_) => "refused",
         Admitted::Finished(_) => "finished",
-        Admitted::Driving(_) => "driving",
-        Admitted::Joined(_) => "joined",
+        Admitted::Driving => "driving",
+        Admitted::Joined => "joined",
         Admitted::Queued => "queued",
     }
 }

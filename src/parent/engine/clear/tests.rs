@@ -26,7 +26,7 @@ fn retention_clears_the_oldest_finished_runs_and_their_children() {
     assert_eq!(left, ["r2", "r3"]);
     assert!(actions.iter().any(|a| matches!(a, ParentAction::Observe(EventType::Retention, _))));
     // A new dispatch trims too: the live run is never counted against the policy.
-    assert!(matches!(dispatch(&mut engine, &db, "r4", json!(4)).0, Admitted::Driving(_)));
+    assert!(matches!(dispatch(&mut engine, &db, "r4", json!(4)).0, Admitted::Driving));
     assert_eq!(registry.all().unwrap().len(), 3);
 }
 
@@ -68,7 +68,7 @@ fn retention_comes_back_soon_after_a_full_batch_only() {
 #[test]
 fn clearing_cancels_the_live_runs_only() {
     let (db, mut engine) = engine(AgentToolOptions::default());
-    assert!(matches!(dispatch(&mut engine, &db, "live", json!(1)).0, Admitted::Driving(_)));
+    assert!(matches!(dispatch(&mut engine, &db, "live", json!(1)).0, Admitted::Driving));
     let registry = Registry::new(&db);
     registry.insert(&new_run("done", &json!(2)), 5).unwrap();
     registry.finish("done", &Outcome::Completed { summary: "s".into(), output: None }, 6).unwrap();

@@ -513,7 +513,7 @@ fn a_recovery_pass_takes_only_the_live_undriven_runs() {
     registry.insert(&new_run("done", &json!(1)), 5).unwrap();
     registry.finish("done", &Outcome::Completed { summary: "s".into(), output: None }, 6).unwrap();
     let mut restarted = ParentEngine::new("Parent", AgentToolOptions::default(), 2);
-    assert!(matches!(restarted.dispatch(&db, awaited(new_run("fresh", &json!(1))), 50).0, Admitted::Driving(_)));
+    assert!(matches!(restarted.dispatch(&db, awaited(new_run("fresh", &json!(1))), 50).0, Admitted::Driving));
     let actions = restarted.wake(&db, 100);
     assert!(gen_of(&actions, "inspect", "orphan").is_some(), "{actions:?}");
     assert!(gen_of(&actions, "inspect", "done").is_none() && gen_of(&actions, "inspect", "fresh").is_none());
